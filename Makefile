@@ -1,0 +1,34 @@
+# lockstep — two commands: `make run` and `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test setup system-deps venv clean bench kind-e2e k8s-binaries helm
+
+run: setup
+	$(VENV)/bin/lockstep run
+
+test: setup
+	bash scripts/test-deps.sh
+	$(VENV)/bin/python -m pytest -q
+
+setup: system-deps venv
+
+# Debian packages: the Fashion-MNIST data set (and Prometheus for the metric tests).
+system-deps:
+	bash scripts/system-deps.sh
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+bench: setup
+	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -1,0 +1,46 @@
+"""What every launcher implements; the controller drives agents only through this."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything a launcher needs to start the agents of one run."""
+
+    run_id: str
+    n_agents: int
+    controller_address: str  # host:port the agents dial
+    token: str  # shared secret the agents present at Register
+    run_dir: Path
+    log_level: str = "INFO"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def agent_argv(self, agent_id: int) -> list[str]:
+        """The command line of agent ``agent_id``; the token travels in $LOCKSTEP_TOKEN, never argv."""
+        return ["lockstep", "agent", "--controller", self.controller_address,
+                "--agent-id", str(agent_id), "--run-id", self.run_id, "--log-level", self.log_level]
+
+
+class AgentFailure(RuntimeError):
+    """An agent died, could not start, or stopped answering. Names the agent and why."""
+
+    def __init__(self, agent: str, reason: str, log_tail: str = ""):
+        self.agent, self.reason, self.log_tail = agent, reason, log_tail
+        msg = f"agent {agent} failed: {reason}"
+        if log_tail:
+            msg += "\n--- last log lines ---\n" + log_tail
+        super().__init__(msg)
+
+
+class Launcher(Protocol):
+    def start(self, spec: LaunchSpec) -> None:
+        """Start ``spec.n_agents`` agents; returns once they are created (not yet registered)."""
+
+    def check(self) -> None:
+        """Raise AgentFailure if any agent has failed; cheap enough to call every second."""
+
+    def stop(self) -> None:
+        """Stop and remove every agent (idempotent; also on failure or Ctrl-C)."""
