@@ -1,0 +1,246 @@
+"""Compute-time models (DESIGN §4.2): how long a real ``compute`` call takes in virtual time.
+
+``d = speed(vworker) × jitter × base`` where ``base`` comes from one of
+
+* ``profiled`` — median of k timed runs of the same (kind, function, input
+  shapes, dtype, device kind), measured once and kept in a profile database on
+  disk (the ahead-of-time idea of Tianshu), reused by later runs;
+* ``measured`` — the wall-clock time of this very call (the 2019 hybrid
+  simulator); the run is marked non-reproducible;
+* ``constant`` — one configured duration per kind (gradient, update, aggregate);
+* ``distribution`` — a keyed sample, e.g. log-normal(μ=0.165, σ=0.8632) s
+  (the FL-timing thesis' fit of client compute time);
+* ``analytic`` — FLOPs / device peak FLOP/s (FLOPs from ``cost=`` or counted
+  once per signature with ``torch.utils.flop_counter``).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from agents import keyed
+from agents.types import NS_PER_S, VirtualTime
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agents.worker import Worker
+
+__all__ = ["MODELS", "KINDS", "ComputeSpec", "ComputeModel", "ProfileDB", "signature", "device_kind",
+           "default_profile_db"]
+
+MODELS = ("profiled", "measured", "constant", "distribution", "analytic")
+KINDS = ("gradient", "update", "aggregate")
+
+
+def default_profile_db() -> Path:
+    env = os.environ.get("LOCKSTEP_PROFILE_DB")
+    if env:
+        return Path(env)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "lockstep" / "profiles.json"
+
+
+def device_kind(device: str = "cpu") -> str:
+    """What makes timings comparable: the device model and, on CPU, the thread count."""
+    if device.startswith("cuda"):
+        import torch
+
+        return "cuda:" + torch.cuda.get_device_name(torch.device(device))
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"cpu:{cpu}:threads={torch.get_num_threads()}"
+
+
+def _describe(a: Any) -> str:
+    shape = getattr(a, "shape", None)
+    dtype = getattr(a, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{str(dtype).replace('torch.', '')}{tuple(shape)}"
+    params = getattr(a, "parameters", None)
+    if callable(params):  # an nn.Module: its class and parameter shapes
+        shapes = ",".join("x".join(map(str, p.shape)) for p in params())
+        return f"{type(a).__name__}[{shapes}]"
+    if isinstance(a, (list, tuple)):
+        return "[" + ",".join(_describe(x) for x in a) + "]"
+    if isinstance(a, (int, float, str, bool)) or a is None:
+        return repr(a)
+    return type(a).__name__
+
+
+def signature(kind: str, fn: Callable[..., Any], args: tuple) -> str:
+    """The profile-database key of a call, device kind excluded."""
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    return f"{kind}|{name}|" + ";".join(_describe(a) for a in args)
+
+
+class ProfileDB:
+    """A JSON file {device_kind: {signature: seconds}}; concurrent writers are serialised with flock."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._cache: dict[str, dict[str, float]] | None = None
+
+    def _load(self) -> dict[str, dict[str, float]]:
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"profile database {self.path} is not valid JSON ({e}); delete it to re-profile") from e
+
+    def get(self, device: str, sig: str) -> float | None:
+        if self._cache is None:
+            self._cache = self._load()
+        return self._cache.get(device, {}).get(sig)
+
+    def put(self, device: str, sig: str, seconds: float) -> float:
+        """Store ``seconds`` unless another process stored a value first; return the stored value."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = self._load()
+            existing = data.get(device, {}).get(sig)
+            if existing is None:
+                data.setdefault(device, {})[sig] = seconds
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+                tmp.replace(self.path)
+                existing = seconds
+            self._cache = data
+        return existing
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    """The resolved compute model of a run (plain values, identical on every agent)."""
+
+    model: str = "profiled"
+    constant_s: dict[str, float] = field(default_factory=dict)  # per kind
+    dist: str = "lognormal"
+    dist_params: tuple[float, ...] = (0.165, 0.8632)
+    dist_kinds: tuple[str, ...] = ("gradient",)
+    peak_flops: float = 1e12
+    profile_db: str = ""
+    profile_runs: int = 5
+    speed: tuple[float, ...] = ()  # per vworker id; empty = all 1.0
+    jitter: float = 0.0  # σ of a keyed log-normal multiplier per call (0 = none)
+    stragglers: dict[int, float] = field(default_factory=dict)  # vworker id -> extra factor
+    device: str = "cpu"
+    seed: int = 0
+
+
+class ComputeModel:
+    """Turns a real call into a virtual duration; one per agent."""
+
+    def __init__(self, spec: ComputeSpec):
+        if spec.model not in MODELS:
+            raise ValueError(f"compute model {spec.model!r}; accepted: {', '.join(MODELS)}")
+        self.spec = spec
+        self.db = ProfileDB(Path(spec.profile_db) if spec.profile_db else default_profile_db())
+        self._device: str | None = None
+        self._flops: dict[str, float] = {}
+        self.profile_misses = 0
+        self.reproducible = spec.model != "measured"
+
+    @property
+    def device(self) -> str:
+        if self._device is None:
+            self._device = device_kind(self.spec.device)
+        return self._device
+
+    def duration(self, w: "Worker", kind: str, fn: Callable[..., Any], args: tuple,
+                 wall_s: float, cost: float | None) -> VirtualTime:
+        """Virtual duration (ns) of a call that took ``wall_s`` for real."""
+        base = self._base_seconds(w, kind, fn, args, wall_s, cost)
+        factor = self.spec.speed[w.id] if self.spec.speed else 1.0
+        factor *= self.spec.stragglers.get(w.id, 1.0)
+        if self.spec.jitter > 0:
+            g = keyed.generator(self.spec.seed, "jitter", w.id, w.compute_seq)
+            factor *= float(g.lognormal(0.0, self.spec.jitter))
+        return int(round(base * factor * NS_PER_S))
+
+    def _base_seconds(self, w: "Worker", kind: str, fn: Callable[..., Any], args: tuple,
+                      wall_s: float, cost: float | None) -> float:
+        m = self.spec.model
+        if m == "constant" or (m == "distribution" and kind not in self.spec.dist_kinds):
+            try:
+                return self.spec.constant_s[kind]
+            except KeyError:
+                raise KeyError(f"compute=constant has no duration for kind {kind!r}; "
+                               f"set compute.{kind}=<seconds> (known: {sorted(self.spec.constant_s)})") from None
+        if m == "measured":
+            return wall_s
+        if m == "distribution":
+            g = keyed.generator(self.spec.seed, "compute", w.id, w.compute_seq, kind)
+            return self._sample(g)
+        if m == "analytic":
+            flops = cost if cost is not None else self._count_flops(kind, fn, args)
+            return flops / self.spec.peak_flops
+        # profiled
+        sig = signature(kind, fn, args)
+        got = self.db.get(self.device, sig)
+        if got is None:
+            # not profiled ahead of time: this call's own time becomes the profile (counted)
+            self.profile_misses += 1
+            got = self.db.put(self.device, sig, wall_s)
+        return got
+
+    def _sample(self, g: Any) -> float:
+        d, p = self.spec.dist, self.spec.dist_params
+        for _ in range(1000):
+            if d == "lognormal":
+                s = float(g.lognormal(p[0], p[1]))
+            elif d == "normal":
+                s = float(g.normal(p[0], p[1]))
+            elif d == "weibull":
+                s = float(p[2] + p[0] * g.weibull(p[1])) if len(p) > 2 else float(p[0] * g.weibull(p[1]))
+            elif d == "exponential":
+                s = float(g.exponential(p[0]))
+            else:
+                raise ValueError(f"compute distribution {d!r}; accepted: lognormal, normal, weibull, exponential")
+            if s >= 0:
+                return s
+        raise ValueError(f"compute distribution {d}{p} gave 1000 negative samples")
+
+    def _count_flops(self, kind: str, fn: Callable[..., Any], args: tuple) -> float:
+        sig = signature(kind, fn, args)
+        flops = self._flops.get(sig)
+        if flops is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            with FlopCounterMode(display=False) as counter:
+                fn(*args)
+            flops = self._flops[sig] = float(counter.get_total_flops())
+        return flops
+
+    def profile(self, kind: str, fn: Callable[..., Any], args: tuple, make_args: Callable[[], tuple] | None = None,
+                warmup: int = 1) -> float:
+        """Ahead-of-time profile of ``fn`` (median of k timed runs) unless the database has it.
+
+        ``make_args`` returns fresh arguments for each run when ``fn`` mutates its inputs.
+        """
+        sig = signature(kind, fn, args)
+        got = self.db.get(self.device, sig)
+        if got is not None:
+            return got
+        times = []
+        for i in range(warmup + self.spec.profile_runs):
+            a = make_args() if make_args else args
+            t0 = time.perf_counter()
+            fn(*a)
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        return self.db.put(self.device, sig, statistics.median(times))

@@ -1,0 +1,144 @@
+"""The per-agent environment a vworker sees: network, compute model, workload and recorder."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agents.compute import ComputeModel, ComputeSpec
+from agents.kernel import Kernel
+from agents.network import Network, NetworkSpec, Transfer
+from agents.types import VirtualTime
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agents.worker import Worker
+
+__all__ = ["Environment", "Recorder", "UPDATE_COLUMNS", "EVAL_COLUMNS", "Stats"]
+
+UPDATE_COLUMNS = ("virtual_time_ns", "virtual_time_s", "vworker", "iteration", "loss", "staleness",
+                  "samples", "bytes", "wall_time_s")
+EVAL_COLUMNS = ("virtual_time_ns", "virtual_time_s", "vworker", "iteration", "test_loss", "test_accuracy",
+                "wall_time_s")
+
+
+@dataclass
+class Stats:
+    """Counters of one agent (summed by the controller)."""
+
+    events: int = 0
+    messages_local: int = 0
+    messages_remote: int = 0
+    bytes_local: int = 0
+    bytes_remote: int = 0
+    compute_wall_s: dict[str, float] = field(default_factory=dict)
+    compute_virtual_ns: dict[str, int] = field(default_factory=dict)
+
+    def merge(self, other: "Stats") -> None:
+        self.events += other.events
+        self.messages_local += other.messages_local
+        self.messages_remote += other.messages_remote
+        self.bytes_local += other.bytes_local
+        self.bytes_remote += other.bytes_remote
+        for k, v in other.compute_wall_s.items():
+            self.compute_wall_s[k] = self.compute_wall_s.get(k, 0.0) + v
+        for k, v in other.compute_virtual_ns.items():
+            self.compute_virtual_ns[k] = self.compute_virtual_ns.get(k, 0) + v
+
+
+class Recorder:
+    """Rows of one agent, each keyed by (virtual time, vworker id, vworker's row counter).
+
+    Sorting by that key gives the same global order whatever the placement; wall
+    times are kept in ``wall_*`` columns that comparisons ignore.
+    """
+
+    def __init__(self, wall_start: float | None = None):
+        self.updates: list[tuple] = []  # (t, vid, n, row-tuple without wall) + wall
+        self.evals: list[tuple] = []
+        self.events: list[tuple] = []  # free-form per-vworker records for the state log / trace
+        self._n: dict[int, int] = {}
+        self.wall_start = time.perf_counter() if wall_start is None else wall_start
+        self.listeners: list[Any] = []  # objects with on_update(row) / on_eval(row)
+
+    def _key(self, t: VirtualTime, w: "Worker") -> tuple[int, int, int]:
+        n = self._n.get(w.id, 0) + 1
+        self._n[w.id] = n
+        return (t, w.id, n)
+
+    def update(self, w: "Worker", iteration: int, loss: float, staleness: int, samples: int, nbytes: int) -> None:
+        t = w.now
+        row = (t, t / 1e9, w.name, int(iteration), float(loss), int(staleness), int(samples), int(nbytes),
+               round(time.perf_counter() - self.wall_start, 6))
+        self.updates.append((self._key(t, w), row))
+        for li in self.listeners:
+            li.on_update(row)
+
+    def evaluation(self, w: "Worker", iteration: int, loss: float, accuracy: float) -> None:
+        t = w.now
+        row = (t, t / 1e9, w.name, int(iteration), float(loss), float(accuracy),
+               round(time.perf_counter() - self.wall_start, 6))
+        self.evals.append((self._key(t, w), row))
+        for li in self.listeners:
+            li.on_eval(row)
+
+    def event(self, w: "Worker", kind: str, **fields: Any) -> None:
+        """A free-form record (state log): kind plus plain-value fields."""
+        self.events.append((self._key(w.now, w), kind, w.name, fields))
+
+    def drain(self) -> tuple[list, list, list]:
+        """Hand over (and forget) the rows recorded so far."""
+        u, e, ev = self.updates, self.evals, self.events
+        self.updates, self.evals, self.events = [], [], []
+        return u, e, ev
+
+
+class Environment:
+    """What a vworker reaches through ``self.env``; one per agent, built from the run's plan."""
+
+    def __init__(self, kernel: Kernel, names: list[str], network: NetworkSpec, compute: ComputeSpec,
+                 recorder: Recorder | None = None, workload: Any = None, seed: int = 0,
+                 settings: dict[str, Any] | None = None, tracer: Any = None):
+        self.kernel = kernel
+        self.names = names
+        self.ids = {n: i for i, n in enumerate(names)}
+        self.seed = seed
+        self.workload = workload
+        self.settings = settings or {}
+        self.recorder = recorder or Recorder()
+        self.stats = Stats()
+        self.tracer = tracer
+        self.compute = ComputeModel(compute)
+        self.network = Network(kernel, network, self)
+
+    def resolve(self, dst: str | int) -> int:
+        if isinstance(dst, int):
+            if not 0 <= dst < len(self.names):
+                raise KeyError(f"no vworker with id {dst} (there are {len(self.names)})")
+            return dst
+        try:
+            return self.ids[dst]
+        except KeyError:
+            raise KeyError(f"no vworker named {dst!r}") from None
+
+    # hooks called by the kernel side; cheap when tracing is off
+    def on_send(self, w: "Worker", tr: Transfer, remote: bool) -> None:
+        s = self.stats
+        if remote:
+            s.messages_remote += 1
+            s.bytes_remote += tr.nbytes
+        else:
+            s.messages_local += 1
+            s.bytes_local += tr.nbytes
+        if self.tracer is not None:
+            self.tracer.send(w, tr)
+
+    def on_deliver(self, w: "Worker", tr: Transfer, t: VirtualTime) -> None:
+        if self.tracer is not None:
+            self.tracer.deliver(w, tr, t)
+
+    def on_compute(self, w: "Worker", kind: str, t0: VirtualTime, t1: VirtualTime, wall_s: float) -> None:
+        s = self.stats
+        s.compute_wall_s[kind] = s.compute_wall_s.get(kind, 0.0) + wall_s
+        s.compute_virtual_ns[kind] = s.compute_virtual_ns.get(kind, 0) + (t1 - t0)
+        if self.tracer is not None:
+            self.tracer.compute(w, kind, t0, t1)

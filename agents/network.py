@@ -1,0 +1,347 @@
+"""The network model (DESIGN §4.1): NIC egress and ingress queues plus per-pair latency.
+
+A message of S bytes sent at t from a to b passes two stations in series,
+each with its own discipline:
+
+* **egress** at a (on a's agent): ``fifo`` serialises a's transfers
+  (``e0 = max(t, egress_free[a]); e1 = e0 + S/B_out(a)``), ``fair`` shares
+  ``B_out(a)`` equally among a's active transfers (processor sharing; e1 is
+  known only when the transfer finishes), ``unlimited`` gives every transfer
+  the whole NIC (``e0 = t``).
+* **ingress** at b (on b's agent): the first byte arrives at ``e0 + L(a, b)``.
+  ``fifo``: ``i0 = max(e0 + L, ingress_free[b]); done = i0 + S/B_in(b)``;
+  ``fair``: processor sharing of ``B_in(b)`` among b's active receptions, each
+  also capped by its sender's rate ``B_out(a)`` (max-min / water-filling);
+  ``unlimited``: ``done = e0 + L + S/B_in(b)``.
+
+Delivery is at ``max(done, e1 + L)``: the last byte cannot arrive before it
+left plus the latency. Uncontended, that is ``t + L + S/min(B_out, B_in)``.
+This decomposition keeps every station's state on the agent hosting its
+vworker: the receiver learns of a transfer at ``e0 + L >= window end`` (the
+lookahead is the minimum cross-agent latency), and with a ``fair`` egress a
+second "tail" event announces ``e1 + L``. Under ``fair`` at both ends a
+synchronous PS round takes exactly Eq. 7 of the throughput-prediction paper
+(plus 2 L), under ``fifo`` exactly its Eq. 8 — tests pin both.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from agents import keyed
+from agents.kernel import PRIO_NET, Kernel
+from agents.types import NS_PER_S, VirtualTime
+from agents.worker import Message, SendHandle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agents.env import Environment
+    from agents.worker import Worker
+
+__all__ = [
+    "DISCIPLINES", "NetworkSpec", "Network", "Transfer", "transfer_ns",
+    "LatencyModel", "ConstantLatency", "MatrixLatency", "DistributionLatency", "payload_nbytes",
+]
+
+DISCIPLINES = ("fifo", "fair", "unlimited")
+
+
+def transfer_ns(nbytes: float, rate: float) -> VirtualTime:
+    """Time to push ``nbytes`` at ``rate`` bytes/s, in integer ns."""
+    if nbytes <= 0 or math.isinf(rate):
+        return 0
+    return int(round(nbytes * NS_PER_S / rate))
+
+
+def payload_nbytes(payload: Any) -> int:
+    """Bytes of the tensors in a payload (tensor, ndarray, or nested list/tuple/dict of them)."""
+    if payload is None:
+        return 0
+    nbytes = getattr(payload, "nbytes", None)
+    if nbytes is not None and not callable(nbytes):
+        return int(nbytes)
+    if hasattr(payload, "element_size") and hasattr(payload, "numel"):  # torch.Tensor
+        return int(payload.element_size() * payload.numel())
+    if isinstance(payload, dict):
+        return sum(payload_nbytes(v) for v in payload.values())
+    if isinstance(payload, (list, tuple)):
+        return sum(payload_nbytes(v) for v in payload)
+    return 0  # ints, strings and other small control values cost nothing on the wire
+
+
+# --------------------------------------------------------------- latency
+class LatencyModel:
+    """L(src, dst) in ns. ``sample`` is keyed by the sender's message counter."""
+
+    def sample(self, src: int, dst: int, msg_seq: int) -> VirtualTime:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def lower_bound(self, src: int, dst: int) -> VirtualTime:
+        """A latency no sample between src and dst can be below (the window lookahead)."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+
+@dataclass(frozen=True)
+class ConstantLatency(LatencyModel):
+    ns: VirtualTime
+
+    def sample(self, src: int, dst: int, msg_seq: int) -> VirtualTime:
+        return self.ns
+
+    def lower_bound(self, src: int, dst: int) -> VirtualTime:
+        return self.ns
+
+
+@dataclass(frozen=True)
+class MatrixLatency(LatencyModel):
+    """A matrix over groups (regions); ``group_of[vworker]`` maps each vworker to its row."""
+
+    matrix_ns: tuple[tuple[int, ...], ...]
+    group_of: tuple[int, ...]
+
+    def sample(self, src: int, dst: int, msg_seq: int) -> VirtualTime:
+        return self.matrix_ns[self.group_of[src]][self.group_of[dst]]
+
+    lower_bound = lambda self, src, dst: self.matrix_ns[self.group_of[src]][self.group_of[dst]]  # noqa: E731
+
+
+@dataclass(frozen=True)
+class DistributionLatency(LatencyModel):
+    """A keyed per-message sample in seconds; negative samples (and those below ``min_s``) are redrawn.
+
+    ``kind``: ``normal`` (mean, std), ``lognormal`` (mu, sigma of log-seconds),
+    ``weibull`` (scale λ, shape k, loc).
+    """
+
+    kind: str
+    params: tuple[float, ...]
+    seed: int
+    min_s: float = 0.0
+
+    def _draw(self, *key: object) -> float:
+        g = keyed.generator(*key)
+        if self.kind == "normal":
+            return float(g.normal(self.params[0], self.params[1]))
+        if self.kind == "lognormal":
+            return float(g.lognormal(self.params[0], self.params[1]))
+        if self.kind == "weibull":
+            lam, k, loc = self.params
+            return float(loc + lam * g.weibull(k))
+        raise ValueError(f"unknown latency distribution {self.kind!r}")
+
+    def sample(self, src: int, dst: int, msg_seq: int) -> VirtualTime:
+        for attempt in range(1000):
+            s = self._draw(self.seed, "latency", src, dst, msg_seq, attempt)
+            if s >= self.min_s and s >= 0:
+                return int(round(s * NS_PER_S))
+        raise ValueError(f"latency distribution {self.kind}{self.params} gave 1000 samples below {self.min_s} s")
+
+    def lower_bound(self, src: int, dst: int) -> VirtualTime:
+        return int(math.ceil(self.min_s * NS_PER_S))
+
+
+# ---------------------------------------------------------------- spec
+@dataclass(frozen=True)
+class NetworkSpec:
+    """The resolved network of a run: plain numbers, identical on every agent."""
+
+    latency: LatencyModel
+    bandwidth_out: tuple[float, ...]  # bytes/s per vworker id, efficiency already applied
+    bandwidth_in: tuple[float, ...]
+    egress: str = "fair"
+    ingress: str = "fair"
+
+    def __post_init__(self) -> None:
+        for side in (self.egress, self.ingress):
+            if side not in DISCIPLINES:
+                raise ValueError(f"network discipline {side!r}; accepted: {', '.join(DISCIPLINES)}")
+
+
+# ------------------------------------------------------------ transfers
+class Transfer:
+    """One message in flight. Crosses agents inside ``arrive`` events (payload serialised there)."""
+
+    __slots__ = ("src", "dst", "src_name", "dst_name", "seq", "tag", "payload", "nbytes",
+                 "sent_at", "e0", "latency", "tail", "cap", "done")
+
+    def __init__(self, src: int, dst: int, src_name: str, dst_name: str, seq: int, tag: Any,
+                 payload: Any, nbytes: int, sent_at: VirtualTime, e0: VirtualTime,
+                 latency: VirtualTime, tail: VirtualTime | None, cap: float):
+        self.src, self.dst, self.src_name, self.dst_name = src, dst, src_name, dst_name
+        self.seq, self.tag, self.payload, self.nbytes = seq, tag, payload, nbytes
+        self.sent_at, self.e0, self.latency, self.tail, self.cap = sent_at, e0, latency, tail, cap
+        self.done: VirtualTime | None = None  # ingress finished (receiver side)
+
+
+class _SharedLink:
+    """Processor sharing of one NIC direction among active flows, each optionally capped."""
+
+    __slots__ = ("kernel", "owner", "capacity", "flows", "last", "gen", "on_done")
+
+    def __init__(self, kernel: Kernel, owner: "Worker", capacity: float,
+                 on_done: Callable[[Any], None]):
+        self.kernel, self.owner, self.capacity, self.on_done = kernel, owner, capacity, on_done
+        self.flows: list[list] = []  # [remaining_bytes, cap, rate, item]
+        self.last: VirtualTime = 0
+        self.gen = 0
+
+    def add(self, nbytes: float, cap: float, item: Any) -> None:
+        self._advance()
+        self.flows.append([float(nbytes), cap, 0.0, item])
+        self._reschedule()
+
+    def _advance(self) -> None:
+        now = self.kernel.now
+        dt = now - self.last
+        if dt:
+            for f in self.flows:
+                f[0] -= f[2] * dt / NS_PER_S
+        self.last = now
+
+    def _rates(self) -> None:
+        # max-min fair share with per-flow caps (water-filling); stable order keeps it deterministic
+        order = sorted(range(len(self.flows)), key=lambda i: self.flows[i][1])
+        left, n = self.capacity, len(order)
+        for i in order:
+            share = left / n
+            f = self.flows[i]
+            f[2] = min(f[1], share)
+            left -= f[2]
+            n -= 1
+
+    def _reschedule(self) -> None:
+        self.gen += 1
+        if not self.flows:
+            return
+        self._rates()
+        dt = min(transfer_ns(max(f[0], 0.0), f[2]) for f in self.flows)
+        self.kernel.schedule(self.kernel.now + dt, PRIO_NET, self.owner, self._tick, self.gen)
+
+    def _tick(self, gen: int) -> None:
+        if gen != self.gen:
+            return  # superseded by a later arrival or departure
+        self._advance()
+        done = [f for f in self.flows if transfer_ns(max(f[0], 0.0), f[2]) == 0]
+        self.flows = [f for f in self.flows if transfer_ns(max(f[0], 0.0), f[2]) != 0]
+        self._reschedule()
+        for f in done:
+            self.on_done(f[3])
+
+
+class _Nic:
+    __slots__ = ("egress_free", "ingress_free", "egress_link", "ingress_link")
+
+    def __init__(self) -> None:
+        self.egress_free: VirtualTime = 0
+        self.ingress_free: VirtualTime = 0
+        self.egress_link: _SharedLink | None = None
+        self.ingress_link: _SharedLink | None = None
+
+
+class Network:
+    """The NIC state of one agent's vworkers and the send/arrive/tail/deliver events."""
+
+    def __init__(self, kernel: Kernel, spec: NetworkSpec, env: "Environment"):
+        self.kernel, self.spec, self.env = kernel, spec, env
+        self._nics: dict[int, _Nic] = {}
+        self._await_tail: dict[tuple[int, int], Transfer] = {}
+        kernel.on_remote("arrive", self._on_arrive)
+        kernel.on_remote("tail", self._on_tail)
+        kernel.on_remote("notify", self._on_notify)
+
+    def _nic(self, vid: int) -> _Nic:
+        nic = self._nics.get(vid)
+        if nic is None:
+            nic = self._nics[vid] = _Nic()
+        return nic
+
+    # ------------------------------------------------------------ sender
+    def send(self, w: "Worker", dst: int, payload: Any, nbytes: int | None, tag: Any) -> SendHandle:
+        k, spec = self.kernel, self.spec
+        size = payload_nbytes(payload) if nbytes is None else int(nbytes)
+        if size < 0:
+            raise ValueError(f"{w.name}: send with negative nbytes {size}")
+        now = k.now
+        w.msg_seq += 1
+        lat = spec.latency.sample(w.id, dst, w.msg_seq)
+        b_out = spec.bandwidth_out[w.id]
+        nic = self._nic(w.id)
+        if spec.egress == "fair" and size > 0:
+            e0, e1 = now, None
+        elif spec.egress == "fifo":
+            e0 = max(now, nic.egress_free)
+            e1 = nic.egress_free = e0 + transfer_ns(size, b_out)
+        else:  # unlimited, or an empty message under fair
+            e0, e1 = now, now + transfer_ns(size, b_out)
+        tr = Transfer(w.id, dst, w.name, self.env.names[dst], w.msg_seq, tag, payload, size, now,
+                      e0, lat, None if e1 is None else e1 + lat, b_out)
+        handle = SendHandle(k, e1)
+        if e1 is None:
+            if nic.egress_link is None:
+                nic.egress_link = _SharedLink(k, w, b_out, self._egress_done)
+            nic.egress_link.add(size, math.inf, (tr, handle))
+        self.env.on_send(w, tr, remote=not k.is_local(dst))
+        k.post(e0 + lat, PRIO_NET, w, dst, "arrive", tr)
+        return handle
+
+    def _egress_done(self, item: tuple[Transfer, SendHandle]) -> None:
+        tr, handle = item
+        now = self.kernel.now
+        handle._complete(now)
+        src = self.kernel.workers[tr.src]
+        self.kernel.post(now + tr.latency, PRIO_NET, src, tr.dst, "tail", (tr.src, tr.seq, now + tr.latency))
+
+    def notify(self, w: "Worker", owner: int, name: str) -> None:
+        if owner == w.id:
+            w._ring(name)
+            return
+        w.msg_seq += 1
+        lat = self.spec.latency.sample(w.id, owner, w.msg_seq)
+        self.kernel.post(self.kernel.now + lat, PRIO_NET, w, owner, "notify", (owner, name))
+
+    # ---------------------------------------------------------- receiver
+    def _on_arrive(self, tr: Transfer) -> None:
+        k, spec = self.kernel, self.spec
+        now = k.now
+        b_in = spec.bandwidth_in[tr.dst]
+        nic = self._nic(tr.dst)
+        if tr.tail is None:
+            self._await_tail[(tr.src, tr.seq)] = tr
+        if spec.ingress == "fifo":
+            i0 = max(now, nic.ingress_free)
+            tr.done = nic.ingress_free = i0 + transfer_ns(tr.nbytes, b_in)
+            self._maybe_deliver(tr)
+        elif spec.ingress == "unlimited" or tr.nbytes == 0:
+            tr.done = now + transfer_ns(tr.nbytes, b_in)
+            self._maybe_deliver(tr)
+        else:
+            if nic.ingress_link is None:
+                nic.ingress_link = _SharedLink(k, k.workers[tr.dst], b_in, self._ingress_done)
+            nic.ingress_link.add(tr.nbytes, tr.cap, tr)
+
+    def _ingress_done(self, tr: Transfer) -> None:
+        tr.done = self.kernel.now
+        self._maybe_deliver(tr)
+
+    def _on_tail(self, data: tuple[int, int, VirtualTime]) -> None:
+        src, seq, t = data
+        tr = self._await_tail.pop((src, seq))
+        tr.tail = t
+        self._maybe_deliver(tr)
+
+    def _maybe_deliver(self, tr: Transfer) -> None:
+        if tr.done is None or tr.tail is None:
+            return
+        self.kernel.schedule(max(tr.done, tr.tail), PRIO_NET, self.kernel.workers[tr.dst], self._deliver, tr)
+
+    def _deliver(self, tr: Transfer) -> None:
+        now = self.kernel.now
+        msg = Message(tr.src_name, tr.dst_name, tr.tag, tr.payload, tr.nbytes, tr.sent_at, tr.seq)
+        msg.delivered_at = now
+        w = self.kernel.workers[tr.dst]
+        self.env.on_deliver(w, tr, now)
+        w._deliver(msg)
+
+    def _on_notify(self, data: tuple[int, str]) -> None:
+        owner, name = data
+        self.kernel.workers[owner]._ring(name)

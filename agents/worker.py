@@ -1,0 +1,204 @@
+"""The Worker API (DESIGN §3): what a strategy writes against.
+
+A strategy subclasses :class:`Worker` and implements ``async def run(self)``.
+Inside it, only the kernel awaitables below advance virtual time::
+
+    class PingPong(Worker):
+        async def run(self):
+            if self.name == "w0":
+                self.send("w1", torch.zeros(1000))
+            msg = await self.recv()
+            ...
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from agents.kernel import PRIO_RESUME, Kernel, KernelError, park, suspend_until
+from agents.types import VirtualTime
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agents.env import Environment
+
+__all__ = ["Worker", "Message", "SendHandle", "Condition"]
+
+
+class Message:
+    """A delivered message. ``sent_at``/``delivered_at`` are virtual ns."""
+
+    __slots__ = ("src", "dst", "tag", "payload", "nbytes", "sent_at", "delivered_at", "seq")
+
+    def __init__(self, src: str, dst: str, tag: Any, payload: Any, nbytes: int, sent_at: VirtualTime, seq: int):
+        self.src, self.dst, self.tag, self.payload = src, dst, tag, payload
+        self.nbytes, self.sent_at, self.seq = nbytes, sent_at, seq
+        self.delivered_at: VirtualTime | None = None
+
+    def __repr__(self) -> str:
+        return (f"Message({self.src}->{self.dst}, tag={self.tag!r}, {self.nbytes} B, "
+                f"sent {self.sent_at}, delivered {self.delivered_at})")
+
+
+class SendHandle:
+    """Returned by :meth:`Worker.send`; ``await handle`` resumes when the last byte left the NIC."""
+
+    __slots__ = ("done_at", "_waiters", "_kernel")
+
+    def __init__(self, kernel: Kernel, done_at: VirtualTime | None):
+        self._kernel = kernel
+        self.done_at = done_at  # None while a shared (fair) egress has not finished it
+        self._waiters: list[Worker] = []
+
+    @property
+    def done(self) -> bool:
+        return self.done_at is not None and self.done_at <= self._kernel.now
+
+    def _complete(self, t: VirtualTime) -> None:
+        self.done_at = t
+        for w in self._waiters:
+            self._kernel.wake(w, None)
+        self._waiters.clear()
+
+    def __await__(self):
+        if self.done_at is None:
+            me = self._kernel._current
+            self._waiters.append(me)
+            yield from park()
+        elif self.done_at > self._kernel.now:
+            yield from suspend_until(self.done_at)
+        return self.done_at
+
+
+class Condition:
+    """A doorbell owned by one vworker: only the owner waits, anyone may notify.
+
+    A notification from another vworker arrives after the network latency
+    between the two (so it respects causality across agents); the owner's own
+    notification is immediate.
+    """
+
+    __slots__ = ("owner", "name")
+
+    def __init__(self, owner: "Worker", name: str):
+        self.owner, self.name = owner, name
+
+    def __repr__(self) -> str:
+        return f"Condition({self.owner.name}.{self.name})"
+
+
+class Worker:
+    """A virtual worker: one emulated machine running a strategy's coroutine."""
+
+    def __init__(self, name: str, vid: int, env: "Environment"):
+        self.name = name
+        self.id = vid
+        self.env = env
+        self._seq = 0  # events this vworker has created: the last part of the heap key
+        self._kernel: Kernel | None = None
+        self._coro = None
+        self._mailbox: list[Message] = []
+        self._recv_filter: tuple[Any, Any] | None = None  # set while parked in recv
+        self._waiting_on: str | None = None  # condition name while parked in wait
+        self._rang: set[str] = set()
+        self.msg_seq = 0  # messages sent, for keyed latency draws
+        self.compute_seq = 0  # compute calls, for keyed duration draws
+        self.finished = False
+
+    # -------------------------------------------------- lifecycle (kernel side)
+    def _attach(self, kernel: Kernel) -> None:
+        self._kernel = kernel
+
+    def _resume(self, value: Any) -> None:
+        k = self._kernel
+        k._current = self
+        k._step(self, value)
+
+    def _finished(self) -> None:
+        self.finished = True
+
+    async def run(self) -> None:  # pragma: no cover - subclasses implement it
+        raise KernelError(f"{type(self).__name__} must implement async def run(self)")
+
+    # ----------------------------------------------------------- the API
+    @property
+    def now(self) -> VirtualTime:
+        """Current virtual time in integer nanoseconds."""
+        return self._kernel.now
+
+    async def sleep(self, dt: VirtualTime) -> None:
+        """Resume at ``now + dt`` (ns)."""
+        if dt < 0:
+            raise KernelError(f"{self.name}: sleep({dt}) with a negative duration")
+        await suspend_until(self._kernel.now + int(dt))
+
+    async def compute(self, fn: Callable[..., Any], *args: Any, kind: str = "gradient",
+                      cost: float | None = None, **kwargs: Any) -> Any:
+        """Run ``fn(*args)`` for real; resume after the modelled duration (DESIGN §4.2)."""
+        t0 = time.perf_counter()
+        result = fn(*args, **kwargs)
+        wall = time.perf_counter() - t0
+        d = self.env.compute.duration(self, kind, fn, args, wall, cost)
+        self.compute_seq += 1
+        start = self._kernel.now
+        self.env.on_compute(self, kind, start, start + d, wall)
+        await suspend_until(start + d)
+        return result
+
+    def send(self, dst: str | int, payload: Any, nbytes: int | None = None, tag: Any = None) -> SendHandle:
+        """Queue ``payload`` on this vworker's NIC towards ``dst``; see DESIGN §4.1 for timing."""
+        return self.env.network.send(self, self.env.resolve(dst), payload, nbytes, tag)
+
+    async def recv(self, src: str | None = None, tag: Any = None) -> Message:
+        """Wait until a message matching ``src``/``tag`` (None = any) is delivered; return it."""
+        msg = self.recv_nowait(src, tag)
+        if msg is not None:
+            return msg
+        self._recv_filter = (src, tag)
+        return await park()
+
+    def recv_nowait(self, src: str | None = None, tag: Any = None) -> Message | None:
+        """A delivered message matching ``src``/``tag``, or None."""
+        box = self._mailbox
+        for i, m in enumerate(box):
+            if (src is None or m.src == src) and (tag is None or m.tag == tag):
+                return box.pop(i)
+        return None
+
+    def condition(self, name: str) -> Condition:
+        """A doorbell owned by this vworker (see :class:`Condition`)."""
+        return Condition(self, name)
+
+    async def wait(self, cond: Condition) -> None:
+        """Wait until ``cond`` is notified (a notification before the wait is remembered once)."""
+        if cond.owner is not self:
+            raise KernelError(f"{self.name} waits on {cond!r}: only its owner may wait on a condition")
+        if cond.name in self._rang:
+            self._rang.discard(cond.name)
+            return
+        self._waiting_on = cond.name
+        await park()
+
+    def notify(self, cond: Condition) -> None:
+        """Ring ``cond``: its owner wakes now (own condition) or after the network latency."""
+        self.env.network.notify(self, cond.owner.id, cond.name)
+
+    def stop_run(self) -> None:
+        """The run's stop condition fired: finish this virtual instant, then stop everything."""
+        self._kernel.request_stop()
+
+    # ------------------------------------------------- delivery (network side)
+    def _deliver(self, msg: Message) -> None:
+        f = self._recv_filter
+        if f is not None and (f[0] is None or msg.src == f[0]) and (f[1] is None or msg.tag == f[1]):
+            self._recv_filter = None
+            self._kernel.schedule(self._kernel.now, PRIO_RESUME, self, self._resume, msg)
+        else:
+            self._mailbox.append(msg)
+
+    def _ring(self, name: str) -> None:
+        if self._waiting_on == name:
+            self._waiting_on = None
+            self._kernel.wake(self, None)
+        else:
+            self._rang.add(name)
