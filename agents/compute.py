@@ -83,6 +83,9 @@ def _describe(a: Any) -> str:
 def signature(kind: str, fn: Callable[..., Any], args: tuple) -> str:
     """The profile-database key of a call, device kind excluded."""
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and hasattr(owner, "profile_name"):  # e.g. the model behind Training.gradient_at
+        name += f"@{owner.profile_name}"
     return f"{kind}|{name}|" + ";".join(_describe(a) for a in args)
 
 

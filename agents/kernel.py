@@ -182,13 +182,18 @@ class Kernel:
             return INFINITY
         return t
 
-    def run_until(self, window_end: VirtualTime = INFINITY) -> VirtualTime:
-        """Run every event with time < ``window_end`` (and ≤ the stop time); return the next event time."""
+    def run_until(self, window_end: VirtualTime = INFINITY, max_events: int | None = None) -> VirtualTime:
+        """Run every event with time < ``window_end`` (and ≤ the stop time); return the next event time.
+
+        ``max_events`` returns early (for progress reports of a single agent); the
+        next call simply continues, so results do not depend on it.
+        """
         heap = self._heap
         pop = heapq.heappop
         n = 0
+        limit = max_events if max_events is not None else -1
         try:
-            while heap:
+            while heap and n != limit:
                 t = heap[0][0]
                 if t >= window_end:
                     break

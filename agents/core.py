@@ -1,0 +1,119 @@
+"""One agent's engine, independent of transport: a kernel, its vworkers, and window stepping.
+
+The in-process launcher calls :class:`AgentCore` directly; the agent process
+(``lockstep agent``) wraps the same object behind gRPC. Either way the
+controller only calls :meth:`AgentCore.advance`.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.env import Environment, Recorder, Stats
+from agents.kernel import Kernel, RemoteEvent
+from agents.plan import Plan
+from agents.strategies import TrainingWorker, import_path
+from agents.training import Training
+from agents.types import INFINITY, VirtualTime
+
+__all__ = ["AgentCore", "Reached"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Reached:
+    """What an agent reports after a window (DESIGN §5 step 3)."""
+
+    next_time: VirtualTime
+    outbound: list[RemoteEvent]
+    stop_time: VirtualTime | None
+    updates: list[tuple] = field(default_factory=list)
+    evals: list[tuple] = field(default_factory=list)
+    events: list[tuple] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+
+
+class AgentCore:
+    """Builds the vworkers placed on ``agent_id`` and runs them window by window."""
+
+    def __init__(self, plan: Plan, agent_id: int, data: Any = None, tracer: Any = None,
+                 recorder: Recorder | None = None):
+        self.plan, self.agent_id = plan, agent_id
+        self.kernel = Kernel()
+        self.local = plan.local_ids(agent_id)
+        wl = plan.workload_spec()
+        classes = {vid: import_path(plan.vworkers[vid].cls) for vid in self.local}
+        needs_training = any(issubclass(c, TrainingWorker) for c in classes.values())
+        self.training = Training(wl, plan.seed, data=data) if needs_training else None
+        self.env = Environment(self.kernel, plan.names, plan.network_spec(), plan.compute_spec(),
+                               recorder=recorder, workload=self.training, seed=plan.seed,
+                               settings=plan.settings, tracer=tracer)
+        if self.training is not None and self.env.compute.spec.model == "profiled":
+            self.training.profile(self.env.compute, workers=len(wl.data_holders))
+        self.workers = {}
+        for vid in self.local:
+            spec = plan.vworkers[vid]
+            w = classes[vid](spec.name, vid, self.env, **spec.kwargs)
+            self.workers[spec.name] = w
+            self.kernel.add_worker(w)
+        if plan.stop_virtual_time_ns is not None:
+            self.kernel.stop_at(plan.stop_virtual_time_ns)
+        self._reported = Stats()
+
+    def next_time(self) -> VirtualTime:
+        return self.kernel.next_time()
+
+    def advance(self, window_end: VirtualTime, inbound: list[RemoteEvent] = (),
+                stop_at: VirtualTime | None = None, max_events: int | None = None) -> Reached:
+        """Inject ``inbound``, run every event before ``window_end``, report (DESIGN §5)."""
+        k = self.kernel
+        if stop_at is not None:
+            k.stop_at(stop_at)
+        for ev in inbound:
+            k.inject(ev)
+        before = k.events_processed
+        nxt = k.run_until(window_end, max_events=max_events)
+        out, k.outbox = k.outbox, []
+        updates, evals, events = self.env.recorder.drain()
+        stats = self._stats_delta(k.events_processed - before)
+        return Reached(nxt, out, k.stop_time if k.stop_time is not None and k.stop_time < INFINITY else None,
+                       updates, evals, events, stats)
+
+    def _stats_delta(self, events: int) -> Stats:
+        cur = self.env.stats
+        prev = self._reported
+        d = Stats(events=events,
+                  messages_local=cur.messages_local - prev.messages_local,
+                  messages_remote=cur.messages_remote - prev.messages_remote,
+                  bytes_local=cur.bytes_local - prev.bytes_local,
+                  bytes_remote=cur.bytes_remote - prev.bytes_remote,
+                  compute_wall_s={k: v - prev.compute_wall_s.get(k, 0.0) for k, v in cur.compute_wall_s.items()},
+                  compute_virtual_ns={k: v - prev.compute_virtual_ns.get(k, 0)
+                                      for k, v in cur.compute_virtual_ns.items()})
+        self._reported = Stats(0, cur.messages_local, cur.messages_remote, cur.bytes_local, cur.bytes_remote,
+                               dict(cur.compute_wall_s), dict(cur.compute_virtual_ns))
+        return d
+
+    def result_params(self):
+        """Flat final parameters of the plan's result vworker, when it lives here."""
+        w = self.workers.get(self.plan.result)
+        if w is None or getattr(w, "model", None) is None:
+            return None
+        return self.training.flat(w.model)
+
+    def info(self) -> dict[str, Any]:
+        c = self.env.compute
+        return {"profile_misses": c.profile_misses, "reproducible": c.reproducible}
+
+    def final_eval(self, t: VirtualTime, iteration: int) -> tuple | None:
+        """Observer: evaluate the result vworker's model at the end; an eval row, or None."""
+        import time as _time
+
+        w = self.workers.get(self.plan.result)
+        if w is None or getattr(w, "model", None) is None:
+            return None
+        loss, acc = self.training.evaluate(w.model)
+        wall = round(_time.perf_counter() - self.env.recorder.wall_start, 6)
+        return (t, t / 1e9, w.name, int(iteration), float(loss), float(acc), wall)

@@ -1,0 +1,86 @@
+"""What every strategy shares: the vworker layout, and a worker that trains on its shard."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.worker import Worker
+
+__all__ = ["VWorkerSpec", "Strategy", "TrainingWorker"]
+
+
+@dataclass(frozen=True)
+class VWorkerSpec:
+    """One vworker of the plan: its name, the class that runs it (dotted path) and plain kwargs."""
+
+    name: str
+    cls: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    holds_data: bool = False
+
+
+class Strategy:
+    """A gradient-exchange algorithm: lays out vworkers; their classes do the rest.
+
+    ``result`` names the vworker whose model is the run's final model.
+    """
+
+    name: str = ""
+    result: str = "ps0"
+
+    @classmethod
+    def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+
+class TrainingWorker(Worker):
+    """A Worker with helpers for the common cases: batches, gradients, updates, evaluation."""
+
+    def __init__(self, name: str, vid: int, env: Any, **kwargs: Any):
+        super().__init__(name, vid, env)
+        self.settings = env.settings
+        self.training = env.workload
+        self._stream = None
+        self.model = None  # set by holders of a model (PS, local learners)
+        self.opt = None
+
+    def next_batch(self):
+        if self._stream is None:
+            self._stream = self.training.stream(self.name, self.id)
+        return self.training.batch(next(self._stream))
+
+    async def gradient(self, params):
+        """Forward+backward at ``params`` on the next batch: ``(loss, flat_grad, samples)``."""
+        x, y = self.next_batch()
+        loss, grad = await self.compute(self.training.gradient_at, params, x, y, kind="gradient")
+        return loss, grad, len(y)
+
+    async def apply(self, grad):
+        """One optimizer step on this vworker's model (kind ``update``)."""
+        await self.compute(self.training.apply, self.model, self.opt, grad, kind="update",
+                           cost=2.0 * grad.numel())
+
+    async def aggregate(self, grads, weights=None):
+        """Mean of flat tensors (kind ``aggregate``), summed in the given order."""
+        return await self.compute(self.training.aggregate, grads, weights, kind="aggregate",
+                                  cost=float(len(grads) * grads[0].numel()))
+
+    def make_model(self) -> None:
+        self.model, self.opt = self.training.new_model()
+
+    def updated(self, version: int, loss: float, staleness: int, samples: int, nbytes: int) -> bool:
+        """Record a global update; run the evaluation observer; True when the stop condition fired."""
+        self.env.recorder.update(self, version, loss, staleness, samples, nbytes)
+        every = self.settings.get("eval_every", 0)
+        stop = self.settings.get("stop_updates")
+        done = stop is not None and version >= stop
+        if done or (every and version % every == 0):
+            self.evaluate(version)
+        if done:
+            self.stop_run()
+        return done
+
+    def evaluate(self, version: int) -> None:
+        """Observer: test loss/accuracy of this vworker's model, taking no virtual time."""
+        loss, acc = self.training.evaluate(self.model)
+        self.env.recorder.evaluation(self, version, loss, acc)

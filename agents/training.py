@@ -1,0 +1,132 @@
+"""What the vworkers of one agent share to train for real: data, shards, a scratch model.
+
+Workers hold only flat parameter vectors (the payloads they receive); gradients
+are computed on one scratch model per agent, so a 10 000-vworker agent keeps
+one model, not ten thousand. The functions passed to ``Worker.compute`` are
+bound methods of this object, and their profile key includes the model's name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from agents.workloads.batches import BatchStream
+from agents.workloads.data import Dataset, load_fashion_mnist
+from agents.workloads.models import build_model, evaluate, flat_params, gradient, param_bytes, set_flat_params
+from agents.workloads.partition import partition
+
+__all__ = ["WorkloadSpec", "Training"]
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The resolved workload of a run (plain values, identical on every agent)."""
+
+    model: dict[str, Any]  # {"_target_": ..., **kwargs}
+    data_root: str | None = None
+    partition: str = "iid"
+    partition_kw: dict[str, Any] = field(default_factory=dict)
+    data_holders: tuple[str, ...] = ()  # vworkers that own a shard, in shard order
+    batch_size: tuple[int, ...] = ()  # per data holder
+    lr: float = 0.05
+    momentum: float = 0.0
+    eval_samples: int = 10_000
+    device: str = "cpu"
+
+
+class Training:
+    """Shared training state of one agent."""
+
+    def __init__(self, spec: WorkloadSpec, seed: int, data: Dataset | None = None):
+        self.spec, self.seed = spec, seed
+        self.data = data if data is not None else load_fashion_mnist(spec.data_root)
+        self.device = torch.device(spec.device)
+        self.scratch = build_model(spec.model, seed).to(self.device)
+        self.initial = flat_params(self.scratch).clone()
+        self.model_name = type(self.scratch).__name__
+        self.model_bytes = param_bytes(self.scratch)
+        labels = self.data.train_y.numpy()
+        self.shards = partition(spec.partition, labels, len(spec.data_holders), seed, **spec.partition_kw)
+        self._rank = {name: i for i, name in enumerate(spec.data_holders)}
+        n_eval = min(spec.eval_samples, len(self.data.test_y))
+        self.test_x, self.test_y = self.data.test_x[:n_eval], self.data.test_y[:n_eval]
+
+    # the profile database keys compute calls by function and shapes; add the model's identity
+    @property
+    def profile_name(self) -> str:
+        return f"{self.model_name}/{self.model_bytes}B/{self.device.type}"
+
+    def batch_size(self, vworker: str) -> int:
+        return self.spec.batch_size[self._rank[vworker]]
+
+    def stream(self, vworker: str, vid: int) -> BatchStream:
+        """The keyed stream of index batches over ``vworker``'s shard."""
+        rank = self._rank[vworker]
+        return BatchStream(self.shards[rank], self.spec.batch_size[rank], self.seed, vid)
+
+    def batch(self, indices: np.ndarray) -> tuple[Tensor, Tensor]:
+        idx = torch.from_numpy(indices)
+        return self.data.train_x[idx], self.data.train_y[idx]
+
+    def new_model(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """A model holding the initial parameters, and its optimizer (for a PS or a local learner)."""
+        model = build_model(self.spec.model, self.seed).to(self.device)
+        opt = torch.optim.SGD(model.parameters(), lr=self.spec.lr, momentum=self.spec.momentum)
+        return model, opt
+
+    # ---- the compute functions (each is a real computation, timed by the compute model)
+    def gradient_at(self, params: Tensor, x: Tensor, y: Tensor) -> tuple[float, Tensor]:
+        """Loss and flat gradient of the model at ``params`` on batch ``(x, y)``."""
+        set_flat_params(self.scratch, params)
+        loss, grads = gradient(self.scratch, x, y)
+        return loss, torch.cat([g.reshape(-1) for g in grads])
+
+    @staticmethod
+    def apply(model: nn.Module, opt: torch.optim.Optimizer, grad: Tensor) -> None:
+        """One optimizer step with the flat gradient ``grad``."""
+        offset = 0
+        for p in model.parameters():
+            n = p.numel()
+            p.grad = grad[offset:offset + n].view_as(p).clone()
+            offset += n
+        opt.step()
+
+    @staticmethod
+    def aggregate(grads: list[Tensor], weights: list[float] | None = None) -> Tensor:
+        """The (weighted) mean of flat tensors, summed in list order."""
+        if weights is None:
+            out = grads[0].clone()
+            for g in grads[1:]:
+                out += g
+            return out / len(grads)
+        total = float(sum(weights))
+        out = grads[0] * (weights[0] / total)
+        for g, w in zip(grads[1:], weights[1:]):
+            out += g * (w / total)
+        return out
+
+    def evaluate(self, model_or_params: nn.Module | Tensor) -> tuple[float, float]:
+        """Test loss and accuracy (an observer: real compute, no virtual time)."""
+        if isinstance(model_or_params, Tensor):
+            set_flat_params(self.scratch, model_or_params)
+            model_or_params = self.scratch
+        return evaluate(model_or_params, self.test_x, self.test_y)
+
+    @staticmethod
+    def flat(model: nn.Module) -> Tensor:
+        return flat_params(model)
+
+    def profile(self, compute: Any, workers: int) -> None:
+        """Ahead-of-time profile (DESIGN §4.2, Tianshu) of the calls strategies make."""
+        for b in sorted(set(self.spec.batch_size)):
+            idx = np.arange(b) % len(self.data.train_y)
+            xb, yb = self.batch(idx)
+            compute.profile("gradient", self.gradient_at, (self.initial, xb, yb))
+        model, opt = self.new_model()
+        g = torch.zeros_like(self.initial)
+        compute.profile("update", self.apply, (model, opt, g))
+        compute.profile("aggregate", self.aggregate, ([g] * max(1, workers),))

@@ -1,0 +1,224 @@
+"""Built-in models, deterministic construction, and the gradient/evaluation helpers — DESIGN §7.
+
+Any ``torch.nn.Module`` works: ``build_model`` instantiates a Hydra ``_target_``
+with torch's global RNG forked and seeded from the key ``(seed, "init")``, so a
+module's own ``reset_parameters`` gives bit-identical weights for the same seed.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import hydra.utils
+from hydra.errors import InstantiationException
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+
+from agents.keyed import key_int
+
+__all__ = ["MLP", "ThesisCNN", "SmallResNet", "MODELS", "build_model", "param_bytes",
+           "flat_params", "set_flat_params", "gradient", "evaluate"]
+
+
+class MLP(nn.Module):
+    """Flatten, then ``Linear + ReLU`` per hidden width, then a linear classifier."""
+
+    def __init__(self, in_features: int = 784, hidden: Sequence[int] = (200,), num_classes: int = 10) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = in_features
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class ThesisCNN(nn.Module):
+    """The 2-conv/3-fc CNN of the FL-timing thesis (§6, "Architectures").
+
+    The thesis gives no layer sizes; these are the LeNet-style ones of the Flower
+    and PyTorch tutorial CNN it builds on: conv(C→6, 5), max-pool 2, conv(6→16, 5),
+    max-pool 2, fc 120, fc 84, fc ``num_classes``. ``in_channels`` is 1 for
+    (Fashion-)MNIST and 3 for CIFAR-10, as in the thesis; for 28×28 inputs the first
+    fc layer takes 16·4·4 = 256 features (400 for 32×32).
+    """
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:
+        super().__init__()
+        side = ((image_size - 4) // 2 - 4) // 2
+        if side < 1:
+            raise ValueError(f"ThesisCNN: image_size must be at least 16, got {image_size}.")
+        self.conv1 = nn.Conv2d(in_channels, 6, 5)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.pool = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(16 * side * side, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x)))
+        x = torch.flatten(x, 1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(math.gcd(8, channels), channels)
+
+
+class BasicBlock(nn.Module):
+    """Two 3×3 convolutions with a residual connection (He et al. 2016), GroupNorm after each."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.norm1 = _norm(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.norm2 = _norm(out_channels)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                                          _norm(out_channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.norm1(self.conv1(x)))
+        return F.relu(self.norm2(self.conv2(out)) + self.shortcut(x))
+
+
+class SmallResNet(nn.Module):
+    """A 3×3 stem, one stage of BasicBlocks per width (stride 2 between stages), global pooling, fc.
+
+    GroupNorm instead of BatchNorm: the whole state is then in the parameters,
+    which strategies average and ship as ``flat_params``; BatchNorm's running
+    statistics are buffers that no strategy would exchange.
+    """
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10,
+                 widths: Sequence[int] = (16, 32, 64), blocks_per_stage: int = 1) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False),
+                                   _norm(widths[0]), nn.ReLU()]
+        width = widths[0]
+        for stage, out in enumerate(widths):
+            for block in range(blocks_per_stage):
+                stride = 2 if stage > 0 and block == 0 else 1
+                layers.append(BasicBlock(width, out, stride))
+                width = out
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, num_classes)]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+MODELS = {"mlp": f"{__name__}.MLP", "cnn": f"{__name__}.ThesisCNN", "resnet": f"{__name__}.SmallResNet"}
+"""Short names accepted by ``build_model`` and as ``model._target_``."""
+
+
+def build_model(cfg_or_target: str | Mapping[str, Any] | DictConfig, seed: int) -> nn.Module:
+    """Instantiate a model from a short name, a dotted class path, or a config with ``_target_``.
+
+    Construction runs under ``torch.random.fork_rng`` seeded with ``key_int(seed, "init")``:
+    the initial parameters are a function of the seed alone, and the caller's global
+    RNG state is left untouched.
+    """
+    if isinstance(cfg_or_target, str):
+        cfg: dict[str, Any] = {"_target_": cfg_or_target}
+    elif isinstance(cfg_or_target, DictConfig):
+        cfg = OmegaConf.to_container(cfg_or_target, resolve=True)  # type: ignore[assignment]
+    elif isinstance(cfg_or_target, Mapping):
+        cfg = dict(cfg_or_target)
+    else:
+        raise TypeError(f"build_model: expected a name, a dotted path or a config with _target_, "
+                        f"got {type(cfg_or_target).__name__}.")
+    target = cfg.get("_target_")
+    if not isinstance(target, str):
+        raise ValueError(f"model config needs a _target_ (one of {', '.join(MODELS)} or a dotted "
+                         f"path to an nn.Module class), got {cfg!r}.")
+    target = MODELS.get(target, target)
+    if "." not in target:
+        raise ValueError(f"model._target_={target!r} is neither a built-in model "
+                         f"({', '.join(MODELS)}) nor a dotted path such as my_pkg.nets.MyNet.")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(key_int(seed, "init"))
+        try:
+            model = hydra.utils.instantiate({**cfg, "_target_": target}, _convert_="all")
+        except InstantiationException as e:  # import and constructor errors alike
+            raise ValueError(f"model._target_={target!r} could not be instantiated: {e}") from e
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model._target_={target!r} built a {type(model).__name__}, not a torch.nn.Module.")
+    return model
+
+
+def param_bytes(model: nn.Module) -> int:
+    """Bytes of one copy of the parameters: what a full model or gradient message carries."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def flat_params(model: nn.Module) -> Tensor:
+    """A new 1-D tensor holding every parameter, in ``model.parameters()`` order (buffers excluded)."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def set_flat_params(model: nn.Module, flat: Tensor) -> None:
+    """Copy a ``flat_params`` vector back into the model's parameters, in place."""
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    if flat.ndim != 1 or flat.numel() != total:
+        raise ValueError(f"set_flat_params: expected a 1-D tensor of {total} values, got shape {tuple(flat.shape)}.")
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters(), torch.empty(0)).device
+
+
+def gradient(model: nn.Module, x: Tensor, y: Tensor) -> tuple[float, list[Tensor]]:
+    """Mean cross-entropy of ``model(x)`` against ``y`` and its gradient, one tensor per parameter.
+
+    The gradients are detached and in ``model.parameters()`` order (zeros for a
+    frozen or unused parameter); the model's ``.grad`` fields are left as None.
+    Nothing is updated: applying the gradient is the strategy's job.
+    """
+    params = list(model.parameters())
+    model.zero_grad(set_to_none=True)
+    device = _device(model)
+    loss = F.cross_entropy(model(x.to(device)), y.to(device))
+    trainable = [p for p in params if p.requires_grad]
+    grads = iter(torch.autograd.grad(loss, trainable, allow_unused=True))
+    out = []
+    for p in params:
+        g = next(grads) if p.requires_grad else None
+        out.append(torch.zeros_like(p) if g is None else g.detach())
+    return loss.item(), out
+
+
+def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch: int = 2000) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy over ``(x, y)`` in eval mode, ``batch`` samples at a time."""
+    if len(x) == 0 or len(x) != len(y):
+        raise ValueError(f"evaluate: need as many labels as inputs (> 0), got {len(x)} and {len(y)}.")
+    device = _device(model)
+    was_training = model.training
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    try:
+        with torch.no_grad():
+            for start in range(0, len(x), batch):
+                xb, yb = x[start:start + batch].to(device), y[start:start + batch].to(device)
+                logits = model(xb)
+                loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
+                correct += int((logits.argmax(dim=1) == yb).sum())
+    finally:
+        model.train(was_training)
+    return loss_sum / len(x), correct / len(x)

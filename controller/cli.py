@@ -1,0 +1,74 @@
+"""The ``lockstep`` command: ``run`` (a Hydra app over conf/), ``plot``, ``agent``, ``inspect``."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+USAGE = """usage: lockstep <command> [args]
+
+commands:
+  run [overrides...]        run an experiment (Hydra: key=value overrides, --multirun to sweep)
+  plot RUN_OR_SWEEP_DIR...  draw loss/accuracy vs virtual time and iterations (and throughput for sweeps)
+  agent --controller HOST:PORT --agent-id N   an agent process (started by launchers)
+  inspect RUN --at T [--worker W]             what a vworker was doing and holding at virtual time T
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "run":
+        return _run(rest)
+    if cmd == "plot":
+        from controller.plotcli import main as plot_main
+
+        return plot_main(rest)
+    if cmd == "agent":
+        from agents.__main__ import main as agent_main
+
+        return agent_main(rest)
+    if cmd == "inspect":
+        from controller.inspect import main as inspect_main
+
+        return inspect_main(rest)
+    print(f"lockstep: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+def _run(overrides: list[str]) -> int:
+    import hydra
+
+    sys.argv = ["lockstep run", *overrides]
+    hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(_task)()
+    return 0
+
+
+def _task(cfg) -> dict:
+    from hydra.core.hydra_config import HydraConfig
+
+    from controller.config import ConfigError, validate
+
+    try:
+        rc = validate(cfg)
+    except ConfigError as e:
+        print("lockstep: invalid configuration:", file=sys.stderr)
+        for p in e.problems:
+            print(f"  {p}", file=sys.stderr)
+        sys.exit(2)
+    logging.getLogger().setLevel(rc.log_level)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    from controller.session import run_session
+
+    result = run_session(rc, run_dir)
+    return result.summary
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,588 @@
+"""``launcher=kubernetes``: every agent is a pod created through the Kubernetes API (DESIGN §10).
+
+The only module of lockstep that imports ``kubernetes``, and only when a launcher is built, so the
+package works without it. In a cluster (the Helm chart's Job) the agent pods are owned by the
+controller's pod, so Kubernetes garbage-collects them even if the controller dies; from a laptop
+they are owned by the run's token Secret, so ``kubectl delete secret -l lockstep.io/run-id=RUN``
+cleans up after a crash. ``check()`` turns what a kubelet or the scheduler reports (image pull
+errors, OOM kills, crashes, unschedulable pods) into an ``AgentFailure`` naming the pod and why.
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import dataclasses
+import hashlib
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from controller.launchers.base import AgentFailure, LaunchSpec
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "launcher=kubernetes needs the Kubernetes client: pip install 'lockstep[kubernetes]'"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+AGENT_CONTAINER = "agent"
+
+# Container "waiting" reasons that never clear without a human (a kubelet keeps retrying forever).
+FATAL_WAITING_REASONS = frozenset({
+    "ImagePullBackOff", "ErrImagePull", "ErrImageNeverPull", "InvalidImageName",
+    "CrashLoopBackOff", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+})
+
+# Restrictive defaults, used when the pod template does not set its own.
+DEFAULT_POD_SECURITY_CONTEXT = {
+    "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+DEFAULT_CONTAINER_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+# With a read-only root filesystem everything lockstep, torch and matplotlib write goes to /tmp.
+DEFAULT_ENV = {
+    "HOME": "/tmp",
+    "XDG_CACHE_HOME": "/tmp/.cache",
+    "MPLCONFIGDIR": "/tmp/.cache/matplotlib",
+    "LOCKSTEP_PROFILE_DB": "/tmp/lockstep-profile.db",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+
+
+class LauncherConfigError(ValueError):
+    """The ``launcher`` config or the cluster state it names is wrong; permanent, not retried."""
+
+
+class KubernetesLauncherError(RuntimeError):
+    """The Kubernetes API refused or failed a request the launcher needs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KubernetesLauncherConfig:
+    """The ``launcher`` config group for ``name: kubernetes`` (conf/launcher/kubernetes.yaml documents each key)."""
+
+    namespace: str | None = None
+    kubeconfig: str | None = None
+    context: str | None = None
+    image: str | None = None
+    image_pull_policy: str | None = "IfNotPresent"
+    controller_address: str | None = None
+    pod_template_file: str | None = None
+    owner_pod: str | None = None
+    instance: str | None = None
+    startup_timeout_s: float = 600.0
+    unschedulable_grace_s: float = 0.0
+    api_error_grace_s: float = 60.0
+    delete_grace_period_s: int = 10
+    token_secret_name: str | None = None
+    token_secret_key: str = "token"
+
+    @classmethod
+    def from_node(cls, node: Any) -> "KubernetesLauncherConfig":
+        """Build from the ``launcher`` node: an OmegaConf DictConfig, a mapping, or None (all defaults)."""
+        if node is None:
+            return cls()
+        if not isinstance(node, Mapping):
+            try:
+                from omegaconf import DictConfig, OmegaConf
+            except ImportError:  # pragma: no cover - omegaconf is a core dependency
+                DictConfig = None
+            if DictConfig is not None and isinstance(node, DictConfig):
+                node = OmegaConf.to_container(node, resolve=True)
+            else:
+                raise LauncherConfigError(
+                    f"launcher config must be a mapping, got {type(node).__name__}")
+        raw = dict(node)
+        raw.pop("name", None)
+        raw.pop("_target_", None)
+        secret = raw.pop("token_secret", None) or {}
+        if not isinstance(secret, Mapping):
+            raise LauncherConfigError(
+                "launcher.token_secret must be a mapping {name: SECRET, key: KEY}, "
+                f"got {secret!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise LauncherConfigError(
+                f"unknown launcher.{unknown[0]} for launcher=kubernetes; accepted keys: "
+                + ", ".join(sorted(known - {"token_secret_name", "token_secret_key"}) + ["token_secret"]))
+        raw["token_secret_name"] = secret.get("name")
+        raw["token_secret_key"] = secret.get("key") or "token"
+        cfg = cls(**raw)
+        if cfg.startup_timeout_s <= 0:
+            raise LauncherConfigError(
+                f"launcher.startup_timeout_s must be > 0 seconds, got {cfg.startup_timeout_s}")
+        if cfg.image_pull_policy not in (None, "Always", "IfNotPresent", "Never"):
+            raise LauncherConfigError(
+                f"launcher.image_pull_policy is {cfg.image_pull_policy!r}; "
+                "accepted: Always, IfNotPresent, Never or null")
+        return cfg
+
+
+def _import_kubernetes():
+    try:
+        import kubernetes  # noqa: PLC0415 - the one place lockstep imports it, on purpose lazily
+    except ImportError as e:
+        raise ImportError(INSTALL_HINT) from e
+    return kubernetes
+
+
+def dns_name(prefix: str, run_id: str, max_len: int = 48) -> str:
+    """A DNS-1123 label ``prefix-<run_id>`` short enough to take a ``-agent-NNNN`` suffix.
+
+    Characters Kubernetes refuses become ``-``; a run id that must be cut keeps a hash so two long
+    run ids sharing a prefix still give different names.
+    """
+    clean = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run"
+    name = f"{prefix}-{clean}"
+    if len(name) > max_len:
+        digest = hashlib.sha1(run_id.encode()).hexdigest()[:8]
+        name = name[: max_len - 9].rstrip("-") + "-" + digest
+    return name
+
+
+def label_value(value: str) -> str:
+    """``value`` made a valid label value: at most 63 of ``[A-Za-z0-9_.-]``, alphanumeric at both ends."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)
+    if len(clean) > 63:
+        clean = clean[:54] + "-" + hashlib.sha1(value.encode()).hexdigest()[:8]
+    return clean.strip("-_.")
+
+
+def load_pod_template(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a pod template: a Pod manifest, or just its ``spec``. Returns a Pod-shaped dict."""
+    import yaml  # noqa: PLC0415 - only needed when a template is used
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise LauncherConfigError(f"launcher.pod_template_file {p}: cannot read it ({e})") from e
+    except yaml.YAMLError as e:
+        raise LauncherConfigError(f"launcher.pod_template_file {p}: not valid YAML ({e})") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise LauncherConfigError(
+            f"launcher.pod_template_file {p}: expected a Pod manifest or a pod spec (a mapping), "
+            f"got {type(data).__name__}")
+    if data.get("kind", "Pod") != "Pod":
+        raise LauncherConfigError(
+            f"launcher.pod_template_file {p}: kind is {data['kind']!r}; only a Pod (or a bare pod spec) is accepted")
+    if "spec" in data or "metadata" in data or "kind" in data:
+        return data
+    return {"spec": data}
+
+
+def _merge_env(*layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Env var lists merged by name; a later layer wins, first-seen order is kept."""
+    merged: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for var in layer:
+            merged[var["name"]] = var
+    return list(merged.values())
+
+
+def build_agent_pod(
+    spec: LaunchSpec,
+    agent_id: int,
+    *,
+    name: str,
+    namespace: str,
+    image: str | None,
+    image_pull_policy: str | None,
+    instance: str,
+    token_secret: tuple[str, str],
+    owner_references: list[dict[str, Any]] | None = None,
+    template: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The Pod manifest of agent ``agent_id``: the template's settings plus what the launcher owns.
+
+    The launcher owns the name, the lockstep labels, ownership, ``restartPolicy: Never`` and, on the
+    container named ``agent``, the command and the LOCKSTEP_* environment. Everything else
+    (resources, nodeSelector, tolerations, affinity, priorityClassName, securityContext, ...) comes
+    from the template, with restrictive defaults where it is silent.
+    """
+    pod: dict[str, Any] = copy.deepcopy(dict(template or {}))
+    pod["apiVersion"], pod["kind"] = "v1", "Pod"
+    meta = {k: v for k, v in (pod.get("metadata") or {}).items()
+            if k in ("labels", "annotations")}
+    meta["name"], meta["namespace"] = name, namespace
+    meta["labels"] = {
+        **(meta.get("labels") or {}),
+        "app.kubernetes.io/name": "lockstep",
+        "app.kubernetes.io/component": "agent",
+        "app.kubernetes.io/instance": label_value(instance),
+        "app.kubernetes.io/managed-by": "lockstep",
+        "lockstep.io/run-id": label_value(spec.run_id),
+        "lockstep.io/agent-id": str(agent_id),
+    }
+    if owner_references:
+        meta["ownerReferences"] = copy.deepcopy(owner_references)
+    pod["metadata"] = meta
+    pod.pop("status", None)
+
+    pspec = pod.setdefault("spec", {}) or {}
+    pod["spec"] = pspec
+    pspec["restartPolicy"] = "Never"
+    pspec.setdefault("automountServiceAccountToken", False)  # agents never call the API
+    pspec.setdefault("enableServiceLinks", False)
+    pspec.setdefault("securityContext", copy.deepcopy(DEFAULT_POD_SECURITY_CONTEXT))
+    pspec.setdefault("terminationGracePeriodSeconds", 10)
+
+    containers = pspec.setdefault("containers", [])
+    agent = next((c for c in containers if c.get("name") == AGENT_CONTAINER), None)
+    if agent is None:
+        agent = {"name": AGENT_CONTAINER}
+        containers.insert(0, agent)
+    agent["image"] = image or agent.get("image")
+    if not agent["image"]:
+        raise LauncherConfigError(
+            "no agent image: set launcher.image (e.g. launcher.image=registry/lockstep:0.1.0) "
+            "or give the 'agent' container an image in launcher.pod_template_file")
+    if image_pull_policy:
+        agent["imagePullPolicy"] = image_pull_policy
+    agent["command"] = spec.agent_argv(agent_id)
+    agent.pop("args", None)
+    agent.setdefault("securityContext", copy.deepcopy(DEFAULT_CONTAINER_SECURITY_CONTEXT))
+    secret_name, secret_key = token_secret
+    owned = [
+        {"name": "LOCKSTEP_TOKEN",
+         "valueFrom": {"secretKeyRef": {"name": secret_name, "key": secret_key}}},
+        {"name": "LOCKSTEP_RUN_ID", "value": spec.run_id},
+        {"name": "LOCKSTEP_POD_NAME",
+         "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
+    ]
+    agent["env"] = _merge_env(
+        [{"name": k, "value": v} for k, v in DEFAULT_ENV.items()],
+        agent.get("env") or [],
+        [{"name": k, "value": str(v)} for k, v in spec.extra_env.items()],
+        owned,
+    )
+    # A writable /tmp for the read-only root filesystem, unless the template mounts one.
+    mounts = agent.setdefault("volumeMounts", [])
+    if not any(m.get("mountPath") == "/tmp" for m in mounts):
+        mounts.append({"name": "lockstep-tmp", "mountPath": "/tmp"})
+        pspec.setdefault("volumes", []).append({"name": "lockstep-tmp", "emptyDir": {}})
+    return pod
+
+
+def pod_failure(pod: Mapping[str, Any]) -> str | None:
+    """Why a pod (API JSON, camelCase) can no longer run its agent, or None while it is healthy.
+
+    Unschedulable is reported here too; the caller decides how long to tolerate it.
+    """
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"):
+            return _with_message("Unschedulable", cond.get("message"))
+    statuses = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+    for cs in statuses:
+        container = cs.get("name", "?")
+        state = cs.get("state") or {}
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in FATAL_WAITING_REASONS:
+            return _with_message(f"{waiting['reason']} (container {container})", waiting.get("message"))
+        for term in (state.get("terminated"), (cs.get("lastState") or {}).get("terminated")):
+            if term and (term.get("reason") == "OOMKilled" or (term.get("exitCode") or 0) != 0):
+                what = term.get("reason") or "Error"
+                return _with_message(
+                    f"{what} (container {container}, exit code {term.get('exitCode')})",
+                    term.get("message"))
+    if status.get("phase") == "Failed":
+        return _with_message(status.get("reason") or "Failed", status.get("message"))
+    return None
+
+
+def _with_message(reason: str, message: str | None) -> str:
+    return f"{reason}: {message.strip()}" if message and message.strip() else reason
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "0.0.0.0", "::", "::1") or host.startswith("127.")
+
+
+class KubernetesLauncher:
+    """Runs each agent as a pod; see the module docstring. ``cfg`` is the ``launcher`` config node."""
+
+    def __init__(self, cfg: Any = None):
+        self.cfg = KubernetesLauncherConfig.from_node(cfg)
+        self._k8s = _import_kubernetes()
+        self._core = None  # CoreV1Api, made at start()
+        self.namespace: str | None = None
+        self.pods: list[str] = []  # names of the pods this launcher created
+        self._secret: str | None = None  # the token Secret this launcher created, if any
+        self._run_label: str | None = None
+        self._started_at = 0.0
+        self._api_error_since: float | None = None
+        self._unschedulable_since: dict[str, float] = {}
+
+    # --- the Launcher protocol -------------------------------------------------------------
+    def start(self, spec: LaunchSpec) -> None:
+        """Create the token Secret (unless one is configured) and ``spec.n_agents`` agent pods."""
+        if self.pods or self._secret:
+            raise KubernetesLauncherError("start() called twice; call stop() first")
+        cfg = self.cfg
+        address = cfg.controller_address or spec.controller_address
+        if _is_loopback(address):
+            raise LauncherConfigError(
+                f"agents would dial {address}, which a pod cannot reach; set "
+                "launcher.controller_address=HOST:PORT to an address of the controller that the "
+                "cluster reaches (and controller.host=0.0.0.0 so it listens there)")
+        spec = dataclasses.replace(spec, controller_address=address)
+        template = load_pod_template(cfg.pod_template_file) if cfg.pod_template_file else None
+
+        self._connect()
+        ns = self.namespace
+        self._run_label = label_value(spec.run_id)
+        base = dns_name("lockstep", spec.run_id)
+        instance = cfg.instance or spec.run_id
+        try:
+            owners = self._owner_references()
+            if cfg.token_secret_name:
+                self._verify_token_secret(spec.token)
+                secret = (cfg.token_secret_name, cfg.token_secret_key)
+            else:
+                created = self._create_token_secret(f"{base}-token", spec, instance, owners)
+                secret = (created["metadata"]["name"], "token")
+                if not owners:  # outside a cluster: the Secret owns the pods
+                    owners = [{"apiVersion": "v1", "kind": "Secret", "name": created["metadata"]["name"],
+                               "uid": created["metadata"]["uid"]}]
+            self._started_at = time.monotonic()
+            for i in range(spec.n_agents):
+                body = build_agent_pod(
+                    spec, i, name=f"{base}-agent-{i}", namespace=ns, image=cfg.image,
+                    image_pull_policy=cfg.image_pull_policy, instance=instance,
+                    token_secret=secret, owner_references=owners, template=template)
+                self._call(f"create pod {body['metadata']['name']}",
+                           self._core.create_namespaced_pod, ns, body)
+                self.pods.append(body["metadata"]["name"])
+        except BaseException:
+            self.stop()
+            raise
+        log.info("created %d agent pods in namespace %s (run %s)", len(self.pods), ns, spec.run_id)
+
+    def check(self) -> None:
+        """Raise AgentFailure for the first agent pod that failed, vanished or never started."""
+        if not self.pods:
+            return
+        ApiException = self._k8s.client.exceptions.ApiException
+        now = time.monotonic()
+        try:
+            listed = self._core.list_namespaced_pod(
+                self.namespace, label_selector=f"lockstep.io/run-id={self._run_label}",
+                _request_timeout=10)
+        except (ApiException, OSError, self._urllib3_error()) as e:
+            # A restarting API server must not kill a long run; a gone one must not hang it.
+            if self._api_error_since is None:
+                self._api_error_since = now
+            down = now - self._api_error_since
+            log.warning("listing agent pods failed (%.0fs so far): %s", down, e)
+            if down > self.cfg.api_error_grace_s:
+                raise AgentFailure(
+                    "all", f"the Kubernetes API server has failed for {down:.0f}s: {e}") from e
+            return
+        self._api_error_since = None
+        to_json = self._core.api_client.sanitize_for_serialization
+        by_name = {p.metadata.name: to_json(p) for p in listed.items}
+        for name in self.pods:
+            pod = by_name.get(name)
+            if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+                raise AgentFailure(name, "the pod was deleted before the run finished")
+            reason = pod_failure(pod)
+            if reason and reason.startswith("Unschedulable"):
+                since = self._unschedulable_since.setdefault(name, now)
+                if now - since < self.cfg.unschedulable_grace_s:
+                    continue
+            if reason:
+                raise AgentFailure(name, reason, self._log_tail(name))
+            self._unschedulable_since.pop(name, None)
+            phase = (pod.get("status") or {}).get("phase") or "Pending"
+            if phase == "Pending" and now - self._started_at > self.cfg.startup_timeout_s:
+                raise AgentFailure(
+                    name, f"still Pending after {self.cfg.startup_timeout_s:.0f}s "
+                          f"(launcher.startup_timeout_s){_pending_detail(pod)}")
+
+    def stop(self) -> None:
+        """Delete every agent pod of the run and the Secret it created; idempotent."""
+        if self._core is None:
+            return
+        ApiException = self._k8s.client.exceptions.ApiException
+        names = set(self.pods)
+        if self._run_label:
+            try:
+                listed = self._core.list_namespaced_pod(
+                    self.namespace, label_selector=f"lockstep.io/run-id={self._run_label},"
+                                                   "app.kubernetes.io/component=agent",
+                    _request_timeout=10)
+                names |= {p.metadata.name for p in listed.items}
+            except (ApiException, OSError, self._urllib3_error()) as e:
+                log.warning("listing agent pods to delete failed: %s", e)
+        errors = []
+        grace = self.cfg.delete_grace_period_s
+        for name in sorted(names):
+            try:
+                self._core.delete_namespaced_pod(
+                    name, self.namespace, grace_period_seconds=grace,
+                    propagation_policy="Background", _request_timeout=10)
+            except ApiException as e:
+                if e.status != 404:
+                    errors.append(f"pod {name}: {e.status} {e.reason}")
+            except (OSError, self._urllib3_error()) as e:
+                errors.append(f"pod {name}: {e}")
+        if self._secret:
+            try:
+                self._core.delete_namespaced_secret(self._secret, self.namespace, _request_timeout=10)
+            except ApiException as e:
+                if e.status != 404:
+                    errors.append(f"secret {self._secret}: {e.status} {e.reason}")
+            except (OSError, self._urllib3_error()) as e:
+                errors.append(f"secret {self._secret}: {e}")
+        self.pods, self._secret = [], None
+        if errors:
+            raise KubernetesLauncherError(
+                f"could not delete everything in namespace {self.namespace} "
+                f"(left for garbage collection through the owner): {'; '.join(errors)}")
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _urllib3_error(self):
+        import urllib3  # noqa: PLC0415 - a dependency of kubernetes
+
+        return urllib3.exceptions.HTTPError
+
+    def _connect(self) -> None:
+        k8s, cfg = self._k8s, self.cfg
+        in_cluster = (cfg.kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
+                      and (SERVICE_ACCOUNT_DIR / "token").exists())
+        try:
+            if in_cluster:
+                conf = k8s.client.Configuration()
+                k8s.config.load_incluster_config(client_configuration=conf)
+                api = k8s.client.ApiClient(conf)
+            else:
+                api = k8s.config.new_client_from_config(config_file=cfg.kubeconfig, context=cfg.context)
+        except (k8s.config.ConfigException, OSError) as e:
+            where = cfg.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise LauncherConfigError(
+                f"cannot load Kubernetes credentials (launcher.kubeconfig={where}, "
+                f"context={cfg.context or 'current'}): {e}") from e
+        self._core = k8s.client.CoreV1Api(api)
+        self.namespace = cfg.namespace or self._default_namespace(in_cluster)
+
+    def _default_namespace(self, in_cluster: bool) -> str:
+        ns_file = SERVICE_ACCOUNT_DIR / "namespace"
+        if in_cluster and ns_file.exists():
+            return ns_file.read_text().strip()
+        try:
+            contexts, active = self._k8s.config.list_kube_config_contexts(config_file=self.cfg.kubeconfig)
+        except (self._k8s.config.ConfigException, OSError):
+            return "default"
+        ctx = next((c for c in contexts if c["name"] == self.cfg.context), active) if self.cfg.context else active
+        return ((ctx or {}).get("context") or {}).get("namespace") or "default"
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        ApiException = self._k8s.client.exceptions.ApiException
+        try:
+            return fn(*args, _request_timeout=30, **kwargs)
+        except ApiException as e:
+            raise KubernetesLauncherError(
+                f"Kubernetes refused to {what} in namespace {self.namespace}: "
+                f"{e.status} {e.reason}: {_api_message(e)}") from e
+
+    def _owner_references(self) -> list[dict[str, Any]]:
+        owner = self.cfg.owner_pod or os.environ.get("LOCKSTEP_POD_NAME") or os.environ.get("POD_NAME")
+        if not owner:
+            return []
+        ApiException = self._k8s.client.exceptions.ApiException
+        try:
+            pod = self._core.read_namespaced_pod(owner, self.namespace, _request_timeout=30)
+        except ApiException as e:
+            if e.status == 404:
+                raise LauncherConfigError(
+                    f"owner pod {owner!r} (launcher.owner_pod or $LOCKSTEP_POD_NAME) is not in namespace "
+                    f"{self.namespace}; agent pods can only be owned by a pod of their own namespace") from e
+            raise KubernetesLauncherError(
+                f"cannot read owner pod {owner} in {self.namespace}: {e.status} {e.reason}") from e
+        return [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": pod.metadata.uid,
+                 "controller": True}]
+
+    def _verify_token_secret(self, token: str) -> None:
+        """Fail early when the configured Secret is missing or holds a different token than the controller's."""
+        name, key = self.cfg.token_secret_name, self.cfg.token_secret_key
+        ApiException = self._k8s.client.exceptions.ApiException
+        try:
+            secret = self._core.read_namespaced_secret(name, self.namespace, _request_timeout=30)
+        except ApiException as e:
+            if e.status == 404:
+                raise LauncherConfigError(
+                    f"launcher.token_secret.name={name}: no such Secret in namespace {self.namespace}") from e
+            if e.status == 403:
+                log.warning("may not read Secret %s to check the token; trusting it", name)
+                return
+            raise KubernetesLauncherError(f"cannot read Secret {name}: {e.status} {e.reason}") from e
+        stored = (secret.data or {}).get(key)
+        if stored is None:
+            raise LauncherConfigError(
+                f"Secret {name} in namespace {self.namespace} has no key {key!r} "
+                f"(launcher.token_secret.key); keys: {sorted(secret.data or {})}")
+        if base64.b64decode(stored).decode() != token:
+            raise LauncherConfigError(
+                f"Secret {name}/{key} holds a different token than the controller's; the controller "
+                "must take its token from the same Secret (env LOCKSTEP_TOKEN)")
+
+    def _create_token_secret(self, name: str, spec: LaunchSpec, instance: str,
+                             owners: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {
+                "name": name, "namespace": self.namespace,
+                "labels": {"app.kubernetes.io/name": "lockstep",
+                           "app.kubernetes.io/component": "agent-token",
+                           "app.kubernetes.io/instance": label_value(instance),
+                           "app.kubernetes.io/managed-by": "lockstep",
+                           "lockstep.io/run-id": label_value(spec.run_id)},
+                **({"ownerReferences": owners} if owners else {}),
+            },
+            "stringData": {"token": spec.token},
+        }
+        created = self._call(f"create Secret {name}", self._core.create_namespaced_secret,
+                             self.namespace, body)
+        self._secret = name
+        return self._core.api_client.sanitize_for_serialization(created)
+
+    def _log_tail(self, name: str, lines: int = 20) -> str:
+        """The agent container's last log lines, or "" when there are none (it never started)."""
+        try:
+            return self._core.read_namespaced_pod_log(
+                name, self.namespace, container=AGENT_CONTAINER, tail_lines=lines,
+                _request_timeout=5) or ""
+        except Exception as e:  # noqa: BLE001 - logs are a courtesy; the failure itself is reported
+            log.debug("no log for pod %s: %s", name, e)
+            return ""
+
+
+def _pending_detail(pod: Mapping[str, Any]) -> str:
+    status = pod.get("status") or {}
+    for cs in status.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            return f"; container {cs.get('name')} waiting: " + _with_message(waiting["reason"], waiting.get("message"))
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return "; not scheduled to a node"
+    return ""
+
+
+def _api_message(e: Exception) -> str:
+    import json  # noqa: PLC0415
+
+    body = getattr(e, "body", None)
+    try:
+        return json.loads(body).get("message", body)
+    except (TypeError, ValueError, AttributeError):
+        return str(body)

@@ -1,0 +1,62 @@
+"""The run directory (DESIGN §8): config, plan, metrics.csv, eval.csv, summary.json, params, plots.
+
+Rows are appended as windows complete, so a run that dies keeps every row
+written so far readable; summary.json is written last (atomically).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from agents.env import EVAL_COLUMNS, UPDATE_COLUMNS
+
+__all__ = ["RunDir", "read_csv", "write_json_atomic"]
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _fmt(v: Any) -> Any:
+    # repr of a float round-trips exactly, so bit-identical runs give byte-identical files
+    return repr(v) if isinstance(v, float) else v
+
+
+class RunDir:
+    """Writers for one run directory."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._metrics = open(self.path / "metrics.csv", "w", newline="")
+        self._eval = open(self.path / "eval.csv", "w", newline="")
+        self._mw = csv.writer(self._metrics)
+        self._ew = csv.writer(self._eval)
+        self._mw.writerow(UPDATE_COLUMNS)
+        self._ew.writerow(EVAL_COLUMNS)
+        self.n_updates = 0
+
+    def write_updates(self, rows: list[tuple]) -> None:
+        for r in rows:
+            self._mw.writerow([_fmt(v) for v in r])
+        self.n_updates += len(rows)
+        self._metrics.flush()
+
+    def write_evals(self, rows: list[tuple]) -> None:
+        for r in rows:
+            self._ew.writerow([_fmt(v) for v in r])
+        self._eval.flush()
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._eval.close()

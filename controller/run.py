@@ -1,0 +1,230 @@
+"""Run one experiment: plan, start agents, drive windows, write the run directory."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from agents.core import AgentCore
+from agents.env import Stats
+from agents.plan import Plan
+from agents.types import NS_PER_S
+from controller.clock import Window, run_windows
+from controller.config import RunConfig, config_hash
+from controller.outputs import RunDir, write_json_atomic
+from controller.plan import make_plan
+
+__all__ = ["execute", "RunResult", "InProcessAgent"]
+
+log = logging.getLogger(__name__)
+
+
+class InProcessAgent:
+    """An AgentCore behind the AgentHandle interface (``launcher=inprocess``)."""
+
+    def __init__(self, core: AgentCore):
+        self.core = core
+
+    def next_time(self) -> int:
+        return self.core.next_time()
+
+    def advance(self, window_end, inbound, stop_at, max_events):
+        return self.core.advance(window_end, inbound, stop_at, max_events)
+
+    def result_params(self):
+        return self.core.result_params()
+
+    def final_eval(self, t: int, iteration: int):
+        return self.core.final_eval(t, iteration)
+
+    def info(self) -> dict[str, Any]:
+        return self.core.info()
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class RunResult:
+    summary: dict[str, Any]
+    run_dir: Path
+    params: torch.Tensor | None = None
+    stats: Stats = field(default_factory=Stats)
+
+
+class _Collector:
+    """Merges the rows agents report, in the global key order, and streams them to disk."""
+
+    def __init__(self, out: RunDir, progress: Any, metrics: Any):
+        self.out, self.progress, self.metrics = out, progress, metrics
+        self.updates: list[tuple] = []
+        self.evals: list[tuple] = []
+        self.stats = Stats()
+        self.last_update: tuple | None = None
+        self.last_eval: tuple | None = None
+        self.samples = 0
+        self.n_updates = 0
+        self.windows = 0
+        self.barrier_s = 0.0
+        self.max_time = 0
+        self.stop_time: int | None = None
+
+    def on_window(self, w: Window) -> None:
+        self.windows += 1
+        self.barrier_s += w.barrier_wall_s
+        for r in w.reached:
+            self.updates.extend(r.updates)
+            self.evals.extend(r.evals)
+            self.stats.merge(r.stats)
+        self.stop_time = w.stop_time
+        if self.metrics is not None:
+            self.metrics.observe_window(w.start, w.barrier_wall_s)
+        self.flush(w.next_start)
+
+    def flush(self, before: int | None) -> None:
+        """Write rows whose time is final (< ``before``; None = all), never past the stop time."""
+        for buf, write in ((self.updates, self._write_updates), (self.evals, self._write_evals)):
+            if not buf:
+                continue
+            buf.sort(key=lambda kr: kr[0])
+            cut = len(buf) if before is None else next((i for i, kr in enumerate(buf) if kr[0][0] >= before), len(buf))
+            ready = [row for key, row in buf[:cut] if self.stop_time is None or key[0] <= self.stop_time]
+            del buf[:cut]
+            if ready:
+                write(ready)
+
+    def _write_updates(self, rows: list[tuple]) -> None:
+        self.out.write_updates(rows)
+        for r in rows:
+            self.n_updates += 1
+            self.samples += r[6]
+            self.max_time = max(self.max_time, r[0])
+            if self.metrics is not None:
+                self.metrics.record_update(r[0], r[4], r[5])
+        self.last_update = rows[-1]
+        if self.progress is not None:
+            self.progress.update(len(rows))
+            self.progress.set_postfix_str(f"virtual {rows[-1][1]:.3f}s loss {rows[-1][4]:.4f}", refresh=False)
+
+    def _write_evals(self, rows: list[tuple]) -> None:
+        self.out.write_evals(rows)
+        self.last_eval = rows[-1]
+        if self.metrics is not None:
+            self.metrics.set_accuracy(rows[-1][5])
+
+
+def build_inprocess(plan: Plan) -> list[InProcessAgent]:
+    """One AgentCore per agent in this process, sharing the loaded data set."""
+    data = None
+    handles = []
+    for a in range(plan.n_agents):
+        core = AgentCore(plan, a, data=data)
+        if core.training is not None:
+            data = core.training.data
+        handles.append(InProcessAgent(core))
+    return handles
+
+
+def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metrics: Any = None,
+            progress: Any = None, launcher: Any = None) -> RunResult:
+    """Run the experiment described by ``rc`` and write its outputs into ``run_dir``."""
+    wall0 = time.perf_counter()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan = make_plan(rc)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(rc.raw)))
+    (run_dir / "plan.json").write_text(plan.to_json())
+    if metrics is not None:
+        metrics.set_run_info(run_id=plan.run_id, config_hash=config_hash(rc.raw), strategy=rc.strategy_name,
+                             workers=rc.workers, agents=rc.agents)
+    if handles is None:
+        if launcher is None:
+            handles = build_inprocess(plan)
+        else:
+            handles = launcher.start_agents(plan, run_dir)
+    out = RunDir(run_dir)
+    col = _Collector(out, progress, metrics)
+    should_abort = getattr(launcher, "check", None)
+    try:
+        stop = run_windows(handles, plan.placement, plan.lookahead(), col.on_window, should_abort=should_abort)
+        col.stop_time = stop
+        col.flush(None)
+        end_ns = stop if stop is not None else col.max_time
+        if plan.stop_virtual_time_ns is not None and stop is None:
+            end_ns = plan.stop_virtual_time_ns if col.max_time <= plan.stop_virtual_time_ns else col.max_time
+        params, info = None, {"profile_misses": 0, "reproducible": True}
+        for h in handles:
+            p = h.result_params()
+            if p is not None:
+                params = p
+                # the observer's last look: evaluate the final model if no eval row has it yet
+                last_it = col.last_update[3] if col.last_update else 0
+                if col.last_eval is None or col.last_eval[3] != last_it:
+                    row = h.final_eval(end_ns, last_it)
+                    if row is not None:
+                        col.evals.append(((end_ns, 1 << 62, 0), row))
+                        col.stop_time = None
+                        col.flush(None)
+            i = h.info()
+            info["profile_misses"] += i.get("profile_misses", 0)
+            info["reproducible"] = info["reproducible"] and i.get("reproducible", True)
+    finally:
+        out.close()
+        for h in handles:
+            h.close()
+    if params is not None:
+        torch.save(params, run_dir / "params.pt")
+    wall = time.perf_counter() - wall0
+    vt_s = end_ns / NS_PER_S
+    training = next((h.core.training for h in handles if getattr(h, "core", None) is not None
+                     and h.core.training is not None), None)
+    summary = {
+        "run_id": plan.run_id,
+        "strategy": rc.strategy_name,
+        "workers": rc.workers,
+        "agents": rc.agents,
+        "seed": rc.seed,
+        "config_hash": config_hash(rc.raw),
+        "virtual_time_ns": end_ns,
+        "virtual_time_s": vt_s,
+        "updates": col.n_updates,
+        "samples": col.samples,
+        "throughput_samples_per_s": col.samples / vt_s if vt_s > 0 else 0.0,
+        "final_loss": col.last_update[4] if col.last_update else None,
+        "test_accuracy": col.last_eval[5] if col.last_eval else None,
+        "test_loss": col.last_eval[4] if col.last_eval else None,
+        "wall_time_s": wall,
+        "speed_ratio": vt_s / wall if wall > 0 else 0.0,
+        "model_bytes": plan_model_bytes(plan, training),
+        "reproducible": info["reproducible"],
+        "profile_misses": info["profile_misses"],
+        "stopped_by": ("updates" if stop is not None and plan.stop_virtual_time_ns != stop else
+                       "virtual_time" if plan.stop_virtual_time_ns is not None and end_ns == plan.stop_virtual_time_ns
+                       else "no_more_events"),
+        "windows": col.windows,
+        "events": col.stats.events,
+        "messages_local": col.stats.messages_local,
+        "messages_remote": col.stats.messages_remote,
+        "bytes_local": col.stats.bytes_local,
+        "bytes_remote": col.stats.bytes_remote,
+        "compute_wall_s": col.stats.compute_wall_s,
+        "compute_virtual_s": {k: v / NS_PER_S for k, v in col.stats.compute_virtual_ns.items()},
+        "barrier_wall_s": col.barrier_s,
+    }
+    if metrics is not None:
+        metrics.set_speed_ratio(summary["speed_ratio"])
+    write_json_atomic(run_dir / "summary.json", summary)
+    return RunResult(summary, run_dir, params, col.stats)
+
+
+def plan_model_bytes(plan: Plan, training: Any) -> int:
+    if training is not None:
+        return training.model_bytes
+    from agents.workloads.models import build_model, param_bytes
+
+    return param_bytes(build_model(plan.workload["model"], plan.seed))

@@ -1,0 +1,30 @@
+"""A run as the CLI sees it: progress bar, metrics endpoint, launcher, plots, final message."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from controller.config import RunConfig
+from controller.plot import plot_loss
+from controller.run import RunResult, execute
+
+__all__ = ["run_session"]
+
+
+def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
+    bar = tqdm(total=rc.stop_updates, unit="upd", desc="lockstep", file=sys.stderr, disable=not rc.progress,
+               dynamic_ncols=True, mininterval=0.5)
+    try:
+        result = execute(rc, run_dir, progress=bar)
+    finally:
+        bar.close()
+    if result.summary["updates"]:
+        plot_loss(run_dir)
+    s = result.summary
+    acc = "n/a" if s["test_accuracy"] is None else f"{100 * s['test_accuracy']:.2f} %"
+    print(f"lockstep: {s['updates']} updates in {s['virtual_time_s']:.3f} virtual s "
+          f"({s['wall_time_s']:.1f} wall s, speed ratio {s['speed_ratio']:.2f}); test accuracy {acc}\n"
+          f"lockstep: outputs in {run_dir}", file=sys.stderr)
+    return result
