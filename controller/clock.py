@@ -63,16 +63,26 @@ def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookah
             W, max_events = (INFINITY if lookahead >= INFINITY else T + max(lookahead, 1)), None
         t0 = time.perf_counter()
         reached = []
+        # remote agents (begin_advance/end_advance) run the window in parallel; results are taken in agent order
+        started: list[tuple[int, AgentHandle, Reached | None]] = []
         for a, h in enumerate(handles):
             if next_t[a] < W or pending[a]:
                 inbound, pending[a] = pending[a], []
-                r = h.advance(W, inbound, stop_time, max_events)
-                next_t[a] = r.next_time
-                for ev in r.outbound:
-                    pending[placement[ev.dst]].append(ev)
-                if r.stop_time is not None:
-                    stop_time = r.stop_time if stop_time is None else min(stop_time, r.stop_time)
-                reached.append(r)
+                begin = getattr(h, "begin_advance", None)
+                if begin is not None:
+                    begin(W, inbound, stop_time, max_events)
+                    started.append((a, h, None))
+                else:
+                    started.append((a, h, h.advance(W, inbound, stop_time, max_events)))
+        for a, h, r in started:
+            if r is None:
+                r = h.end_advance()
+            next_t[a] = r.next_time
+            for ev in r.outbound:
+                pending[placement[ev.dst]].append(ev)
+            if r.stop_time is not None:
+                stop_time = r.stop_time if stop_time is None else min(stop_time, r.stop_time)
+            reached.append(r)
         nxt = min(next_t)
         for p in pending:
             for ev in p:

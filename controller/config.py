@@ -65,6 +65,7 @@ class RunConfig:
     trace: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
     log_level: str = "INFO"
+    controller: dict[str, Any] = field(default_factory=dict)  # host, port, max_message_bytes, heartbeat_s, ...
 
 
 def config_hash(raw: dict[str, Any]) -> str:
@@ -231,6 +232,7 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
     launcher = c.get("launcher") or {}
     if launcher.get("name") not in LAUNCHERS:
         c.bad("launcher", launcher.get("name"), " | ".join(LAUNCHERS))
+    controller = _controller(c)
     trace = c.get("trace") or {}
     log_level = c.get("log_level", "INFO")
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -256,7 +258,39 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
         stop_updates=stop_updates, stop_virtual_time_s=stop_vt, eval_every=eval_every,
         eval_samples=eval_samples, data_root=data_root, partition=partition, partition_kw=partition_kw,
         network=network, compute=compute, launcher=launcher, run_id=run_id, trace=trace,
-        progress=bool(c.get("progress", True)), log_level=log_level)
+        progress=bool(c.get("progress", True)), log_level=log_level, controller=controller)
+
+
+def _controller(c: _Checker) -> dict[str, Any]:
+    """The ``controller:`` section (gRPC service of launcher=local|kubernetes); defaults when absent."""
+    if c.get("controller") is None:
+        return {}
+    out: dict[str, Any] = {}
+    host = c.get("controller.host", "127.0.0.1")
+    if not isinstance(host, str) or not host:
+        c.bad("controller.host", host, "an address to listen on, e.g. 127.0.0.1 or 0.0.0.0")
+    out["host"] = host
+    if c.get("controller.port") is not None:
+        port = c.integer("controller.port", 0)
+        if port is not None and port > 65535:
+            c.bad("controller.port", port, "0 (a free port) .. 65535")
+        out["port"] = port
+    if c.get("controller.max_message_bytes") is not None:
+        m = c.integer("controller.max_message_bytes", 64 * 1024)
+        if m is not None and m > 2**31 - 2**20:
+            c.bad("controller.max_message_bytes", m, f"65536 .. {2**31 - 2**20} (gRPC's limit is 2 GiB)")
+        out["max_message_bytes"] = m
+    for key in ("heartbeat_s", "agent_timeout_s", "startup_timeout_s"):
+        if c.get(f"controller.{key}") is not None:
+            out[key] = c.number(f"controller.{key}", 0, lo_open=True)
+    hb, to = out.get("heartbeat_s"), out.get("agent_timeout_s")
+    if hb is not None and to is not None and to < 2 * hb:
+        c.bad("controller.agent_timeout_s", to, f"at least twice controller.heartbeat_s ({hb:g} s)")
+    tf = c.get("controller.token_file")
+    if tf is not None and not isinstance(tf, str):
+        c.bad("controller.token_file", tf, "a path, or null")
+    out["token_file"] = tf
+    return out
 
 
 def _network(c: _Checker, workers: int | None) -> dict[str, Any]:

@@ -173,10 +173,16 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             i = h.info()
             info["profile_misses"] += i.get("profile_misses", 0)
             info["reproducible"] = info["reproducible"] and i.get("reproducible", True)
+    except BaseException as e:
+        if hasattr(launcher, "close"):  # stop remote agents at once, telling them why
+            launcher.close(abort=f"{type(e).__name__}: {e}")
+        raise
     finally:
         out.close()
         for h in handles:
             h.close()
+        if hasattr(launcher, "close"):
+            launcher.close()
     if params is not None:
         torch.save(params, run_dir / "params.pt")
     wall = time.perf_counter() - wall0

@@ -7,6 +7,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from controller.config import RunConfig
+from controller.launchers.base import AgentFailure
 from controller.plot import plot_loss
 from controller.run import RunResult, execute
 
@@ -14,10 +15,22 @@ __all__ = ["run_session"]
 
 
 def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
+    from controller.remote import launcher_for  # launcher=inprocess|local|kubernetes (DESIGN §10)
+
     bar = tqdm(total=rc.stop_updates, unit="upd", desc="lockstep", file=sys.stderr, disable=not rc.progress,
                dynamic_ncols=True, mininterval=0.5)
     try:
-        result = execute(rc, run_dir, progress=bar)
+        result = execute(rc, run_dir, progress=bar, launcher=launcher_for(rc))
+    except AgentFailure as e:
+        bar.close()
+        tail = f"\n--- last log lines of agent {e.agent} ---\n{e.log_tail}" if e.log_tail else ""
+        print(f"\nlockstep: the run stopped because agent {e.agent} failed: {e.reason}. The outputs written so "
+              f"far are in {run_dir}.{tail}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"\nlockstep: interrupted; every agent was stopped. Outputs so far are in {run_dir}.", file=sys.stderr)
+        sys.exit(130)
     finally:
         bar.close()
     if result.summary["updates"]:

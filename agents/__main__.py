@@ -1,0 +1,48 @@
+"""``python -m agents`` / ``lockstep agent``: one agent process (see agents/agent.py).
+
+usage: lockstep agent --controller HOST:PORT --agent-id N [--run-id R] [--log-level L]
+The shared token is read from $LOCKSTEP_TOKEN (or the file named by $LOCKSTEP_TOKEN_FILE), never argv.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lockstep agent", description="A lockstep agent process.")
+    p.add_argument("--controller", required=True, help="HOST:PORT of the controller's gRPC service")
+    p.add_argument("--agent-id", type=int, required=True)
+    p.add_argument("--run-id", default="")
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the controller")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format=f"%(asctime)s agent-{args.agent_id} %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("lockstep.agent")
+    token = os.environ.get("LOCKSTEP_TOKEN")
+    if token is None and os.environ.get("LOCKSTEP_TOKEN_FILE"):
+        try:
+            with open(os.environ["LOCKSTEP_TOKEN_FILE"]) as f:
+                token = f.read().strip()
+        except OSError as e:
+            log.error("cannot read the token file $LOCKSTEP_TOKEN_FILE: %s", e)
+            return 3
+    if not token:
+        log.warning("no token in $LOCKSTEP_TOKEN; the controller will refuse this agent")
+    from agents.agent import AgentProcess
+
+    try:
+        return AgentProcess(args.controller, args.agent_id, args.run_id, token or "",
+                            connect_timeout_s=args.connect_timeout).run()
+    except KeyboardInterrupt:
+        log.warning("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

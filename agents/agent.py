@@ -1,0 +1,203 @@
+"""The agent process: register with the controller, build the assigned vworkers, serve windows.
+
+One :class:`AgentProcess` per OS process (a local subprocess, a Kubernetes pod):
+
+1. ``Register`` with the shared token and the protocol version; the controller
+   answers with the run's plan (JSON) and a session ticket, or refuses with
+   UNAUTHENTICATED / FAILED_PRECONDITION (the agent then exits with status 3).
+2. Open the ``Session`` stream, start heartbeats, build an
+   :class:`~agents.core.AgentCore` for the vworkers placed here, send ``Ready``.
+3. For every ``Advance``: inject the inbound events, run the window, answer
+   ``Reached``. ``Call`` asks for the final parameters / evaluation / info.
+4. ``Shutdown`` ends the process (status 0); losing the controller ends it too
+   (status 1). Messages between vworkers of this agent never leave the process.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from typing import Any, Iterator
+
+import grpc
+
+from agents import wire
+from agents.core import AgentCore
+from agents.plan import Plan
+from protos.lockstep.v1 import agent_pb2 as pb
+from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
+
+__all__ = ["AgentProcess", "EXIT_OK", "EXIT_FAILED", "EXIT_REFUSED"]
+
+log = logging.getLogger("lockstep.agent")
+
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 3
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+
+
+class AgentProcess:
+    def __init__(self, controller: str, agent_id: int, run_id: str, token: str,
+                 protocol_version: int = wire.PROTOCOL_VERSION, connect_timeout_s: float = 60.0):
+        self.controller, self.agent_id, self.run_id, self.token = controller, agent_id, run_id, token
+        self.protocol_version = protocol_version
+        self.connect_timeout_s = connect_timeout_s
+        self._out: queue.Queue = queue.Queue(maxsize=32)
+        self._stop = threading.Event()
+        self.core: AgentCore | None = None
+
+    # ------------------------------------------------------------- plumbing
+    def _requests(self) -> Iterator[pb.AgentFrame]:
+        while True:
+            f = self._out.get()
+            if f is None:
+                return
+            yield f
+
+    def _send(self, frame: pb.AgentFrame, blobs: Any = None) -> None:
+        for f in self.writer.frames(frame, blobs):
+            self._out.put(f)
+
+    def _heartbeats(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            f = pb.AgentFrame()
+            f.heartbeat.sent_unix_ns = time.time_ns()
+            try:  # a full queue means frames are flowing anyway
+                self._out.put_nowait(f)
+            except queue.Full:
+                pass
+
+    # ----------------------------------------------------------------- main
+    def run(self) -> int:
+        with grpc.insecure_channel(self.controller, options=CHANNEL_OPTIONS) as channel:
+            stub = pb_grpc.ControllerStub(channel)
+            try:
+                a = stub.Register(pb.RegisterRequest(
+                    agent_id=self.agent_id, token=self.token, protocol_version=self.protocol_version,
+                    device=_device(), run_id=self.run_id, hostname=socket.gethostname(), pid=os.getpid()),
+                    timeout=self.connect_timeout_s, wait_for_ready=True)
+            except grpc.RpcError as e:
+                code = e.code()
+                log.error("controller %s refused registration: %s: %s", self.controller,
+                          code.name if code else "?", e.details())
+                return EXIT_REFUSED if code in (grpc.StatusCode.UNAUTHENTICATED,
+                                                 grpc.StatusCode.FAILED_PRECONDITION) else EXIT_FAILED
+            log.info("registered with %s as agent %d (protocol v%d)", self.controller, a.agent_id,
+                     a.protocol_version)
+            self.writer = wire.FrameWriter(pb.AgentFrame, int(a.max_message_bytes))
+            md = (("lockstep-agent-id", str(self.agent_id)), ("lockstep-ticket", a.ticket))
+            responses = stub.Session(self._requests(), metadata=md)
+            hb = threading.Thread(target=self._heartbeats, args=(max(a.heartbeat_s, 0.01),),
+                                  name="heartbeat", daemon=True)
+            hb.start()
+            try:
+                return self._serve(a, responses)
+            except grpc.RpcError as e:
+                if self._stop.is_set():
+                    return EXIT_OK
+                log.error("lost the controller: %s: %s", e.code().name if e.code() else "?", e.details())
+                return EXIT_FAILED
+            finally:
+                self._stop.set()
+                self._out.put(None)
+
+    def _serve(self, a: pb.Assignment, responses: Iterator[pb.ControllerFrame]) -> int:
+        try:
+            plan = Plan.from_json(a.plan_json)
+            self.core = AgentCore(plan, self.agent_id)
+        except Exception as e:  # noqa: BLE001 - reported to the controller, which stops the run
+            log.exception("could not build the vworkers of agent %d", self.agent_id)
+            self._fail(f"could not build its vworkers: {type(e).__name__}: {e}")
+            return EXIT_FAILED
+        core = self.core
+        log.info("hosting %d vworkers: %s", len(core.local), ", ".join(plan.names[v] for v in core.local[:20])
+                 + (" ..." if len(core.local) > 20 else ""))
+        f = pb.AgentFrame()
+        f.ready.next_time = core.next_time()
+        self._send(f)
+        reader = wire.FrameReader(pb.ControllerFrame)
+        for frame in responses:
+            msg = reader.feed(frame)
+            if msg is None:
+                continue
+            body = msg.WhichOneof("body")
+            if body == "advance":
+                if not self._advance(msg.advance, reader):
+                    return EXIT_FAILED
+            elif body == "call":
+                if not self._call(msg.call):
+                    return EXIT_FAILED
+            elif body == "shutdown":
+                s = msg.shutdown
+                if s.abort:
+                    log.warning("the controller aborted the run: %s", s.reason)
+                else:
+                    log.info("run finished; exiting")
+                self._stop.set()
+                return EXIT_OK
+        log.error("the controller closed the stream without a Shutdown")
+        return EXIT_FAILED
+
+    def _advance(self, adv: pb.Advance, reader: wire.FrameReader) -> bool:
+        try:
+            inbound = [wire.decode_event(e, reader.blobs) for e in adv.inbound]
+            reader.done()
+            r = self.core.advance(adv.window_end, inbound, adv.stop_at if adv.HasField("stop_at") else None,
+                                  adv.max_events if adv.HasField("max_events") else None)
+            f = pb.AgentFrame()
+            rm = f.reached
+            rm.window, rm.next_time = adv.window, r.next_time
+            if r.stop_time is not None:
+                rm.stop_time = r.stop_time
+            blobs = self.writer.blobs()
+            for ev in r.outbound:
+                wire.encode_event(ev, rm.outbound.add(), blobs)
+            wire.encode_value(r.updates, rm.updates)
+            wire.encode_value(r.evals, rm.evals)
+            wire.encode_value(r.events, rm.events)
+            wire.encode_stats(r.stats, rm.stats)
+        except Exception as e:  # noqa: BLE001 - a strategy bug or a bad message: report, then stop
+            log.exception("window ending at %d failed", adv.window_end)
+            self._fail(f"{type(e).__name__}: {e}")
+            return False
+        self._send(f, blobs)
+        return True
+
+    def _call(self, call: pb.Call) -> bool:
+        core = self.core
+        try:
+            args = wire.decode_value(call.args) or ()
+            if call.method == "result_params":
+                value = core.result_params()
+            elif call.method == "final_eval":
+                value = core.final_eval(*args)
+            elif call.method == "info":
+                value = core.info()
+            else:
+                raise wire.WireError(f"unknown call {call.method!r}")
+            f = pb.AgentFrame()
+            f.reply.id = call.id
+            blobs = self.writer.blobs()
+            wire.encode_value(value, f.reply.value, blobs)
+        except Exception as e:  # noqa: BLE001
+            log.exception("call %s failed", call.method)
+            self._fail(f"{call.method}: {type(e).__name__}: {e}")
+            return False
+        self._send(f, blobs)
+        return True
+
+    def _fail(self, error: str) -> None:
+        f = pb.AgentFrame()
+        f.failure.error = error
+        self._send(f)
+
+
+def _device() -> str:
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:  # noqa: BLE001 - informational only
+        return "cpu"

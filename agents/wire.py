@@ -1,0 +1,354 @@
+"""Serialisation of the agent protocol (protos/lockstep/v1/agent.proto) — exact, and nothing pickled.
+
+Payloads cross agents as a tree of :class:`Value` messages: ``None``, bool,
+int (int64), float (IEEE double, so bit-exact), str, bytes, tensors and
+numpy arrays (raw bytes + dtype + shape), and tuple / list / dict containers
+whose kind is preserved — a strategy receives the same Python objects it
+would receive in-process. Anything else is refused with :class:`WireError`.
+
+Small tensors travel inline; larger ones become *blobs*: ``BlobChunk`` frames
+sent before the frame that references them, each at most
+``max_message_bytes``. A frame that is still too large is itself sent as a
+blob (``envelope``). :class:`FrameWriter` produces the frames of one stream
+direction, :class:`FrameReader` reassembles them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from agents.env import Stats
+from agents.kernel import RemoteEvent
+from agents.network import Transfer
+from protos.lockstep.v1 import agent_pb2 as pb
+
+__all__ = ["PROTOCOL_VERSION", "WireError", "FrameWriter", "FrameReader", "encode_value", "decode_value",
+           "encode_event", "decode_event", "encode_stats", "decode_stats", "DEFAULT_MAX_MESSAGE_BYTES"]
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+_FRAME_OVERHEAD = 1024  # room for the non-data fields of a BlobChunk frame
+_MAX_BLOB = 1 << 36  # 64 GiB: a BlobChunk announcing more is malformed
+_MAX_DEPTH = 64
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+_TORCH_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+    torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
+_NUMPY_DTYPES = {n: np.dtype(n) for n in (
+    "float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32",
+    "uint64", "bool", "complex64", "complex128")}
+
+
+class WireError(ValueError):
+    """A value that cannot cross agents, or a malformed message."""
+
+
+# ------------------------------------------------------------------ blobs
+class _Blobs:
+    """Tensor bytes of one frame: small ones inline, the rest as blobs sent before the frame."""
+
+    def __init__(self, writer: "FrameWriter"):
+        self.writer = writer
+        self.out: list[tuple[int, memoryview]] = []
+        self.inline_left = writer.max_message_bytes // 2
+
+    def put(self, t: pb.Tensor, mv: memoryview) -> None:
+        n = mv.nbytes
+        if n <= self.writer.inline_limit and n <= self.inline_left:
+            self.inline_left -= n
+            t.data = mv.tobytes()
+        else:
+            bid = self.writer.new_blob_id()
+            self.out.append((bid, mv))
+            t.blob = bid
+
+
+def _tensor_bytes(x: torch.Tensor) -> memoryview:
+    x = x.detach()
+    if x.device.type != "cpu":
+        x = x.cpu()
+    x = x.contiguous().reshape(-1)
+    if x.numel() == 0:
+        return memoryview(b"")
+    return memoryview(x.view(torch.uint8).numpy())
+
+
+# ----------------------------------------------------------------- values
+def encode_value(obj: Any, out: pb.Value, blobs: _Blobs | None = None, _depth: int = 0) -> pb.Value:
+    """Fill ``out`` with ``obj`` (see the module docstring for what is accepted)."""
+    if _depth > _MAX_DEPTH:
+        raise WireError(f"payload nested deeper than {_MAX_DEPTH} levels")
+    if obj is None:
+        out.none = True
+    elif obj is True or obj is False:
+        out.b = obj
+    elif isinstance(obj, int):
+        if not _INT64[0] <= obj <= _INT64[1]:
+            raise WireError(f"integer {obj} does not fit in int64 and cannot cross agents")
+        out.i = obj
+    elif isinstance(obj, float):
+        out.f = obj
+    elif isinstance(obj, str):
+        out.s = obj
+    elif isinstance(obj, (bytes, bytearray)):
+        out.raw = bytes(obj)
+    elif isinstance(obj, torch.Tensor):
+        t = out.tensor
+        t.dtype = str(obj.dtype).removeprefix("torch.")
+        if t.dtype not in _TORCH_DTYPES:
+            raise WireError(f"tensor dtype {obj.dtype} cannot cross agents; accepted: {', '.join(_TORCH_DTYPES)}")
+        t.shape.extend(obj.shape)
+        _put_bytes(t, _tensor_bytes(obj), blobs)
+    elif isinstance(obj, np.ndarray):
+        t = out.tensor
+        t.dtype, t.numpy = obj.dtype.name, True
+        if t.dtype not in _NUMPY_DTYPES:
+            raise WireError(f"numpy dtype {obj.dtype} cannot cross agents; accepted: {', '.join(_NUMPY_DTYPES)}")
+        t.shape.extend(obj.shape)
+        _put_bytes(t, memoryview(np.ascontiguousarray(obj).reshape(-1).view(np.uint8)), blobs)
+    elif isinstance(obj, np.generic):
+        encode_value(obj.item(), out, blobs, _depth + 1)
+    elif type(obj) is tuple or type(obj) is list:
+        seq = out.tuple if type(obj) is tuple else out.list
+        seq.SetInParent()
+        for x in obj:
+            encode_value(x, seq.items.add(), blobs, _depth + 1)
+    elif type(obj) is dict:
+        d = out.dict
+        d.SetInParent()
+        for k, v in obj.items():
+            encode_value(k, d.keys.add(), blobs, _depth + 1)
+            encode_value(v, d.values.add(), blobs, _depth + 1)
+    else:
+        raise WireError(f"a payload of type {type(obj).__qualname__} cannot cross agents; accepted: None, bool, "
+                        "int, float, str, bytes, torch.Tensor, numpy.ndarray and tuple/list/dict of them")
+    return out
+
+
+def _put_bytes(t: pb.Tensor, mv: memoryview, blobs: _Blobs | None) -> None:
+    if blobs is None:
+        t.data = mv.tobytes()
+    else:
+        blobs.put(t, mv)
+
+
+def decode_value(v: pb.Value, blobs: dict[int, bytearray] | None = None, _depth: int = 0) -> Any:
+    """The Python object ``v`` describes; raises WireError when it is malformed."""
+    if _depth > _MAX_DEPTH:
+        raise WireError(f"value nested deeper than {_MAX_DEPTH} levels")
+    kind = v.WhichOneof("kind")
+    if kind == "none" or kind is None:
+        return None
+    if kind == "b":
+        return v.b
+    if kind == "i":
+        return v.i
+    if kind == "f":
+        return v.f
+    if kind == "s":
+        return v.s
+    if kind == "raw":
+        return v.raw
+    if kind == "tensor":
+        return _decode_tensor(v.tensor, blobs)
+    if kind == "tuple":
+        return tuple(decode_value(x, blobs, _depth + 1) for x in v.tuple.items)
+    if kind == "list":
+        return [decode_value(x, blobs, _depth + 1) for x in v.list.items]
+    if kind == "dict":
+        if len(v.dict.keys) != len(v.dict.values):
+            raise WireError("dict value with different numbers of keys and values")
+        try:
+            return {decode_value(k, blobs, _depth + 1): decode_value(x, blobs, _depth + 1)
+                    for k, x in zip(v.dict.keys, v.dict.values)}
+        except TypeError as e:  # an unhashable key
+            raise WireError(f"dict value with an unusable key: {e}") from e
+    raise WireError(f"unknown value kind {kind!r}")  # pragma: no cover - oneof is closed
+
+
+def _decode_tensor(t: pb.Tensor, blobs: dict[int, bytearray] | None) -> Any:
+    shape = tuple(t.shape)
+    if any(s < 0 for s in shape):
+        raise WireError(f"tensor with a negative dimension {shape}")
+    numel = math.prod(shape)
+    src = t.WhichOneof("bytes_in")
+    if src == "blob":
+        if blobs is None or t.blob not in blobs:
+            raise WireError(f"tensor references blob {t.blob}, which was not sent before it")
+        buf = blobs.pop(t.blob)
+    else:
+        buf = bytearray(t.data)
+    if t.numpy:
+        dt = _NUMPY_DTYPES.get(t.dtype)
+        if dt is None:
+            raise WireError(f"unknown numpy dtype {t.dtype!r}")
+        if len(buf) != numel * dt.itemsize:
+            raise WireError(f"array of shape {shape} {t.dtype} needs {numel * dt.itemsize} bytes, got {len(buf)}")
+        return np.frombuffer(buf, dtype=dt).reshape(shape)
+    dtype = _TORCH_DTYPES.get(t.dtype)
+    if dtype is None:
+        raise WireError(f"unknown tensor dtype {t.dtype!r}; accepted: {', '.join(_TORCH_DTYPES)}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if len(buf) != numel * itemsize:
+        raise WireError(f"tensor of shape {shape} {t.dtype} needs {numel * itemsize} bytes, got {len(buf)}")
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+# ----------------------------------------------------------------- events
+def encode_event(ev: RemoteEvent, out: pb.Event, blobs: _Blobs | None = None) -> pb.Event:
+    out.time, out.priority, out.origin, out.seq, out.dst, out.kind = (
+        ev.time, ev.priority, ev.origin, ev.seq, ev.dst, ev.kind)
+    d = ev.data
+    if ev.kind == "arrive" and isinstance(d, Transfer):
+        t = out.transfer
+        t.src, t.dst, t.src_name, t.dst_name, t.seq = d.src, d.dst, d.src_name, d.dst_name, d.seq
+        t.nbytes, t.sent_at, t.e0, t.latency, t.cap = d.nbytes, d.sent_at, d.e0, d.latency, d.cap
+        if d.tail is not None:
+            t.tail = d.tail
+        encode_value(d.tag, t.tag, blobs)
+        encode_value(d.payload, t.payload, blobs)
+    else:
+        encode_value(d, out.value, blobs)
+    return out
+
+
+def decode_event(e: pb.Event, blobs: dict[int, bytearray] | None = None) -> RemoteEvent:
+    which = e.WhichOneof("data")
+    if which == "transfer":
+        t = e.transfer
+        data: Any = Transfer(t.src, t.dst, t.src_name, t.dst_name, t.seq, decode_value(t.tag, blobs),
+                             decode_value(t.payload, blobs), t.nbytes, t.sent_at, t.e0, t.latency,
+                             t.tail if t.HasField("tail") else None, t.cap)
+    elif which == "value":
+        data = decode_value(e.value, blobs)
+    else:
+        raise WireError(f"event of kind {e.kind!r} without data")
+    return RemoteEvent(e.time, e.priority, e.origin, e.seq, e.dst, e.kind, data)
+
+
+def encode_stats(s: Stats, out: pb.Stats) -> pb.Stats:
+    out.events, out.messages_local, out.messages_remote = s.events, s.messages_local, s.messages_remote
+    out.bytes_local, out.bytes_remote = s.bytes_local, s.bytes_remote
+    out.compute_wall_s.update(s.compute_wall_s)
+    out.compute_virtual_ns.update(s.compute_virtual_ns)
+    return out
+
+
+def decode_stats(s: pb.Stats) -> Stats:
+    return Stats(s.events, s.messages_local, s.messages_remote, s.bytes_local, s.bytes_remote,
+                 dict(s.compute_wall_s), dict(s.compute_virtual_ns))
+
+
+# ----------------------------------------------------------------- frames
+class FrameWriter:
+    """Turns one logical frame into gRPC messages of at most ``max_message_bytes`` each.
+
+    Usage: ``blobs = w.blobs()``; fill the frame with ``encode_*(..., blobs)``;
+    ``yield from w.frames(frame, blobs)``.
+    """
+
+    def __init__(self, frame_cls: type, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        if max_message_bytes < 4 * _FRAME_OVERHEAD:
+            raise ValueError(f"max_message_bytes={max_message_bytes} is too small; accepted: >= {4 * _FRAME_OVERHEAD}")
+        self.frame_cls = frame_cls
+        self.max_message_bytes = max_message_bytes
+        self.chunk_bytes = max_message_bytes - _FRAME_OVERHEAD
+        self.inline_limit = min(64 * 1024, max_message_bytes // 16)
+        self._next_blob = 0
+
+    def new_blob_id(self) -> int:
+        self._next_blob += 1
+        return self._next_blob
+
+    def blobs(self) -> _Blobs:
+        return _Blobs(self)
+
+    def _chunks(self, bid: int, mv: memoryview) -> Iterator[Any]:
+        total = mv.nbytes
+        step = self.chunk_bytes
+        mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+        off = 0
+        while True:
+            f = self.frame_cls()
+            f.chunk.blob, f.chunk.total, f.chunk.offset = bid, total, off
+            f.chunk.data = mv[off:off + step].tobytes()
+            yield f
+            off += step
+            if off >= total:
+                return
+
+    def frames(self, frame: Any, blobs: _Blobs | None = None) -> Iterator[Any]:
+        """The chunk frames of ``blobs``, then ``frame`` (as an envelope blob when it is too large)."""
+        if blobs is not None:
+            for bid, mv in blobs.out:
+                yield from self._chunks(bid, mv)
+            blobs.out = []
+        if frame.ByteSize() > self.max_message_bytes - _FRAME_OVERHEAD:
+            bid = self.new_blob_id()
+            yield from self._chunks(bid, memoryview(frame.SerializeToString()))
+            env = self.frame_cls()
+            env.envelope = bid
+            yield env
+        else:
+            yield frame
+
+
+class FrameReader:
+    """Reassembles frames: ``feed`` keeps chunks and returns each complete logical frame (else None).
+
+    After a frame is returned, ``self.blobs`` holds the blobs its tensors reference.
+    """
+
+    def __init__(self, frame_cls: type, max_blob_bytes: int = _MAX_BLOB):
+        self.frame_cls = frame_cls
+        self.max_blob_bytes = max_blob_bytes
+        self.partial: dict[int, tuple[bytearray, int]] = {}  # blob -> (buffer, bytes received)
+        self.blobs: dict[int, bytearray] = {}
+
+    def feed(self, frame: Any) -> Any | None:
+        body = frame.WhichOneof("body")
+        if body is None:
+            raise WireError("empty frame")
+        if body == "chunk":
+            c = frame.chunk
+            if not 0 <= c.total <= self.max_blob_bytes:
+                raise WireError(f"blob {c.blob} announces {c.total} bytes; at most {self.max_blob_bytes} accepted")
+            buf, got = self.partial.get(c.blob, (None, 0))
+            if buf is None:
+                if c.blob in self.blobs:
+                    raise WireError(f"blob {c.blob} sent twice")
+                buf = bytearray(c.total)
+            if len(buf) != c.total or c.offset != got or got + len(c.data) > c.total:
+                raise WireError(f"blob {c.blob}: chunk at offset {c.offset} (+{len(c.data)} B) does not continue "
+                                f"{got} of {len(buf)} bytes")
+            buf[got:got + len(c.data)] = c.data
+            got += len(c.data)
+            if got == c.total:
+                self.partial.pop(c.blob, None)
+                self.blobs[c.blob] = buf
+            else:
+                self.partial[c.blob] = (buf, got)
+            return None
+        if body == "envelope":
+            buf = self.blobs.pop(frame.envelope, None)
+            if buf is None:
+                raise WireError(f"envelope references blob {frame.envelope}, which was not sent before it")
+            inner = self.frame_cls()
+            try:
+                inner.ParseFromString(bytes(buf))
+            except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError (a plain Exception)
+                raise WireError(f"envelope blob {frame.envelope} is not a valid frame: {e}") from e
+            if inner.WhichOneof("body") in ("chunk", "envelope", None):
+                raise WireError("an envelope must hold a message frame")
+            return inner
+        return frame
+
+    def done(self) -> None:
+        """Forget blobs no tensor used (a well-behaved peer leaves none)."""
+        self.blobs.clear()

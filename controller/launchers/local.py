@@ -1,0 +1,108 @@
+"""``launcher=local``: every agent is a subprocess on this machine speaking gRPC to 127.0.0.1.
+
+Each agent runs ``python -m agents --controller HOST:PORT --agent-id N ...``
+(the same argv as ``lockstep agent``), gets the token in ``$LOCKSTEP_TOKEN``,
+and writes its log to ``RUN_DIR/agents/agent-N.log``. Agents run in their own
+session, so Ctrl-C reaches only the controller, which then stops them all:
+SIGTERM, and SIGKILL after ``stop_grace_s``. Every child is reaped.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from controller.launchers.base import AgentFailure, LaunchSpec
+
+__all__ = ["LocalLauncher", "log_tail"]
+
+log = logging.getLogger("lockstep.controller")
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a log file ('' when it does not exist)."""
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(deque(f, maxlen=lines)).rstrip()
+    except OSError:
+        return ""
+
+
+class LocalLauncher:
+    """Agent subprocesses on this machine."""
+
+    def __init__(self, cfg: Any = None, *, stop_grace_s: float = 1.0, python: str | None = None):
+        cfg = dict(cfg or {})
+        self.stop_grace_s = float(cfg.get("stop_grace_s", stop_grace_s))
+        self.python = python or sys.executable
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        self._files: list[Any] = []
+        self._stopping = False
+
+    def start(self, spec: LaunchSpec) -> None:
+        log_dir = Path(spec.run_dir) / "agents"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(spec.extra_env)
+        env["LOCKSTEP_TOKEN"] = spec.token
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        atexit.register(self.stop)
+        for i in range(spec.n_agents):
+            path = log_dir / f"agent-{i}.log"
+            f = open(path, "ab")
+            self._files.append(f)
+            self.logs.append(path)
+            argv = [self.python, "-m", "agents", *spec.agent_argv(i)[2:]]
+            self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                               env=env, start_new_session=True, close_fds=True))
+            log.debug("started agent %d (pid %d), log %s", i, self.procs[-1].pid, path)
+
+    def log_tail(self, agent_id: int, lines: int = 20) -> str:
+        if 0 <= agent_id < len(self.logs):
+            return log_tail(self.logs[agent_id], lines)
+        return ""
+
+    def check(self) -> None:
+        if self._stopping:
+            return
+        for i, p in enumerate(self.procs):
+            rc = p.poll()
+            if rc is not None:
+                how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
+                raise AgentFailure(str(i), f"its process (pid {p.pid}) {how}", self.log_tail(i))
+
+    def stop(self) -> None:
+        """Let agents that were told to shut down exit, then SIGTERM, then SIGKILL; reap all. Idempotent."""
+        self._stopping = True
+        deadline = time.monotonic() + self.stop_grace_s
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            alive = [p for p in self.procs if p.poll() is None]
+            if not alive:
+                break
+            for p in alive:
+                if sig is not None:
+                    try:
+                        p.send_signal(sig)
+                    except ProcessLookupError:
+                        pass
+            for p in alive:
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            deadline = time.monotonic() + self.stop_grace_s / 2
+        for p in self.procs:
+            if p.poll() is None:  # pragma: no cover - SIGKILL cannot be refused
+                p.wait()
+        for f in self._files:
+            f.close()
+        self._files = []
+        atexit.unregister(self.stop)

@@ -1,0 +1,324 @@
+"""Agents in other processes: the gRPC handle the window loop drives, and the pool that starts them.
+
+:class:`RemoteAgents` is what :func:`controller.run.execute` receives as its
+``launcher``: it serves the protocol (:mod:`controller.server`), starts the
+agents through a :class:`~controller.launchers.base.Launcher` (local
+subprocesses, Kubernetes pods), waits until each has registered and built its
+vworkers, and returns one :class:`RemoteAgent` per agent. Every wait polls
+the launcher (a dead process fails the run at once) and the agent's last
+sign of life (a silent one fails it after ``agent_timeout_s``), so a run
+never hangs on a lost agent.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from agents import wire
+from agents.core import Reached
+from agents.kernel import RemoteEvent
+from agents.plan import Plan
+from controller.launchers.base import AgentFailure, LaunchSpec
+from controller.server import AgentSession, ControllerServer, ServerSettings
+from protos.lockstep.v1 import agent_pb2 as pb
+
+__all__ = ["RemoteAgent", "RemoteAgents", "ControllerSettings", "resolve_token", "launcher_for"]
+
+log = logging.getLogger("lockstep.controller")
+
+_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """The ``controller:`` section of the config (see conf/config.yaml)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES
+    heartbeat_s: float = 1.0
+    agent_timeout_s: float = 30.0
+    startup_timeout_s: float = 120.0
+    token_file: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "ControllerSettings":
+        d = dict(d or {})
+        known = {f: d[f] for f in cls.__dataclass_fields__ if f in d}
+        return cls(**known)
+
+
+def resolve_token(token_file: str | None = None) -> str:
+    """$LOCKSTEP_TOKEN, else the file ``token_file``, else a fresh random token for this run."""
+    env = os.environ.get("LOCKSTEP_TOKEN")
+    if env:
+        return env
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as e:
+            raise ValueError(f"controller.token_file={token_file!r} cannot be read: {e}") from e
+        if not token:
+            raise ValueError(f"controller.token_file={token_file!r} is empty; it must hold the shared token")
+        return token
+    return secrets.token_urlsafe(32)
+
+
+class RemoteAgent:
+    """An agent process behind the AgentHandle interface of :func:`controller.clock.run_windows`.
+
+    ``begin_advance`` sends the window; ``end_advance`` waits for its Reached, so
+    the loop can run all agents of a window in parallel.
+    """
+
+    def __init__(self, agent_id: int, session: AgentSession, plan: Plan, next_time: int,
+                 poll: Callable[[], None], timeout_s: float, log_tail: Callable[[int], str]):
+        self.agent_id, self.session, self.plan = agent_id, session, plan
+        self._next = next_time
+        self._poll, self.timeout_s, self._log_tail = poll, timeout_s, log_tail
+        self._window = 0
+        self._calls = 0
+        self._closed = False
+
+    # ------------------------------------------------------------ waiting
+    def fail(self, reason: str) -> AgentFailure:
+        return AgentFailure(str(self.agent_id), reason, self._log_tail(self.agent_id))
+
+    def _receive(self, what: str) -> tuple[pb.AgentFrame, dict]:
+        """The next decoded frame of this agent; raises AgentFailure when it died, fell silent or erred."""
+        sess = self.session
+        while True:
+            try:
+                item = sess.inbox.get(timeout=_POLL_S)
+            except queue.Empty:
+                self._poll()
+                silent = time.monotonic() - sess.last_seen
+                if silent > self.timeout_s:
+                    raise self.fail(f"sent nothing for {silent:.1f} s while the controller waited for its {what} "
+                                    f"(controller.agent_timeout_s={self.timeout_s:g})") from None
+                continue
+            if item[0] == "closed":
+                self._poll()  # prefer the launcher's account (exit status) when the process died
+                raise self.fail(item[1])
+            msg, blobs = item[1], item[2]
+            if msg.WhichOneof("body") == "failure":
+                raise self.fail(f"reported an error: {msg.failure.error}")
+            return msg, blobs
+
+    # ------------------------------------------------------------- handle
+    def next_time(self) -> int:
+        return self._next
+
+    def begin_advance(self, window_end: int, inbound: list[RemoteEvent], stop_at: int | None,
+                      max_events: int | None) -> None:
+        self._window += 1
+        f = pb.ControllerFrame()
+        a = f.advance
+        a.window, a.window_end = self._window, window_end
+        if stop_at is not None:
+            a.stop_at = stop_at
+        if max_events is not None:
+            a.max_events = max_events
+        blobs = self.session.writer.blobs()
+        for ev in inbound:
+            wire.encode_event(ev, a.inbound.add(), blobs)
+        self.session.send(f, blobs)
+
+    def end_advance(self) -> Reached:
+        msg, blobs = self._receive("Reached")
+        body = msg.WhichOneof("body")
+        if body != "reached" or msg.reached.window != self._window:
+            got = f"Reached of window {msg.reached.window}" if body == "reached" else body
+            raise self.fail(f"protocol error: expected the Reached of window {self._window}, got {got}")
+        r = msg.reached
+        try:
+            outbound = [wire.decode_event(e, blobs) for e in r.outbound]
+            rows = [wire.decode_value(v) or [] for v in (r.updates, r.evals, r.events)]
+            stats = wire.decode_stats(r.stats)
+        except wire.WireError as e:
+            raise self.fail(f"sent a malformed Reached: {e}") from e
+        self._check_events(outbound)
+        for name, rs in zip(("updates", "evals"), rows):
+            if not isinstance(rs, list) or any(not (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple))
+                                               for x in rs):
+                raise self.fail(f"sent a malformed Reached: {name} must be a list of (key, row) tuples")
+        self._next = r.next_time
+        return Reached(r.next_time, outbound, r.stop_time if r.HasField("stop_time") else None,
+                       rows[0], rows[1], rows[2], stats)
+
+    def _check_events(self, events: list[RemoteEvent]) -> None:
+        placement = self.plan.placement
+        n = len(placement)
+        for ev in events:
+            if not 0 <= ev.dst < n:
+                raise self.fail(f"sent a malformed Reached: an event for unknown vworker {ev.dst} "
+                                f"(the plan has vworkers 0..{n - 1})")
+            if not 0 <= ev.origin < n or placement[ev.origin] != self.agent_id:
+                raise self.fail(f"sent a malformed Reached: an event from vworker {ev.origin}, "
+                                "which this agent does not host")
+            if placement[ev.dst] == self.agent_id:
+                raise self.fail(f"sent a malformed Reached: an event for its own vworker {ev.dst}")
+
+    def advance(self, window_end: int, inbound: list[RemoteEvent], stop_at: int | None,
+                max_events: int | None) -> Reached:
+        self.begin_advance(window_end, inbound, stop_at, max_events)
+        return self.end_advance()
+
+    def _call(self, method: str, *args: Any) -> Any:
+        self._calls += 1
+        f = pb.ControllerFrame()
+        f.call.id, f.call.method = self._calls, method
+        wire.encode_value(tuple(args), f.call.args)
+        self.session.send(f)
+        msg, blobs = self._receive(f"reply to {method}")
+        if msg.WhichOneof("body") != "reply" or msg.reply.id != self._calls:
+            raise self.fail(f"protocol error: expected the reply to {method}, got {msg.WhichOneof('body')}")
+        try:
+            return wire.decode_value(msg.reply.value, blobs)
+        except wire.WireError as e:
+            raise self.fail(f"sent a malformed reply to {method}: {e}") from e
+
+    def result_params(self):
+        return self._call("result_params")
+
+    def final_eval(self, t: int, iteration: int):
+        return self._call("final_eval", t, iteration)
+
+    def info(self) -> dict[str, Any]:
+        return self._call("info") or {}
+
+    def close(self, abort: str | None = None) -> None:
+        """Tell the agent the run is over (Done, or Abort with a reason) and end the stream."""
+        if self._closed:
+            return
+        self._closed = True
+        f = pb.ControllerFrame()
+        f.shutdown.abort = abort is not None
+        f.shutdown.reason = abort or ""
+        self.session.send(f)
+        self.session.end()
+
+
+class RemoteAgents:
+    """Serve the protocol, start agents with ``launcher``, and hand out :class:`RemoteAgent` handles.
+
+    Used as ``execute(..., launcher=RemoteAgents(LocalLauncher(), settings))``.
+    """
+
+    def __init__(self, launcher: Any, settings: ControllerSettings = ControllerSettings(),
+                 log_level: str = "INFO", extra_env: dict[str, str] | None = None):
+        self.launcher, self.settings, self.log_level = launcher, settings, log_level
+        self.extra_env = dict(extra_env or {})
+        self.server: ControllerServer | None = None
+        self.handles: list[RemoteAgent] = []
+        self._started = False
+        self._failed: str | None = None
+
+    def log_tail(self, agent_id: int) -> str:
+        fn = getattr(self.launcher, "log_tail", None)
+        return fn(agent_id) if fn is not None else ""
+
+    def check(self) -> None:
+        """Raise AgentFailure when an agent process died (the launcher's check)."""
+        if self._started:
+            self.launcher.check()
+
+    def start_agents(self, plan: Plan, run_dir: Path) -> list[RemoteAgent]:
+        s = self.settings
+        token = resolve_token(s.token_file)
+        self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents,
+                                       ServerSettings(s.host, s.port, s.max_message_bytes, s.heartbeat_s))
+        address = self.server.start()
+        spec = LaunchSpec(run_id=plan.run_id, n_agents=plan.n_agents, controller_address=address, token=token,
+                          run_dir=Path(run_dir), log_level=self.log_level, extra_env=self.extra_env)
+        try:
+            self._started = True
+            self.launcher.start(spec)
+            self.handles = self._await_ready(plan)
+        except BaseException:
+            self.close(abort="the agents could not be started")
+            raise
+        return self.handles
+
+    def _await_ready(self, plan: Plan) -> list[RemoteAgent]:
+        """Wait until every agent registered, opened its session and built its vworkers (Ready)."""
+        srv, s = self.server, self.settings
+        deadline = time.monotonic() + s.startup_timeout_s
+        ready: dict[int, RemoteAgent] = {}
+        while len(ready) < plan.n_agents:
+            self.check()
+            now = time.monotonic()
+            with srv.lock:
+                sessions = dict(srv.sessions)
+            for aid, sess in sessions.items():
+                if aid in ready:
+                    continue
+                h = RemoteAgent(aid, sess, plan, 0, self.check, s.agent_timeout_s, self.log_tail)
+                try:
+                    item = sess.inbox.get_nowait()
+                except queue.Empty:
+                    if now - sess.last_seen > s.agent_timeout_s:
+                        raise h.fail(f"registered but sent nothing for {now - sess.last_seen:.1f} s "
+                                     f"(controller.agent_timeout_s={s.agent_timeout_s:g})")
+                    continue
+                sess.inbox.put(item)  # let _receive interpret it (closed / failure / ready)
+                msg, _ = h._receive("Ready")
+                if msg.WhichOneof("body") != "ready":
+                    raise h.fail(f"protocol error: expected Ready, got {msg.WhichOneof('body')}")
+                h._next = msg.ready.next_time
+                ready[aid] = h
+            if len(ready) < plan.n_agents:
+                if now > deadline:
+                    missing = [a for a in range(plan.n_agents) if a not in ready]
+                    first = missing[0]
+                    raise AgentFailure(str(first), f"not ready after {s.startup_timeout_s:g} s "
+                                       f"(controller.startup_timeout_s); agents not ready: {missing}",
+                                       self.log_tail(first))
+                with srv.lock:
+                    srv.changed.wait(_POLL_S)
+        return [ready[a] for a in range(plan.n_agents)]
+
+    def close(self, abort: str | None = None) -> None:
+        """Shut the agents down (Done, or Abort), stop the launcher and the server. Idempotent."""
+        for h in self.handles:
+            try:
+                h.close(abort)
+            except Exception:  # noqa: BLE001 - closing must go on for the others
+                log.debug("closing agent %d", h.agent_id, exc_info=True)
+        if self.server is not None:
+            handled = {h.agent_id for h in self.handles}
+            with self.server.lock:
+                for aid, sess in self.server.sessions.items():
+                    if aid not in handled:
+                        sess.end()
+        if self._started:
+            self._started = False
+            self.launcher.stop()
+        if self.server is not None:
+            self.server.stop(grace=0.5)
+            self.server = None
+
+
+def launcher_for(rc: Any) -> RemoteAgents | None:
+    """The ``launcher=`` of a validated config: None for inprocess, else RemoteAgents over it."""
+    name = (rc.launcher or {}).get("name", "inprocess")
+    if name == "inprocess":
+        return None
+    if name == "local":
+        from controller.launchers.local import LocalLauncher
+
+        impl: Any = LocalLauncher(rc.launcher)
+    elif name == "kubernetes":
+        from controller.launchers.kubernetes import KubernetesLauncher  # imports the kubernetes client lazily
+
+        impl = KubernetesLauncher(rc.launcher)
+    else:
+        raise ValueError(f"launcher={name!r} is not available in this version; accepted: inprocess | local | "
+                         "kubernetes")
+    return RemoteAgents(impl, ControllerSettings.from_dict(getattr(rc, "controller", None)), log_level=rc.log_level)

@@ -1,0 +1,1 @@
+"""Generated gRPC code of the lockstep protocol (see protos/lockstep/v1/*.proto)."""
