@@ -14,6 +14,7 @@ from agents.env import Environment, Recorder, Stats
 from agents.kernel import Kernel, RemoteEvent
 from agents.plan import Plan
 from agents.strategies import TrainingWorker, import_path
+from agents.trace import tracer_from_settings
 from agents.training import Training
 from agents.types import INFINITY, VirtualTime
 
@@ -39,8 +40,11 @@ class AgentCore:
     """Builds the vworkers placed on ``agent_id`` and runs them window by window."""
 
     def __init__(self, plan: Plan, agent_id: int, data: Any = None, tracer: Any = None,
-                 recorder: Recorder | None = None):
+                 recorder: Recorder | None = None, metrics: Any = None):
         self.plan, self.agent_id = plan, agent_id
+        self.metrics = metrics  # an agents.metrics.Metrics of role "agent", or None
+        if tracer is None:
+            tracer = tracer_from_settings(plan.settings.get("trace"))
         self.kernel = Kernel()
         self.local = plan.local_ids(agent_id)
         wl = plan.workload_spec()
@@ -78,8 +82,20 @@ class AgentCore:
         out, k.outbox = k.outbox, []
         updates, evals, events = self.env.recorder.drain()
         stats = self._stats_delta(k.events_processed - before)
+        if self.metrics is not None:
+            self._observe(stats)
         return Reached(nxt, out, k.stop_time if k.stop_time is not None and k.stop_time < INFINITY else None,
                        updates, evals, events, stats)
+
+    def _observe(self, d: Stats) -> None:
+        """Move the agent's Prometheus metrics by one window's stats (DESIGN §9)."""
+        m = self.metrics
+        m.set_virtual_time(self.kernel.now)
+        m.add_events(d.events)
+        m.add_messages(d.messages_local, d.bytes_local, remote=False)
+        m.add_messages(d.messages_remote, d.bytes_remote, remote=True)
+        for kind, wall in d.compute_wall_s.items():
+            m.add_compute(kind, wall, d.compute_virtual_ns.get(kind, 0))
 
     def _stats_delta(self, events: int) -> Stats:
         cur = self.env.stats

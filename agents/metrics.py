@@ -244,6 +244,15 @@ class Metrics:
         self.messages.labels(scope=scope).inc()
         self.message_bytes.labels(scope=scope).inc(nbytes)
 
+    def add_messages(self, count: int, nbytes: int, remote: bool) -> None:
+        """``count`` messages with ``nbytes`` payload bytes in all were sent (a window's worth)."""
+        self._need("agent", "add_messages")
+        if count < 0 or nbytes < 0:
+            raise ValueError(f"message count and size must be >= 0, got {count!r} and {nbytes!r}")
+        scope = "remote" if remote else "local"
+        self.messages.labels(scope=scope).inc(count)
+        self.message_bytes.labels(scope=scope).inc(nbytes)
+
     def add_compute(self, kind: str, wall_s: float, virtual_ns: VirtualTime,
                     vworker: str | int | None = None) -> None:
         """A compute step of ``kind`` (gradient, update, aggregate, eval, …) took

@@ -63,6 +63,8 @@ class RunConfig:
     launcher: dict[str, Any]
     run_id: str | None
     trace: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    statelog: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
     log_level: str = "INFO"
     controller: dict[str, Any] = field(default_factory=dict)  # host, port, max_message_bytes, heartbeat_s, ...
@@ -233,7 +235,9 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
     if launcher.get("name") not in LAUNCHERS:
         c.bad("launcher", launcher.get("name"), " | ".join(LAUNCHERS))
     controller = _controller(c)
-    trace = c.get("trace") or {}
+    trace = _trace(c)
+    metrics = _metrics(c)
+    statelog = _statelog(c)
     log_level = c.get("log_level", "INFO")
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         c.bad("log_level", log_level, "DEBUG | INFO | WARNING | ERROR")
@@ -258,6 +262,7 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
         stop_updates=stop_updates, stop_virtual_time_s=stop_vt, eval_every=eval_every,
         eval_samples=eval_samples, data_root=data_root, partition=partition, partition_kw=partition_kw,
         network=network, compute=compute, launcher=launcher, run_id=run_id, trace=trace,
+        metrics=metrics, statelog=statelog,
         progress=bool(c.get("progress", True)), log_level=log_level, controller=controller)
 
 
@@ -291,6 +296,43 @@ def _controller(c: _Checker) -> dict[str, Any]:
         c.bad("controller.token_file", tf, "a path, or null")
     out["token_file"] = tf
     return out
+
+
+TRACE_MODES = ("full", "sample", "window", "off")
+
+
+def _trace(c: _Checker) -> dict[str, Any]:
+    mode = c.choice("trace.mode", TRACE_MODES) if c.get("trace.mode") is not None else "full"
+    out: dict[str, Any] = {"mode": mode, "sample_every": c.integer("trace.sample_every", 1) or 1,
+                           "max_events": c.integer("trace.max_events", 1, optional=True), "window": None}
+    w = c.get("trace.window")
+    if w is not None or mode == "window":
+        ok = isinstance(w, list) and len(w) == 2
+        span = [c.duration(f"trace.window[{i}]", x) for i, x in enumerate(w)] if ok else []
+        if not ok or None in span or span[0] > span[1]:
+            c.bad("trace.window", w, "[start, end] virtual times (seconds or strings like 2s) with start <= end"
+                  + ("; trace.mode=window needs it" if mode == "window" else ""))
+        else:
+            out["window"] = span
+    return out
+
+
+def _metrics(c: _Checker) -> dict[str, Any]:
+    port = c.integer("metrics.port", 0, optional=True)
+    if port is not None and port > 65535:
+        c.bad("metrics.port", port, "null (do not serve), 0 (a free port) or a port 1..65535")
+    host = c.get("metrics.host", "127.0.0.1")
+    if not isinstance(host, str) or not host:
+        c.bad("metrics.host", host, "an address to bind such as 127.0.0.1 or 0.0.0.0")
+    linger = c.duration("metrics.linger_s", c.get("metrics.linger_s", 0) or 0)
+    return {"port": port, "host": host, "per_worker": bool(c.get("metrics.per_worker", False)),
+            "linger_s": linger or 0.0}
+
+
+def _statelog(c: _Checker) -> dict[str, Any]:
+    every = c.integer("statelog.snapshot_every", 0) if c.get("statelog.snapshot_every") is not None else 0
+    return {"enabled": bool(c.get("statelog.enabled", True)), "checksum": bool(c.get("statelog.checksum", True)),
+            "snapshot_every": every or 0}
 
 
 def _network(c: _Checker, workers: int | None) -> dict[str, Any]:

@@ -60,8 +60,8 @@ class RunResult:
 class _Collector:
     """Merges the rows agents report, in the global key order, and streams them to disk."""
 
-    def __init__(self, out: RunDir, progress: Any, metrics: Any):
-        self.out, self.progress, self.metrics = out, progress, metrics
+    def __init__(self, out: RunDir, progress: Any, metrics: Any, observer: Any = None):
+        self.out, self.progress, self.metrics, self.observer = out, progress, metrics, observer
         self.updates: list[tuple] = []
         self.evals: list[tuple] = []
         self.stats = Stats()
@@ -81,6 +81,8 @@ class _Collector:
             self.updates.extend(r.updates)
             self.evals.extend(r.evals)
             self.stats.merge(r.stats)
+            if self.observer is not None and r.events:
+                self.observer.on_events(r.events)
         self.stop_time = w.stop_time
         if self.metrics is not None:
             self.metrics.observe_window(w.start, w.barrier_wall_s)
@@ -118,12 +120,12 @@ class _Collector:
             self.metrics.set_accuracy(rows[-1][5])
 
 
-def build_inprocess(plan: Plan) -> list[InProcessAgent]:
+def build_inprocess(plan: Plan, observer: Any = None) -> list[InProcessAgent]:
     """One AgentCore per agent in this process, sharing the loaded data set."""
     data = None
     handles = []
     for a in range(plan.n_agents):
-        core = AgentCore(plan, a, data=data)
+        core = AgentCore(plan, a, data=data, metrics=None if observer is None else observer.agent_metrics(a))
         if core.training is not None:
             data = core.training.data
         handles.append(InProcessAgent(core))
@@ -131,12 +133,18 @@ def build_inprocess(plan: Plan) -> list[InProcessAgent]:
 
 
 def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metrics: Any = None,
-            progress: Any = None, launcher: Any = None) -> RunResult:
-    """Run the experiment described by ``rc`` and write its outputs into ``run_dir``."""
+            progress: Any = None, launcher: Any = None, observer: Any = None) -> RunResult:
+    """Run the experiment described by ``rc`` and write its outputs into ``run_dir``.
+
+    ``observer`` (a controller.observe.Observer) adds metrics endpoints, trace.json and the state log.
+    """
     wall0 = time.perf_counter()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = make_plan(rc)
+    if observer is not None:
+        observer.prepare(plan)
+        metrics = observer.metrics if metrics is None else metrics
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(rc.raw)))
     (run_dir / "plan.json").write_text(plan.to_json())
     if metrics is not None:
@@ -144,12 +152,15 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                              workers=rc.workers, agents=rc.agents)
     if handles is None:
         if launcher is None:
-            handles = build_inprocess(plan)
+            handles = build_inprocess(plan, observer)
         else:
             handles = launcher.start_agents(plan, run_dir)
     out = RunDir(run_dir)
-    col = _Collector(out, progress, metrics)
+    col = _Collector(out, progress, metrics, observer)
     should_abort = getattr(launcher, "check", None)
+    stop = None
+    if observer is not None:
+        observer.running()
     try:
         stop = run_windows(handles, plan.placement, plan.lookahead(), col.on_window, should_abort=should_abort)
         col.stop_time = stop
@@ -181,6 +192,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         out.close()
         for h in handles:
             h.close()
+        if observer is not None:
+            observer.close_outputs(stop)
         if hasattr(launcher, "close"):
             launcher.close()
     if params is not None:

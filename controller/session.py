@@ -8,6 +8,7 @@ from tqdm import tqdm
 
 from controller.config import RunConfig
 from controller.launchers.base import AgentFailure
+from controller.observe import Observer
 from controller.plot import plot_loss
 from controller.run import RunResult, execute
 
@@ -19,8 +20,10 @@ def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
 
     bar = tqdm(total=rc.stop_updates, unit="upd", desc="lockstep", file=sys.stderr, disable=not rc.progress,
                dynamic_ncols=True, mininterval=0.5)
+    observer = Observer(rc, run_dir)  # metrics endpoints, trace.json, state log (docs/observability.md)
+    result = None
     try:
-        result = execute(rc, run_dir, progress=bar, launcher=launcher_for(rc))
+        result = execute(rc, run_dir, progress=bar, launcher=launcher_for(rc), observer=observer)
     except AgentFailure as e:
         bar.close()
         tail = f"\n--- last log lines of agent {e.agent} ---\n{e.log_tail}" if e.log_tail else ""
@@ -33,6 +36,8 @@ def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
         sys.exit(130)
     finally:
         bar.close()
+        if result is None:
+            observer.finish(None)
     if result.summary["updates"]:
         plot_loss(run_dir)
     s = result.summary
@@ -40,4 +45,5 @@ def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
     print(f"lockstep: {s['updates']} updates in {s['virtual_time_s']:.3f} virtual s "
           f"({s['wall_time_s']:.1f} wall s, speed ratio {s['speed_ratio']:.2f}); test accuracy {acc}\n"
           f"lockstep: outputs in {run_dir}", file=sys.stderr)
+    observer.finish(s)
     return result

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.statelog import log_model, log_result, log_version
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
 __all__ = ["PSSync", "PSAsync", "ParameterServer", "PSWorker"]
@@ -25,6 +26,7 @@ class ParameterServer(TrainingWorker):
     async def run(self) -> None:
         self.make_model()
         params = self.training.flat(self.model)
+        log_version(self, 0, params)
         for w in self.workers:
             self.send(w, (params, 0), tag="params")
         if self.sync:
@@ -39,6 +41,8 @@ class ParameterServer(TrainingWorker):
             staleness = self.version - version
             await self.apply(grad)
             self.version += 1
+            log_version(self, self.version, lambda: self.training.flat(self.model))
+            log_result(self, m, version, loss, staleness, self.version)
             if self.updated(self.version, loss, staleness, samples, m.nbytes):
                 return
             self.send(m.src, (self.training.flat(self.model), self.version), tag="params")
@@ -53,6 +57,9 @@ class ParameterServer(TrainingWorker):
             self.version += 1
             loss = sum(m.payload[2] for m in msgs) / len(msgs)
             samples = sum(m.payload[3] for m in msgs)
+            log_version(self, self.version, lambda: self.training.flat(self.model))
+            for m in msgs:
+                log_result(self, m, m.payload[1], m.payload[2], self.version - 1 - m.payload[1], self.version)
             if self.updated(self.version, loss, 0, samples, sum(m.nbytes for m in msgs)):
                 return
             params = self.training.flat(self.model)
@@ -69,6 +76,7 @@ class PSWorker(TrainingWorker):
         while True:
             m = await self.recv(src=self.ps, tag="params")
             params, version = m.payload
+            log_model(self, m, version)
             loss, grad, samples = await self.gradient(params)
             self.send(self.ps, (grad, version, loss, samples), tag="grad")
 

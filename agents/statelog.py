@@ -1,0 +1,249 @@
+"""The state log: every model exchange of every vworker, to inspect a run at any virtual time.
+
+This is the log-structure of the FL-timing thesis (§5.2, "State Model"): a
+mapping from each client to its list of states, one per exchange with the
+server. State ``S_i^j`` of worker ``i``, exchange ``j``, holds
+
+* ``begin_ns`` — when the worker received the server's model, with the model
+  version ("server age") and its checksum;
+* ``sent_ns`` — when the worker handed its result to the network
+  (``sent_ns - begin_ns`` is the thesis's training time ``t_c`` when the worker
+  sends right after computing), and its training loss;
+* ``end_ns`` — when the server received the result, with the server's version
+  at that moment;
+* ``applied_ns``/``applied_version``/``staleness`` — when the server applied it,
+  the version that made, its checksum, and the staleness the server counted.
+
+Strategies write three kinds of records through ``Recorder.event`` (so they
+travel with the window's rows over any transport; see :func:`log_model`,
+:func:`log_result`, :func:`log_version`); the controller's
+:class:`StateLogWriter` sorts them into ``statelog.jsonl`` (one JSON object per
+line: ``t``, ``vworker``, ``kind`` and the fields), saving parameter snapshots
+(``statelog.snapshot_every``) to ``snapshots/``; :class:`StateLog` reads them
+back and answers "what did this vworker hold at time T".
+
+The parameters themselves are not logged, only a CRC-32 of their bytes (enough
+to tell two models apart, and cheap: one pass over the tensor per version).
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import zlib
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agents.types import VirtualTime
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agents.worker import Message, Worker
+
+__all__ = ["Exchange", "KINDS", "StateLog", "StateLogWriter", "checksum", "log_model", "log_result",
+           "log_version", "statelog_settings"]
+
+KINDS = ("state.model", "state.result", "state.version")
+LOG_NAME = "statelog.jsonl"
+SNAPSHOT_DIR = "snapshots"
+
+
+def statelog_settings(enabled: bool = True, checksum: bool = True, snapshot_every: int = 0) -> dict[str, Any]:
+    """The plain-data settings an agent receives in ``plan.settings["statelog"]``."""
+    return {"enabled": bool(enabled), "checksum": bool(checksum), "snapshot_every": int(snapshot_every)}
+
+
+def checksum(tensor: Any) -> str:
+    """CRC-32 (8 hex digits) of a tensor's bytes, as they are in memory on the CPU."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    arr = t.contiguous().numpy()
+    return f"{zlib.crc32(memoryview(arr).cast('B')):08x}"
+
+
+def _settings(w: "Worker") -> dict[str, Any] | None:
+    s = w.env.settings.get("statelog")
+    return s if s and s.get("enabled") else None
+
+
+def log_model(w: "Worker", msg: "Message", version: int) -> None:
+    """Worker side: ``w`` received model ``version`` from ``msg.src`` now (the exchange begins)."""
+    if _settings(w) is not None:
+        w.env.recorder.event(w, "state.model", server=msg.src, version=int(version))
+
+
+def log_result(server: "Worker", msg: "Message", version: int, loss: float, staleness: int,
+               applied_version: int) -> None:
+    """Server side: the result of ``msg.src``, computed on ``version``, was applied now and made
+    ``applied_version`` (the exchange ends)."""
+    if _settings(server) is not None:
+        server.env.recorder.event(server, "state.result", worker=msg.src, version=int(version),
+                                  sent_ns=msg.sent_at, delivered_ns=msg.delivered_at, loss=float(loss),
+                                  staleness=int(staleness), applied_version=int(applied_version))
+
+
+def log_version(server: "Worker", version: int, params: Any) -> None:
+    """Server side: the global model is now ``version`` with flat ``params`` (a checksum, maybe a snapshot).
+
+    ``params`` may be a callable returning the tensor, called only when the log is on.
+    """
+    s = _settings(server)
+    if s is None:
+        return
+    if callable(params):
+        params = params()
+    fields: dict[str, Any] = {"version": int(version)}
+    if s.get("checksum", True):
+        fields["crc"] = checksum(params)
+    every = s.get("snapshot_every") or 0
+    if every and version % every == 0:
+        fields["params"] = params.detach().cpu().clone()
+    server.env.recorder.event(server, "state.version", **fields)
+
+
+# ------------------------------------------------------------------ writing
+class StateLogWriter:
+    """Controller side: collects state records and writes ``statelog.jsonl`` (+ ``snapshots/``)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]):
+        self.run_dir = Path(run_dir)
+        self.rows: list[tuple] = []
+        self.snapshots = 0
+
+    def add(self, key: tuple, kind: str, vworker: str, fields: dict[str, Any]) -> None:
+        params = fields.get("params")
+        if params is not None:
+            import torch
+
+            d = self.run_dir / SNAPSHOT_DIR
+            d.mkdir(exist_ok=True)
+            torch.save({"version": fields["version"], "virtual_time_ns": key[0], "vworker": vworker,
+                        "params": params}, d / f"{vworker}-v{fields['version']:08d}.pt")
+            self.snapshots += 1
+            fields = {k: v for k, v in fields.items() if k != "params"}
+        self.rows.append((key, kind, vworker, fields))
+
+    def close(self, stop_time: VirtualTime | None = None) -> Path:
+        """Write the log sorted by (time, vworker id, record counter), leaving out rows past ``stop_time``."""
+        self.rows.sort(key=lambda r: r[0])
+        path = self.run_dir / LOG_NAME
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w") as f:
+            for key, kind, name, fields in self.rows:
+                if stop_time is None or key[0] <= stop_time:
+                    f.write(json.dumps({"t": key[0], "vworker": name, "kind": kind.removeprefix("state."),
+                                        **fields}, separators=(",", ":")) + "\n")
+        os.replace(tmp, path)
+        return path
+
+
+# ------------------------------------------------------------------ reading
+@dataclass
+class Exchange:
+    """One state ``S_i^j`` of the thesis: worker ``i``'s ``j``-th exchange with ``server``."""
+
+    worker: str
+    index: int
+    server: str
+    begin_ns: VirtualTime
+    version: int
+    crc: str | None
+    sent_ns: VirtualTime | None = None
+    end_ns: VirtualTime | None = None
+    server_version_at_end: int | None = None
+    loss: float | None = None
+    staleness: int | None = None
+    applied_ns: VirtualTime | None = None
+    applied_version: int | None = None
+    applied_crc: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class StateLog:
+    """The thesis's mapping vworker -> list of states, read from a run directory."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]], run_dir: Path | None = None):
+        self.run_dir = run_dir
+        self.versions: dict[str, list[tuple[int, int, str | None]]] = {}  # server -> [(t, version, crc)]
+        self.exchanges: dict[str, list[Exchange]] = {}
+        pending: dict[tuple[str, str, int], Exchange] = {}
+        results = []
+        for r in rows:
+            kind = r["kind"]
+            if kind == "version":
+                self.versions.setdefault(r["vworker"], []).append((r["t"], r["version"], r.get("crc")))
+            elif kind == "model":
+                ex_list = self.exchanges.setdefault(r["vworker"], [])
+                ex = Exchange(r["vworker"], len(ex_list), r["server"], r["t"], r["version"], None)
+                ex_list.append(ex)
+                pending[(r["vworker"], r["server"], r["version"])] = ex
+            elif kind == "result":
+                results.append(r)
+        for r in results:
+            ex = pending.pop((r["worker"], r["vworker"], r["version"]), None)
+            if ex is None:
+                continue  # a result whose model event is missing (the log was cut): nothing to join
+            ex.sent_ns, ex.end_ns, ex.loss = r["sent_ns"], r["delivered_ns"], r["loss"]
+            ex.staleness, ex.applied_ns, ex.applied_version = r["staleness"], r["t"], r["applied_version"]
+        self._times = {s: [v[0] for v in vs] for s, vs in self.versions.items()}
+        crc = {(s, v[1]): v[2] for s, vs in self.versions.items() for v in vs}
+        for exs in self.exchanges.values():
+            for ex in exs:
+                ex.crc = crc.get((ex.server, ex.version))
+                if ex.end_ns is not None:
+                    ex.server_version_at_end = self.version_at(ex.server, ex.end_ns)
+                    ex.applied_crc = crc.get((ex.server, ex.applied_version))
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike[str]) -> "StateLog":
+        run_dir = Path(run_dir)
+        path = run_dir / LOG_NAME
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist: the run was made with statelog.enabled=false "
+                                    "or has not finished")
+        with open(path) as f:
+            return cls((json.loads(line) for line in f if line.strip()), run_dir)
+
+    @property
+    def servers(self) -> list[str]:
+        return sorted(self.versions)
+
+    def version_at(self, server: str, t: VirtualTime) -> int | None:
+        """The server's model version at time ``t`` (updates at ``t`` included); None before any."""
+        i = bisect.bisect_right(self._times.get(server, []), t)
+        return None if i == 0 else self.versions[server][i - 1][1]
+
+    def version_record_at(self, server: str, t: VirtualTime) -> tuple[int, int, str | None] | None:
+        i = bisect.bisect_right(self._times.get(server, []), t)
+        return None if i == 0 else self.versions[server][i - 1]
+
+    def exchange_at(self, worker: str, t: VirtualTime) -> Exchange | None:
+        """The worker's exchange in progress at ``t``: the last one that began at or before ``t``."""
+        exs = self.exchanges.get(worker, [])
+        i = bisect.bisect_right([e.begin_ns for e in exs], t)
+        return None if i == 0 else exs[i - 1]
+
+    def last_applied(self, worker: str, t: VirtualTime) -> Exchange | None:
+        """The worker's latest exchange the server had applied by ``t``."""
+        best = None
+        for ex in self.exchanges.get(worker, []):
+            if ex.applied_ns is not None and ex.applied_ns <= t:
+                best = ex
+        return best
+
+    def snapshot_at(self, server: str, t: VirtualTime) -> Path | None:
+        """The newest parameter snapshot of ``server`` taken at or before ``t``."""
+        if self.run_dir is None:
+            return None
+        best = None
+        for vt, version, _ in self.versions.get(server, []):
+            if vt > t:
+                break
+            p = self.run_dir / SNAPSHOT_DIR / f"{server}-v{version:08d}.pt"
+            if p.exists():
+                best = p
+        return best

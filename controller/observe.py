@@ -1,0 +1,192 @@
+"""What a run shows besides its CSVs (DESIGN §8–§9): metrics endpoints, trace.json, the state log, logs.
+
+:class:`Observer` is made by the session before the run and handed to
+:func:`controller.run.execute`:
+
+* ``prepare(plan)`` puts the trace and state-log settings into ``plan.settings``
+  (so every agent, in-process or remote, traces alike), starts the controller's
+  ``/metrics`` endpoint when ``metrics.port`` is not null and writes
+  ``endpoints.json`` and ``prometheus-targets.json``;
+* ``agent_metrics(agent_id)`` gives an in-process agent its own registry and
+  endpoint; a remote agent serves its own (``agents.metrics.serve_agent``) and
+  the launcher reports the address with ``add_agent_endpoint``;
+* ``on_events(rows)`` receives each window's ``Reached.events``;
+* ``close_outputs(stop_time)`` writes ``trace.json`` and ``statelog.jsonl``;
+* ``finish(summary)`` sets the final values, writes ``metrics.prom``, keeps
+  serving ``metrics.linger_s`` wall seconds so Prometheus scrapes the end of
+  the run, then stops the endpoints.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from agents.logs import configure_logging
+from agents.metrics import Metrics, serve, write_exposition, write_scrape_targets
+from agents.plan import Plan
+from agents.statelog import StateLogWriter, statelog_settings
+from agents.trace import TRACE_KIND, TraceWriter, trace_settings
+from controller.config import RunConfig
+from controller.outputs import write_json_atomic
+
+__all__ = ["Observer", "agent_log_path", "configure_logging"]
+
+log = logging.getLogger(__name__)
+
+
+def agent_log_path(run_dir: Path, agent_id: int) -> Path:
+    """Where a launcher that can (``local``) sends agent ``agent_id``'s stdout and stderr."""
+    d = Path(run_dir) / "logs"
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"agent-{agent_id}.log"
+
+
+def _scrape_host(host: str) -> str:
+    return socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+
+
+class Observer:
+    def __init__(self, rc: RunConfig, run_dir: Path):
+        self.rc, self.run_dir = rc, Path(run_dir)
+        m = rc.metrics or {}
+        self.port: int | None = m.get("port")
+        self.host: str = m.get("host", "127.0.0.1")
+        self.per_worker: bool = bool(m.get("per_worker", False))
+        self.linger_s: float = float(m.get("linger_s", 0.0) or 0.0)
+        self.registry = CollectorRegistry()
+        self.metrics = Metrics(self.registry, role="controller", per_worker=self.per_worker)
+        self.agents: dict[int, tuple[CollectorRegistry, Metrics]] = {}
+        self.endpoints: dict[str, Any] = {"controller": None, "agents": {}}
+        self._servers: list[Any] = []
+        self.trace: TraceWriter | None = None
+        self.statelog: StateLogWriter | None = None
+        self.plan: Plan | None = None
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------ start
+    def prepare(self, plan: Plan) -> None:
+        """Settings for the agents, output writers, the controller endpoint."""
+        self.plan = plan
+        t, s = self.rc.trace or {}, self.rc.statelog or {}
+        mode = t.get("mode", "full")
+        ts = trace_settings(mode, t.get("sample_every", 8), t.get("window"), t.get("max_events"),
+                            [v.holds_data for v in plan.vworkers])
+        plan.settings["trace"] = ts
+        plan.settings["statelog"] = statelog_settings(s.get("enabled", True), s.get("checksum", True),
+                                                      s.get("snapshot_every", 0))
+        if mode != "off":
+            self.trace = TraceWriter(self.run_dir / "trace.json", plan.names, plan.placement, keep=ts["keep"],
+                                     window_ns=ts["window_ns"], max_events=ts["max_events"],
+                                     meta={"run_id": plan.run_id, "strategy": plan.strategy,
+                                           "trace_mode": mode})
+        if s.get("enabled", True):
+            self.statelog = StateLogWriter(self.run_dir)
+        self.metrics.set_agents({"registered": plan.n_agents})
+        if self.port is not None:
+            server, port = serve(self.registry, self.host, self.port)
+            self._servers.append(server)
+            self.endpoints["controller"] = f"{_scrape_host(self.host)}:{port}"
+            print(f"lockstep: metrics on http://{self.endpoints['controller']}/metrics", file=sys.stderr)
+            self._write_endpoints()
+
+    def agent_metrics(self, agent_id: int) -> Metrics:
+        """An in-process agent's Metrics, on its own registry (and endpoint when serving)."""
+        reg = CollectorRegistry()
+        m = Metrics(reg, role="agent", per_worker=self.per_worker)
+        self.agents[agent_id] = (reg, m)
+        if self.port is not None:
+            server, port = serve(reg, self.host, 0)
+            self._servers.append(server)
+            self.add_agent_endpoint(agent_id, f"{_scrape_host(self.host)}:{port}")
+        return m
+
+    def add_agent_endpoint(self, agent_id: int, address: str) -> None:
+        """A (remote) agent serves its metrics on ``address`` (host:port): list it for Prometheus."""
+        self.endpoints["agents"][str(agent_id)] = address
+        if self.endpoints["controller"] is not None:
+            self._write_endpoints()
+
+    def _write_endpoints(self) -> None:
+        write_json_atomic(self.run_dir / "endpoints.json", self.endpoints)
+        targets = {"controller": [self.endpoints["controller"]]}
+        agents = [self.endpoints["agents"][k] for k in sorted(self.endpoints["agents"], key=int)]
+        if agents:
+            targets["agent"] = agents
+        run_id = self.plan.run_id if self.plan is not None else ""
+        write_scrape_targets(self.run_dir / "prometheus-targets.json", targets, run_id=run_id)
+
+    def running(self) -> None:
+        if self.plan is not None:
+            self.metrics.set_agents({"running": self.plan.n_agents})
+
+    # ------------------------------------------------------------ during
+    def on_events(self, rows: list[tuple]) -> None:
+        """One agent's ``Reached.events`` of a window: trace records and state-log rows."""
+        tw, sl = self.trace, self.statelog
+        for key, kind, name, fields in rows:
+            if kind == TRACE_KIND:
+                if tw is not None:
+                    tw.add(fields)
+            elif kind.startswith("state."):
+                if sl is not None:
+                    sl.add(key, kind, name, fields)
+
+    # ------------------------------------------------------------ end
+    def close_outputs(self, stop_time: int | None) -> None:
+        """Write trace.json and statelog.jsonl (also after a failed run: they help find out why)."""
+        if self.trace is not None:
+            self.trace.close(stop_time)
+            if self.trace.truncated:
+                log.warning("trace.json stops at trace.max_events=%s events; use trace.mode=sample or window, "
+                            "or raise trace.max_events", self.trace.max_events)
+        if self.statelog is not None:
+            self.statelog.close(stop_time)
+
+    def finish(self, summary: dict[str, Any] | None) -> None:
+        """Final values and ``metrics.prom``; linger (after a successful run); stop serving."""
+        try:
+            if summary is not None:
+                self.metrics.set_virtual_time(summary["virtual_time_ns"])
+                self.metrics.set_speed_ratio(summary["speed_ratio"])
+            if self.plan is not None:
+                self.metrics.set_agents({"done" if summary is not None else "failed": self.plan.n_agents})
+            write_exposition(self.registry, self.run_dir / "metrics.prom")
+            for agent_id, (reg, _) in sorted(self.agents.items()):
+                write_exposition(reg, self.run_dir / f"metrics-agent-{agent_id}.prom")
+            if summary is not None and self._servers and self.linger_s > 0:
+                self._linger()
+        finally:
+            for server in self._servers:
+                server.shutdown()
+                server.server_close()
+            self._servers.clear()
+
+    def _linger(self) -> None:
+        print(f"lockstep: run done; serving metrics {self.linger_s:g} s more (metrics.linger_s; "
+              "SIGTERM or Ctrl-C ends it)", file=sys.stderr)
+        old = None
+        if threading.current_thread() is threading.main_thread():
+            old = signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        try:
+            self._stop.wait(self.linger_s)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGTERM, old)
+
+    def stop_lingering(self) -> None:
+        self._stop.set()
+
+
+def endpoints(run_dir: Path) -> dict[str, Any]:
+    """The run's ``endpoints.json`` (controller and agent ``host:port``)."""
+    return json.loads((Path(run_dir) / "endpoints.json").read_text())

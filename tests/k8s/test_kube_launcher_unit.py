@@ -1,0 +1,133 @@
+"""The Kubernetes launcher's pure parts (config, names, pod manifests, failure reasons): no cluster needed."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from controller.launchers.base import LaunchSpec
+from controller.launchers.kubernetes import (
+    INSTALL_HINT,
+    KubernetesLauncher,
+    KubernetesLauncherConfig,
+    LauncherConfigError,
+    build_agent_pod,
+    dns_name,
+    label_value,
+    load_pod_template,
+    pod_failure,
+)
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "launcher" / "kubernetes.yaml"
+SPEC = LaunchSpec(run_id="2025-01-01_12-00-00_ab12", n_agents=2, controller_address="ctrl:50051",
+                  token="t", run_dir=Path("/tmp/run"))
+
+
+def pod(name: str = "p", **kw) -> dict:
+    return build_agent_pod(SPEC, 0, name=name, namespace="ns", image=kw.pop("image", "img:1"),
+                           image_pull_policy=None, instance="exp1", token_secret=("s", "token"), **kw)
+
+
+def test_the_shipped_config_file_is_accepted_as_a_dictconfig():
+    cfg = KubernetesLauncherConfig.from_node(OmegaConf.load(CONF))
+    assert cfg == KubernetesLauncherConfig(image="lockstep:0.1.0", token_secret_name=None, token_secret_key="token")
+
+
+def test_a_plain_dict_config_is_accepted_too():
+    cfg = KubernetesLauncherConfig.from_node({"name": "kubernetes", "namespace": "lab",
+                                              "token_secret": {"name": "exp1-lockstep", "key": "k"}})
+    assert (cfg.namespace, cfg.token_secret_name, cfg.token_secret_key) == ("lab", "exp1-lockstep", "k")
+
+
+def test_an_unknown_config_key_is_named_with_the_accepted_ones():
+    with pytest.raises(LauncherConfigError, match=r"unknown launcher.namespce for launcher=kubernetes; "
+                                                  r"accepted keys: .*namespace.*token_secret"):
+        KubernetesLauncherConfig.from_node({"namespce": "lab"})
+
+
+def test_a_wrong_pull_policy_is_refused_with_the_accepted_values():
+    with pytest.raises(LauncherConfigError, match="accepted: Always, IfNotPresent, Never"):
+        KubernetesLauncherConfig.from_node({"image_pull_policy": "Sometimes"})
+
+
+def test_without_the_kubernetes_package_the_error_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # makes `import kubernetes` fail
+    with pytest.raises(ImportError, match=r"pip install 'lockstep\[kubernetes\]'") as e:
+        KubernetesLauncher({})
+    assert str(e.value) == INSTALL_HINT
+
+
+def test_a_loopback_controller_address_is_refused_before_anything_is_created():
+    launcher = KubernetesLauncher({"kubeconfig": "/nonexistent"})
+    with pytest.raises(LauncherConfigError, match="agents would dial 127.0.0.1:50051, which a pod cannot reach"):
+        launcher.start(LaunchSpec(run_id="r", n_agents=1, controller_address="127.0.0.1:50051", token="t",
+                                  run_dir=Path("/tmp")))
+    launcher.stop()  # nothing started: a no-op
+
+
+def test_names_are_valid_dns_labels_and_long_run_ids_stay_distinct():
+    assert dns_name("lockstep", "2025-01-01_12:00:00.Ab") == "lockstep-2025-01-01-12-00-00-ab"
+    a, b = dns_name("lockstep", "x" * 80 + "1"), dns_name("lockstep", "x" * 80 + "2")
+    assert a != b and len(a) <= 48 and len(a + "-agent-9999") <= 63
+    assert label_value("run/with spaces") == "run-with-spaces"
+    assert len(label_value("y" * 100)) <= 63
+
+
+def test_the_launcher_owns_command_labels_and_restart_policy_over_the_template():
+    template = {"metadata": {"name": "ignored", "labels": {"app.kubernetes.io/component": "x", "team": "ml"}},
+                "spec": {"restartPolicy": "Always",
+                         "containers": [{"name": "agent", "image": "template:1", "args": ["--oops"],
+                                         "env": [{"name": "LOCKSTEP_RUN_ID", "value": "forged"}]},
+                                        {"name": "sidecar", "image": "side:1"}]}}
+    p = pod(template=template, image=None)
+    assert p["metadata"]["name"] == "p"
+    assert p["metadata"]["labels"]["app.kubernetes.io/component"] == "agent"
+    assert p["metadata"]["labels"]["team"] == "ml"
+    assert p["metadata"]["labels"]["lockstep.io/run-id"] == SPEC.run_id
+    assert p["spec"]["restartPolicy"] == "Never"
+    agent, sidecar = p["spec"]["containers"]
+    assert agent["image"] == "template:1"  # no launcher.image: the template's
+    assert agent["command"] == SPEC.agent_argv(0) and "args" not in agent
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["LOCKSTEP_RUN_ID"] == SPEC.run_id
+    assert sidecar == {"name": "sidecar", "image": "side:1"}
+
+
+def test_no_image_anywhere_is_a_clear_config_error():
+    with pytest.raises(LauncherConfigError, match="no agent image: set launcher.image"):
+        pod(image=None)
+
+
+def test_a_bare_pod_spec_is_accepted_as_a_template(tmp_path):
+    f = tmp_path / "spec.yaml"
+    f.write_text("nodeSelector: {gpu: a100}\n")
+    assert load_pod_template(f) == {"spec": {"nodeSelector": {"gpu": "a100"}}}
+    f.write_text("kind: Deployment\nspec: {}\n")
+    with pytest.raises(LauncherConfigError, match="kind is 'Deployment'; only a Pod"):
+        load_pod_template(f)
+    with pytest.raises(LauncherConfigError, match="cannot read it"):
+        load_pod_template(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("status", [
+    {},
+    {"phase": "Pending"},
+    {"phase": "Running", "containerStatuses": [{"name": "agent", "state": {"running": {}}}]},
+    {"phase": "Pending", "containerStatuses": [{"name": "agent", "state": {"waiting": {"reason": "ContainerCreating"}}}]},
+    {"phase": "Succeeded", "containerStatuses": [{"name": "agent", "state": {"terminated": {"exitCode": 0}}}]},
+    {"phase": "Running", "initContainerStatuses": [{"name": "init", "state": {"terminated": {"exitCode": 0}}}]},
+    {"conditions": [{"type": "PodScheduled", "status": "True"}]},
+])
+def test_a_healthy_or_starting_pod_is_no_failure(status):
+    assert pod_failure({"status": status}) is None
+
+
+def test_a_failed_init_container_and_an_earlier_oom_are_failures():
+    assert pod_failure({"status": {"initContainerStatuses": [
+        {"name": "fetch", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "no data"}}}]}}
+    ) == "Error (container fetch, exit code 1): no data"
+    assert pod_failure({"status": {"containerStatuses": [
+        {"name": "agent", "state": {"running": {}}, "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
+    ) == "OOMKilled (container agent, exit code 137)"
