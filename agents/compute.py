@@ -141,6 +141,8 @@ class ComputeSpec:
     speed: tuple[float, ...] = ()  # per vworker id; empty = all 1.0
     jitter: float = 0.0  # σ of a keyed log-normal multiplier per call (0 = none)
     stragglers: dict[int, float] = field(default_factory=dict)  # vworker id -> extra factor
+    straggle_p: float = 0.0  # probability that a call straggles (keyed per vworker and call)
+    straggle_factor: float = 1.0  # slowdown of a straggling call
     device: str = "cpu"
     seed: int = 0
 
@@ -170,6 +172,9 @@ class ComputeModel:
         base = self._base_seconds(w, kind, fn, args, wall_s, cost)
         factor = self.spec.speed[w.id] if self.spec.speed else 1.0
         factor *= self.spec.stragglers.get(w.id, 1.0)
+        if self.spec.straggle_p > 0 and keyed.uniform(self.spec.seed, "straggle", w.id, w.compute_seq) \
+                < self.spec.straggle_p:
+            factor *= self.spec.straggle_factor
         if self.spec.jitter > 0:
             g = keyed.generator(self.spec.seed, "jitter", w.id, w.compute_seq)
             factor *= float(g.lognormal(0.0, self.spec.jitter))

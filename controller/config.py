@@ -344,10 +344,42 @@ def _network(c: _Checker, workers: int | None) -> dict[str, Any]:
     if ingress not in DISCIPLINES:
         c.bad("network.ingress", ingress, " | ".join(DISCIPLINES) + " or null")
     eff = c.number("network.efficiency", 0, lo_open=True, hi=1)
-    bw = c.rate("network.bandwidth")
-    bw_in = bw if c.get("network.bandwidth_in") is None else c.rate("network.bandwidth_in")
+    bw = _bandwidth(c, "network.bandwidth", workers)
+    bw_in = bw if c.get("network.bandwidth_in") is None else _bandwidth(c, "network.bandwidth_in", workers)
     return {"latency": _latency(c), "bandwidth": bw, "bandwidth_in": bw_in, "efficiency": eff,
             "egress": egress, "ingress": ingress}
+
+
+BANDWIDTH_DISTRIBUTIONS = {"weibull": ("scale", "shape", "loc"), "normal": ("mean", "std"),
+                           "lognormal": ("mu", "sigma")}
+
+
+def _bandwidth(c: _Checker, key: str, workers: int | None) -> Any:
+    """A rate (bytes/s), a list of rates (one per worker; servers get the largest) or a keyed distribution.
+
+    A distribution is ``{distribution: weibull, scale, shape, loc, unit: Mbit/s}``
+    (the FL-timing thesis' throughput fit); each vworker gets the draw
+    ``(seed, "bandwidth", vworker id)``, redrawn while not positive.
+    """
+    v = c.get(key)
+    if isinstance(v, list):
+        rates = [c.rate(f"{key}[{i}]", x) for i, x in enumerate(v)]
+        if workers and len(v) != workers:
+            c.bad(key, v, f"a list of {workers} rates (one per worker)")
+            return None
+        return None if None in rates else rates
+    if isinstance(v, dict):
+        kind = v.get("distribution")
+        if kind not in BANDWIDTH_DISTRIBUTIONS:
+            c.bad(f"{key}.distribution", kind, " | ".join(BANDWIDTH_DISTRIBUTIONS))
+            return None
+        params = [v.get(p, 0.0 if p == "loc" else None) for p in BANDWIDTH_DISTRIBUTIONS[kind]]
+        if not all(_is_num(p) for p in params):
+            c.bad(key, v, f"{{distribution: {kind}, " + ", ".join(BANDWIDTH_DISTRIBUTIONS[kind]) + ", unit: Mbit/s}")
+            return None
+        unit = c.rate(f"{key}.unit", "1" + str(v.get("unit", "Mbit/s")))
+        return {"distribution": kind, "params": [float(p) for p in params], "unit_bps": unit}
+    return c.rate(key)
 
 
 def _latency(c: _Checker) -> dict[str, Any]:
@@ -409,15 +441,83 @@ def _compute(c: _Checker, workers: int | None) -> dict[str, Any]:
     runs = c.integer("compute.runs", 1)
     out["profile_runs"] = runs
     out["profile_db"] = c.get("compute.db") or ""
-    speed = c.get("compute.speed")
-    if speed is not None:
-        if not (isinstance(speed, list) and workers and len(speed) == workers and all(
-                isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0 for s in speed)):
-            c.bad("compute.speed", speed, f"null or a list of {workers} numbers > 0 (one slowdown factor per worker)")
-            speed = None
-    out["speed_workers"] = speed
+    out["speed_workers"] = _speed(c, workers)
+    out["stragglers"] = _stragglers(c, workers)
+    straggle = c.get("compute.straggle") or {}
+    out["straggle_p"] = c.number("compute.straggle.probability", 0, hi=1) or 0.0 if straggle else 0.0
+    out["straggle_factor"] = c.number("compute.straggle.factor", 0, lo_open=True) or 1.0 if straggle else 1.0
+    out["jitter"] = c.number("compute.jitter", 0) or 0.0
     out["jitter"] = c.number("compute.jitter", 0) or 0.0
     return out
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _speed(c: _Checker, workers: int | None) -> list[float] | None:
+    """Per-worker slowdown factors from a list, classes or a keyed distribution (DESIGN §4.2)."""
+    from agents import keyed
+
+    speed = c.get("compute.speed")
+    if speed is None or not workers:
+        return None
+    if isinstance(speed, list):
+        if len(speed) == workers and all(_is_num(s) and s > 0 for s in speed):
+            return [float(s) for s in speed]
+        c.bad("compute.speed", speed, f"null, a list of {workers} numbers > 0 (one slowdown factor per worker), "
+              "{classes: [{fraction: 0.5, factor: 2.0}, ...]} or {distribution: lognormal|normal|uniform, ...}")
+        return None
+    if isinstance(speed, dict) and "classes" in speed:
+        classes = speed["classes"]
+        if not (isinstance(classes, list) and all(isinstance(k, dict) and _is_num(k.get("fraction")) and
+                                                  _is_num(k.get("factor")) and k["factor"] > 0 and
+                                                  0 <= k["fraction"] <= 1 for k in classes)
+                and sum(k["fraction"] for k in classes) <= 1 + 1e-9):
+            c.bad("compute.speed.classes", classes, "a list of {fraction: 0..1, factor: > 0} whose fractions sum "
+                  "to at most 1 (the remaining workers run at factor 1.0)")
+            return None
+        # classes take consecutive workers in order: "half 2x slower" = the first half has factor 2
+        out, start = [1.0] * workers, 0
+        for k in classes:
+            n = int(round(k["fraction"] * workers))
+            for i in range(start, min(workers, start + n)):
+                out[i] = float(k["factor"])
+            start += n
+        return out
+    if isinstance(speed, dict) and "distribution" in speed:
+        kind = speed["distribution"]
+        names = {"lognormal": ("mu", "sigma"), "normal": ("mean", "std"), "uniform": ("low", "high")}
+        if kind not in names or not all(_is_num(speed.get(p)) for p in names[kind]):
+            c.bad("compute.speed", speed, "{distribution: lognormal, mu, sigma} | {distribution: normal, mean, std} "
+                  "| {distribution: uniform, low, high}")
+            return None
+        a, b = (float(speed[p]) for p in names[kind])
+        seed = c.get("seed", 0) or 0
+        out = []
+        for i in range(workers):  # keyed by (seed, "speed", worker): the same whatever the placement
+            for attempt in range(1000):
+                g = keyed.generator(seed, "speed", i, attempt)
+                v = float(g.lognormal(a, b) if kind == "lognormal" else g.normal(a, b) if kind == "normal"
+                          else g.uniform(a, b))
+                if v > 0:
+                    break
+            else:
+                c.bad("compute.speed", speed, "a distribution with positive samples")
+                return None
+            out.append(v)
+        return out
+    c.bad("compute.speed", speed, f"null, a list of {workers} numbers > 0, {{classes: [...]}} or {{distribution: ...}}")
+    return None
+
+
+def _stragglers(c: _Checker, workers: int | None) -> dict[str, float]:
+    """``compute.stragglers: {w3: 4.0}``: fixed extra slowdown factors by vworker name."""
+    st = c.get("compute.stragglers") or {}
+    if not isinstance(st, dict) or not all(isinstance(k, str) and _is_num(v) and v > 0 for k, v in st.items()):
+        c.bad("compute.stragglers", st, "a mapping from vworker name to a slowdown factor > 0, e.g. {w3: 4.0}")
+        return {}
+    return {k: float(v) for k, v in st.items()}
 
 
 def _check_model(c: _Checker, model: dict[str, Any], seed: int) -> None:

@@ -16,6 +16,13 @@ STRATEGIES: dict[str, str] = {
     "sgd": "agents.strategies.sgd.SGD",
     "ps_sync": "agents.strategies.ps.PSSync",
     "ps_async": "agents.strategies.ps.PSAsync",
+    "ssp": "agents.strategies.ssp.SSP",
+    "ring_allreduce": "agents.strategies.ring_allreduce.RingAllReduce",
+    "hierarchical_allreduce": "agents.strategies.hierarchical_allreduce.HierarchicalAllReduce",
+    "gossip": "agents.strategies.gossip.Gossip",
+    "local_sgd": "agents.strategies.local_sgd.LocalSGD",
+    "fedavg": "agents.strategies.fedavg.FedAvg",
+    "fedasync": "agents.strategies.fedasync.FedAsync",
 }
 
 

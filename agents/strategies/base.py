@@ -32,6 +32,11 @@ class Strategy:
     def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
         raise NotImplementedError  # pragma: no cover - abstract
 
+    @classmethod
+    def result_for(cls, workers: int, settings: dict[str, Any]) -> str:
+        """The result vworker for these settings (``result`` unless a strategy says otherwise)."""
+        return cls.result
+
 
 class TrainingWorker(Worker):
     """A Worker with helpers for the common cases: batches, gradients, updates, evaluation."""
@@ -67,6 +72,24 @@ class TrainingWorker(Worker):
 
     def make_model(self) -> None:
         self.model, self.opt = self.training.new_model()
+
+    def flat(self):
+        """This vworker's parameters as one flat tensor (a new tensor, safe to send)."""
+        return self.training.flat(self.model)
+
+    def load(self, params) -> None:
+        """Copy flat ``params`` into this vworker's model (creating it on first use)."""
+        from agents.workloads.models import set_flat_params
+
+        if self.model is None:
+            self.make_model()
+        set_flat_params(self.model, params)
+
+    def setting(self, key: str, default: Any = None) -> Any:
+        """A strategy setting from the config (``strategy.<key>``), or ``default`` when unset/null."""
+        v = self.settings.get(key)
+        return default if v is None else v
+
 
     def updated(self, version: int, loss: float, staleness: int, samples: int, nbytes: int) -> bool:
         """Record a global update; run the evaluation observer; True when the stop condition fired."""

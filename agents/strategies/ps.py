@@ -1,4 +1,4 @@
-"""Parameter-server SGD, synchronous and asynchronous, with one PS vworker (``ps0``).
+"""Parameter-server SGD: synchronous, asynchronous and stale-synchronous, over one or several PS shards.
 
 The PS sends the parameters down, workers send gradients up, the PS applies
 them with a torch optimizer. Synchronous: the PS waits for all K gradients,
@@ -6,26 +6,126 @@ averages them (in worker order) and broadcasts; with K workers of batch b this
 equals plain SGD with batch K·b (DESIGN §5, golden equivalences). Asynchronous:
 every gradient is applied when it arrives and only its sender gets the new
 parameters; staleness = updates applied since the parameters it used.
+Stale-synchronous (``staleness_bound`` s, Ho et al. 2013): asynchronous, but a
+worker that has pushed c gradients may start its next step only while
+``c − min(clocks) ≤ s``; s = 0 is bulk-synchronous.
+
+With ``shards: S > 1`` the parameters are split *by tensor* over ``ps0 … ps{S-1}``
+(largest tensor first onto the least-loaded shard); each worker sends each
+shard its slice of the gradient and assembles the parameters from all shards.
+Every shard holds only its own tensors, so the result model is the one ``w0``
+assembled: synchronous, ``w0`` records update v when it holds all of version v
+(one downlink after the shards applied it); asynchronous, ``ps0`` counts the
+updates and the result is the model ``w0`` assembled last.
 """
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from agents.statelog import log_model, log_result, log_version
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
-__all__ = ["PSSync", "PSAsync", "ParameterServer", "PSWorker"]
+__all__ = ["PSSync", "PSAsync", "ParameterServer", "PSWorker", "TensorShards"]
+
+
+class TensorShards:
+    """Which parameter tensors each of S shards owns, and how flat vectors split into and join from slices."""
+
+    def __init__(self, sizes: list[int], shards: int):
+        self.sizes, self.n = list(sizes), int(shards)
+        load = [0] * self.n
+        self.owned: list[list[int]] = [[] for _ in range(self.n)]
+        for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+            s = min(range(self.n), key=lambda s: (load[s], s))
+            self.owned[s].append(i)
+            load[s] += sizes[i]
+        offsets = [0]
+        for n in sizes:
+            offsets.append(offsets[-1] + n)
+        self.index = [torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in sorted(own)])
+                      if own else torch.zeros(0, dtype=torch.long) for own in self.owned]
+        self.total = offsets[-1]
+
+    def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        if self.n == 1:
+            return [flat]
+        return [flat[idx] for idx in self.index]
+
+    def join(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        if self.n == 1:
+            return parts[0]
+        out = torch.empty(self.total, dtype=parts[0].dtype)
+        for idx, p in zip(self.index, parts):
+            out[idx] = p
+        return out
+
+
+def shards_of(training: Any, n: int) -> TensorShards:
+    return TensorShards([p.numel() for p in training.scratch.parameters()], n)
+
+
+def _apply_owned(model: torch.nn.Module, opt: torch.optim.Optimizer, owned: list[int], grad: torch.Tensor) -> None:
+    """One optimizer step on the tensors ``owned`` (in index order), whose gradients are concatenated in ``grad``."""
+    params = list(model.parameters())
+    mine = set(owned)
+    offset = 0
+    for i, p in enumerate(params):
+        if i in mine:
+            p.grad = grad[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        else:
+            p.grad = None  # torch.optim skips parameters without a gradient
+    opt.step()
 
 
 class ParameterServer(TrainingWorker):
-    def __init__(self, name: str, vid: int, env: Any, workers: list[str], sync: bool):
+    """One PS shard. ``shard``/``shards`` select its tensors; ``bound`` (SSP) limits clock gaps."""
+
+    def __init__(self, name: str, vid: int, env: Any, workers: list[str], sync: bool,
+                 shard: int = 0, shards: int = 1, bound: int | None = None):
         super().__init__(name, vid, env)
         self.workers, self.sync = list(workers), sync
+        self.shard, self.n_shards, self.bound = shard, shards, bound
         self.version = 0
+        self.clocks = {w: 0 for w in self.workers}
+        self.max_gap = 0  # SSP: the largest clock gap at which a worker was let start a step
+        self.held: list[str] = []
+
+    @property
+    def counts(self) -> bool:
+        """Whether this shard records the global updates (a sharded sync PS leaves that to w0)."""
+        return self.shard == 0 and not (self.sync and self.n_shards > 1)
+
+    def params(self) -> torch.Tensor:
+        if self.n_shards == 1:
+            return self.training.flat(self.model)
+        return torch.cat([p.detach().reshape(-1) for i, p in enumerate(self.model.parameters())
+                          if i in self._owned_set])
+
+    async def apply(self, grad) -> None:
+        if self.n_shards == 1:
+            await super().apply(grad)
+        else:
+            await self.compute(_apply_owned, self.model, self.opt, self._owned, grad, kind="update",
+                               cost=2.0 * grad.numel())
+
+    def record(self, loss: float, staleness: int, samples: int, nbytes: int) -> bool:
+        if not self.counts:
+            return False
+        return self.updated(self.version, loss, staleness, samples, nbytes)
+
+    def evaluate(self, version: int) -> None:
+        if self.n_shards == 1:  # a shard holds only its tensors: w0 evaluates the assembled model instead
+            super().evaluate(version)
 
     async def run(self) -> None:
         self.make_model()
-        params = self.training.flat(self.model)
+        if self.n_shards > 1:
+            self._owned = sorted(shards_of(self.training, self.n_shards).owned[self.shard])
+            self._owned_set = set(self._owned)
+        params = self.params()
         log_version(self, 0, params)
         for w in self.workers:
             self.send(w, (params, 0), tag="params")
@@ -41,11 +141,29 @@ class ParameterServer(TrainingWorker):
             staleness = self.version - version
             await self.apply(grad)
             self.version += 1
-            log_version(self, self.version, lambda: self.training.flat(self.model))
+            self.clocks[m.src] += 1
+            log_version(self, self.version, self.params)
             log_result(self, m, version, loss, staleness, self.version)
-            if self.updated(self.version, loss, staleness, samples, m.nbytes):
+            if self.record(loss, staleness, samples, m.nbytes):
                 return
-            self.send(m.src, (self.training.flat(self.model), self.version), tag="params")
+            if self.bound is None:
+                self.send(m.src, (self.params(), self.version), tag="params")
+                continue
+            self.held.append(m.src)
+            await self._release()
+
+    async def _release(self) -> None:
+        """SSP: start every held worker whose clock is within ``bound`` of the slowest one."""
+        slowest = min(self.clocks.values())
+        order = {w: i for i, w in enumerate(self.workers)}
+        ready = sorted((w for w in self.held if self.clocks[w] - slowest <= self.bound), key=order.get)
+        if not ready:
+            return
+        params = self.params()
+        for w in ready:
+            self.held.remove(w)
+            self.max_gap = max(self.max_gap, self.clocks[w] - slowest)
+            self.send(w, (params, self.version), tag="params")
 
     async def _run_sync(self) -> None:
         order = {w: i for i, w in enumerate(self.workers)}
@@ -57,39 +175,87 @@ class ParameterServer(TrainingWorker):
             self.version += 1
             loss = sum(m.payload[2] for m in msgs) / len(msgs)
             samples = sum(m.payload[3] for m in msgs)
-            log_version(self, self.version, lambda: self.training.flat(self.model))
+            log_version(self, self.version, self.params)
             for m in msgs:
                 log_result(self, m, m.payload[1], m.payload[2], self.version - 1 - m.payload[1], self.version)
-            if self.updated(self.version, loss, 0, samples, sum(m.nbytes for m in msgs)):
+            nbytes = sum(m.nbytes for m in msgs)
+            if self.record(loss, 0, samples, nbytes):
                 return
-            params = self.training.flat(self.model)
+            params = self.params()
             for w in self.workers:
-                self.send(w, (params, self.version), tag="params")
+                self.send(w, (params, self.version, loss, samples, nbytes), tag="params")
 
 
 class PSWorker(TrainingWorker):
-    def __init__(self, name: str, vid: int, env: Any, ps: str):
+    """Pulls the parameters from every shard, computes a gradient, pushes each shard its slice."""
+
+    def __init__(self, name: str, vid: int, env: Any, ps: str | list[str], counts: bool = False):
         super().__init__(name, vid, env)
-        self.ps = ps
+        self.shards = [ps] if isinstance(ps, str) else list(ps)
+        self.counts = counts  # a sharded sync PS: this worker records version v once it holds all of it
 
     async def run(self) -> None:
+        split = shards_of(self.training, len(self.shards)) if len(self.shards) > 1 else None
+        keeps_model = split is not None and self.name == "w0"  # the result vworker of a sharded PS
+        every = self.setting("eval_every", 0)
         while True:
-            m = await self.recv(src=self.ps, tag="params")
-            params, version = m.payload
-            log_model(self, m, version)
+            msgs = [await self.recv(src=s, tag="params") for s in self.shards]
+            versions = [m.payload[1] for m in msgs]
+            for m in msgs:
+                log_model(self, m, m.payload[1])
+            params = msgs[0].payload[0] if split is None else split.join([m.payload[0] for m in msgs])
+            if keeps_model:
+                self.load(params)
+                v = versions[0]
+                if self.counts and v:
+                    loss, samples = msgs[0].payload[2], msgs[0].payload[3]
+                    if self.updated(v, loss, 0, samples, sum(m.payload[4] for m in msgs)):
+                        return
+                elif every and v and v % every == 0:
+                    self.evaluate(v)
             loss, grad, samples = await self.gradient(params)
-            self.send(self.ps, (grad, version, loss, samples), tag="grad")
+            parts = [grad] if split is None else split.split(grad)
+            for s, part, v in zip(self.shards, parts, versions):
+                self.send(s, (part, v, loss, samples), tag="grad")
 
 
 class _PS(Strategy):
     sync = False
+    bound_key: str | None = None
     result = "ps0"
 
     @classmethod
+    def _shards(cls, settings: dict[str, Any]) -> int:
+        n = settings.get("shards") or 1
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"strategy.shards={n!r} is not valid; accepted: an integer >= 1")
+        return n
+
+    @classmethod
+    def result_for(cls, workers: int, settings: dict[str, Any]) -> str:
+        return "ps0" if cls._shards(settings) == 1 else "w0"
+
+    @classmethod
+    def _bound(cls, settings: dict[str, Any]) -> int | None:
+        return None
+
+    @classmethod
     def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
+        n = cls._shards(settings)
         names = [f"w{i}" for i in range(workers)]
-        specs = [VWorkerSpec(n, f"{__name__}.PSWorker", {"ps": "ps0"}, holds_data=True) for n in names]
-        specs.append(VWorkerSpec("ps0", f"{__name__}.ParameterServer", {"workers": names, "sync": cls.sync}))
+        ps = [f"ps{s}" for s in range(n)]
+        specs = [VWorkerSpec(w, f"{__name__}.PSWorker", {"ps": ps[0] if n == 1 else ps}, holds_data=True)
+                 for w in names]
+        if n > 1 and cls.sync:
+            specs[0] = VWorkerSpec("w0", f"{__name__}.PSWorker", {"ps": ps, "counts": True}, holds_data=True)
+        for s, p in enumerate(ps):
+            kw: dict[str, Any] = {"workers": names, "sync": cls.sync}
+            if n > 1:
+                kw.update(shard=s, shards=n)
+            bound = cls._bound(settings)
+            if bound is not None:
+                kw["bound"] = bound
+            specs.append(VWorkerSpec(p, f"{__name__}.ParameterServer", kw))
         return specs
 
 

@@ -1,0 +1,53 @@
+"""Local SGD (periodic model averaging): H local steps per worker, then a ring all-reduce of the models.
+
+Each worker trains its own replica for ``local_steps`` (H) steps, then the
+replicas are averaged with a real ring all-reduce of the parameters. A global
+update is one averaging round; ``w0`` records it (mean loss over all workers'
+local steps, samples of all workers) and holds the result model. H = 1 with
+plain SGD is a synchronous all-reduce of models instead of gradients.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
+from agents.strategies.collective import ring_allreduce
+
+__all__ = ["LocalSGD", "LocalWorker"]
+
+
+class LocalWorker(TrainingWorker):
+    def __init__(self, name: str, vid: int, env: Any, ring: list[str]):
+        super().__init__(name, vid, env)
+        self.ring = list(ring)
+
+    async def run(self) -> None:
+        self.make_model()
+        k, version = len(self.ring), 0
+        steps = int(self.setting("local_steps", 4))
+        segment = self.setting("segment")
+        while True:
+            loss_sum, n = 0.0, 0
+            for _ in range(steps):
+                loss, grad, samples = await self.gradient(self.flat())
+                await self.apply(grad)
+                loss_sum, n = loss_sum + loss, n + samples
+            total, (loss_all, n_all), sent = await ring_allreduce(self, self.flat(), self.ring, f"l{version}",
+                                                                [loss_sum / steps, n], segment)
+            self.load(total / k)
+            version += 1
+            if self.name == self.ring[0] and self.updated(version, loss_all / k, 0, int(n_all), sent):
+                return
+
+
+class LocalSGD(Strategy):
+    name = "local_sgd"
+    result = "w0"
+
+    @classmethod
+    def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
+        steps = settings.get("local_steps", 4)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"strategy.local_steps={steps!r} is not valid; accepted: an integer >= 1")
+        ring = [f"w{i}" for i in range(workers)]
+        return [VWorkerSpec(w, f"{__name__}.LocalWorker", {"ring": ring}, holds_data=True) for w in ring]
