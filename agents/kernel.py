@@ -218,8 +218,11 @@ class Kernel:
         worker._coro = coro
         worker._resume(None)
 
-    def _step(self, worker: "Worker", value: Any, exc: BaseException | None = None) -> None:
+    def _step(self, worker: "Worker", value: Any) -> None:
+        """Resume ``worker``'s coroutine with ``value`` until it suspends again (the hot path)."""
+        self._current = worker
         coro = worker._coro
+        exc: BaseException | None = None
         while True:
             try:
                 cmd = coro.throw(exc) if exc is not None else coro.send(value)
@@ -227,20 +230,15 @@ class Kernel:
                 worker._finished()
                 return
             except BaseException as e:  # a strategy bug: stop the run, name the vworker
-                if isinstance(e, RuntimeError) and "event loop" in str(e):
-                    # asyncio.sleep(x) and friends look for a loop before yielding anything
-                    e = ForeignAwaitableError(
-                        f"vworker {worker.name} used asyncio ({e}); it is not a lockstep kernel awaitable: "
-                        "inside Worker.run use self.sleep / self.compute / self.recv / self.wait")
-                if self._crash is None:
-                    self._crash = WorkerCrashed(worker.name, self.now, e)
-                    self._crash.__cause__ = e
-                self._stop_at = self.now
-                self._heap.clear()
+                self._fail(worker, e)
                 return
             if type(cmd) is int:
                 # even a zero-length sleep goes through the heap, after the events already due
-                self.schedule(cmd, PRIO_RESUME, worker, worker._resume, None)
+                if cmd < self.now:
+                    exc = KernelError(f"vworker {worker.name} asked to resume in the past ({cmd} < {self.now})")
+                    continue
+                worker._seq += 1
+                heapq.heappush(self._heap, (cmd, PRIO_RESUME, worker.id, worker._seq, worker._resume, None))
                 return
             if cmd is PARKED:
                 return
@@ -249,3 +247,15 @@ class Kernel:
                 "inside Worker.run use only self.sleep / self.compute / self.recv / self.wait / "
                 "await on a send handle (no asyncio, no real sleeps)")
             value = None
+
+    def _fail(self, worker: "Worker", e: BaseException) -> None:
+        if isinstance(e, RuntimeError) and "event loop" in str(e):
+            # asyncio.sleep(x) and friends look for a loop before yielding anything
+            e = ForeignAwaitableError(
+                f"vworker {worker.name} used asyncio ({e}); it is not a lockstep kernel awaitable: "
+                "inside Worker.run use self.sleep / self.compute / self.recv / self.wait")
+        if self._crash is None:
+            self._crash = WorkerCrashed(worker.name, self.now, e)
+            self._crash.__cause__ = e
+        self._stop_at = self.now
+        self._heap.clear()

@@ -36,6 +36,8 @@ class WorkloadSpec:
     momentum: float = 0.0
     eval_samples: int = 10_000
     device: str = "cpu"
+    threads: int = 1  # torch intra-op threads of each agent process
+    optimizer: str = "sgd"  # sgd | adam: what the model holder (PS, learner) steps with
 
 
 class Training:
@@ -75,7 +77,10 @@ class Training:
     def new_model(self) -> tuple[nn.Module, torch.optim.Optimizer]:
         """A model holding the initial parameters, and its optimizer (for a PS or a local learner)."""
         model = build_model(self.spec.model, self.seed).to(self.device)
-        opt = torch.optim.SGD(model.parameters(), lr=self.spec.lr, momentum=self.spec.momentum)
+        if self.spec.optimizer == "adam":
+            opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=self.spec.lr)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=self.spec.lr, momentum=self.spec.momentum)
         return model, opt
 
     # ---- the compute functions (each is a real computation, timed by the compute model)

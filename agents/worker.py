@@ -110,9 +110,7 @@ class Worker:
         self._kernel = kernel
 
     def _resume(self, value: Any) -> None:
-        k = self._kernel
-        k._current = self
-        k._step(self, value)
+        self._kernel._step(self, value)
 
     def _finished(self) -> None:
         self.finished = True
@@ -126,11 +124,11 @@ class Worker:
         """Current virtual time in integer nanoseconds."""
         return self._kernel.now
 
-    async def sleep(self, dt: VirtualTime) -> None:
-        """Resume at ``now + dt`` (ns)."""
+    def sleep(self, dt: VirtualTime):
+        """``await self.sleep(dt)``: resume at ``now + dt`` (ns)."""
         if dt < 0:
             raise KernelError(f"{self.name}: sleep({dt}) with a negative duration")
-        await suspend_until(self._kernel.now + int(dt))
+        return suspend_until(self._kernel.now + int(dt))
 
     async def compute(self, fn: Callable[..., Any], *args: Any, kind: str = "gradient",
                       cost: float | None = None, **kwargs: Any) -> Any:

@@ -67,6 +67,8 @@ class RunConfig:
     statelog: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
     log_level: str = "INFO"
+    threads: int = 1
+    optimizer: str = "sgd"
     controller: dict[str, Any] = field(default_factory=dict)  # host, port, max_message_bytes, heartbeat_s, ...
 
 
@@ -173,6 +175,8 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
     placement = c.choice("placement", PLACEMENTS)
     lr = c.number("lr", 0, lo_open=True)
     momentum = c.number("momentum", 0, hi=1, hi_open=True)
+    threads = c.integer("threads", 1)
+    optimizer = c.choice("optimizer", ("sgd", "adam"))
     device = c.get("device")
     if not isinstance(device, str) or not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
         c.bad("device", device, "cpu | cuda | cuda:N")
@@ -200,7 +204,7 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
     elif isinstance(bs, list) and workers and len(bs) == workers and all(
             isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in bs):
         batch_size = list(bs)
-    else:
+    elif workers:  # (an invalid `workers` is reported once, not again through batch_size)
         c.bad("batch_size", bs, f"an integer >= 1, or a list of {workers} such integers (one per worker)")
 
     # stop
@@ -263,7 +267,7 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
         eval_samples=eval_samples, data_root=data_root, partition=partition, partition_kw=partition_kw,
         network=network, compute=compute, launcher=launcher, run_id=run_id, trace=trace,
         metrics=metrics, statelog=statelog,
-        progress=bool(c.get("progress", True)), log_level=log_level, controller=controller)
+        progress=bool(c.get("progress", True)), log_level=log_level, threads=threads, controller=controller)
 
 
 def _controller(c: _Checker) -> dict[str, Any]:
@@ -339,10 +343,9 @@ def _network(c: _Checker, workers: int | None) -> dict[str, Any]:
     disc = c.choice("network.discipline", DISCIPLINES)
     egress = c.get("network.egress") or disc
     ingress = c.get("network.ingress") or disc
-    if egress not in DISCIPLINES:
-        c.bad("network.egress", egress, " | ".join(DISCIPLINES) + " or null")
-    if ingress not in DISCIPLINES:
-        c.bad("network.ingress", ingress, " | ".join(DISCIPLINES) + " or null")
+    for side, value in (("egress", c.get("network.egress")), ("ingress", c.get("network.ingress"))):
+        if value is not None and value not in DISCIPLINES:
+            c.bad(f"network.{side}", value, " | ".join(DISCIPLINES) + " or null")
     eff = c.number("network.efficiency", 0, lo_open=True, hi=1)
     bw = _bandwidth(c, "network.bandwidth", workers)
     bw_in = bw if c.get("network.bandwidth_in") is None else _bandwidth(c, "network.bandwidth_in", workers)
@@ -446,7 +449,6 @@ def _compute(c: _Checker, workers: int | None) -> dict[str, Any]:
     straggle = c.get("compute.straggle") or {}
     out["straggle_p"] = c.number("compute.straggle.probability", 0, hi=1) or 0.0 if straggle else 0.0
     out["straggle_factor"] = c.number("compute.straggle.factor", 0, lo_open=True) or 1.0 if straggle else 1.0
-    out["jitter"] = c.number("compute.jitter", 0) or 0.0
     out["jitter"] = c.number("compute.jitter", 0) or 0.0
     return out
 

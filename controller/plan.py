@@ -94,7 +94,8 @@ def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:
     workload = {"model": rc.model, "data_root": rc.data_root, "partition": "two_class_non_iid"
                 if rc.partition == "non_iid" else rc.partition, "partition_kw": rc.partition_kw,
                 "data_holders": holders, "batch_size": rc.batch_size[: len(holders)] or [1],
-                "lr": rc.lr, "momentum": rc.momentum, "eval_samples": rc.eval_samples, "device": rc.device}
+                "lr": rc.lr, "momentum": rc.momentum, "eval_samples": rc.eval_samples, "device": rc.device,
+                "threads": rc.threads, "optimizer": rc.optimizer}
     settings = {"stop_updates": rc.stop_updates, "eval_every": rc.eval_every, **rc.strategy_settings}
     rid = run_id or rc.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{config_hash(rc.raw)}"
     return Plan(run_id=rid, seed=rc.seed, strategy=rc.strategy_name, result=strategy.result_for(rc.workers, rc.strategy_settings),  # noqa: E501

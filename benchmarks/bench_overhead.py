@@ -1,0 +1,68 @@
+"""Emulation overhead (issue 2): the 64-worker async PS run for N updates, against the same N
+gradient computations and optimizer steps in a plain Python loop, in one process on this machine.
+
+ratio = wall(lockstep run) / wall(plain loop)   (target <= 1.25)
+Run: .venv/bin/python benchmarks/bench_overhead.py [--updates 1000] [--workers 64]
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from agents.training import Training, WorkloadSpec
+from agents.workloads.batches import BatchStream
+from agents.workloads.partition import iid
+from tests.helpers import compose_cfg
+from controller.config import validate
+from controller.run import execute
+
+
+def plain_loop(updates: int, workers: int, batch: int) -> float:
+    """The real work alone: N gradients at the current parameters and N SGD steps."""
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    spec = WorkloadSpec(model={"_target_": "agents.workloads.models.ThesisCNN"}, data_holders=("w0",),
+                        batch_size=(batch,), eval_samples=1)
+    tr = Training(spec, seed=0)
+    model, opt = tr.new_model()
+    shards = iid(len(tr.data.train_y), workers, 0)
+    streams = [BatchStream(shards[i], batch, 0, i) for i in range(workers)]
+    for i in range(updates):
+        x, y = tr.batch(next(streams[i % workers]))
+        _, g = tr.gradient_at(tr.flat(model), x, y)
+        tr.apply(model, opt, g)
+    return time.perf_counter() - t0
+
+
+def emulated(updates: int, workers: int, batch: int) -> float:
+    cfg = compose_cfg([f"workers={workers}", f"stop.updates={updates}", f"batch_size={batch}",
+                       "compute=constant", "eval.every=0", "eval.samples=1", "progress=false",
+                       "launcher=inprocess", "trace.enabled=false"])
+    rc = validate(cfg)
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        execute(rc, Path(d))
+        return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--updates", type=int, default=1000)
+    ap.add_argument("--workers", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    loop = min(plain_loop(a.updates, a.workers, a.batch) for _ in range(a.repeat))
+    emu = min(emulated(a.updates, a.workers, a.batch) for _ in range(a.repeat))
+    print(f"{a.updates} updates, {a.workers} workers, CNN batch {a.batch} (best of {a.repeat})")
+    print(f"plain loop   {loop:8.2f} s")
+    print(f"lockstep run {emu:8.2f} s")
+    print(f"overhead ratio {emu / loop:.3f}  (target <= 1.25)")
+
+
+if __name__ == "__main__":
+    main()

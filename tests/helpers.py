@@ -1,0 +1,43 @@
+"""Shared test helpers: compose a config like the CLI does, run it in-process, read outputs."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from controller.config import validate
+from controller.run import execute
+
+CONF = str(Path(__file__).resolve().parent.parent / "conf")
+
+FAST = ["model=mlp", "compute=constant", "eval.every=0", "progress=false", "launcher=inprocess"]
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def run(tmp: Path, overrides: list[str], fast: bool = True, **kw):
+    """Validate and execute a config in this process; returns controller.run.RunResult."""
+    cfg = compose_cfg((FAST if fast else []) + overrides)
+    return execute(validate(cfg), Path(tmp), **kw)
+
+
+def rows(path: Path, drop_wall: bool = True) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        out = list(csv.DictReader(f))
+    if drop_wall:
+        for r in out:
+            for k in [k for k in r if k.startswith("wall_")]:
+                del r[k]
+    return out
+
+
+def without_wall(path: Path) -> str:
+    """The CSV text with every wall_* column removed (what must be byte-identical across runs)."""
+    with open(path, newline="") as f:
+        data = list(csv.reader(f))
+    keep = [i for i, name in enumerate(data[0]) if not name.startswith("wall_")]
+    return "\n".join(",".join(r[i] for i in keep) for r in data)
