@@ -77,6 +77,7 @@ class KubernetesLauncherConfig:
     startup_timeout_s: float = 600.0
     unschedulable_grace_s: float = 0.0
     api_error_grace_s: float = 60.0
+    check_interval_s: float = 1.0
     delete_grace_period_s: int = 10
     token_secret_name: str | None = None
     token_secret_key: str = "token"
@@ -322,6 +323,8 @@ class KubernetesLauncher:
         self._started_at = 0.0
         self._api_error_since: float | None = None
         self._unschedulable_since: dict[str, float] = {}
+        self._last_list = -float("inf")
+        self._failure: AgentFailure | None = None
 
     # --- the Launcher protocol -------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> None:
@@ -369,11 +372,34 @@ class KubernetesLauncher:
         log.info("created %d agent pods in namespace %s (run %s)", len(self.pods), ns, spec.run_id)
 
     def check(self) -> None:
-        """Raise AgentFailure for the first agent pod that failed, vanished or never started."""
+        """Raise AgentFailure for the first agent pod that failed, vanished or never started.
+
+        Cheap to call in a tight loop: the pods are listed at most every ``check_interval_s``, and a
+        failure, once seen, is raised again on every later call.
+        """
         if not self.pods:
             return
-        ApiException = self._k8s.client.exceptions.ApiException
+        if self._failure is not None:
+            f = self._failure
+            raise AgentFailure(f.agent, f.reason, f.log_tail)
         now = time.monotonic()
+        if now - self._last_list < self.cfg.check_interval_s:
+            return
+        self._last_list = now
+        try:
+            self._check_pods(now)
+        except AgentFailure as failure:
+            self._failure = failure
+            raise
+
+    def log_tail(self, agent_id: int, lines: int = 20) -> str:
+        """The last log lines of agent ``agent_id``'s pod ("" when it has none)."""
+        if 0 <= agent_id < len(self.pods):
+            return self._log_tail(self.pods[agent_id], lines)
+        return ""
+
+    def _check_pods(self, now: float) -> None:
+        ApiException = self._k8s.client.exceptions.ApiException
         try:
             listed = self._core.list_namespaced_pod(
                 self.namespace, label_selector=f"lockstep.io/run-id={self._run_label}",
@@ -444,7 +470,7 @@ class KubernetesLauncher:
                     errors.append(f"secret {self._secret}: {e.status} {e.reason}")
             except (OSError, self._urllib3_error()) as e:
                 errors.append(f"secret {self._secret}: {e}")
-        self.pods, self._secret = [], None
+        self.pods, self._secret, self._failure = [], None, None
         if errors:
             raise KubernetesLauncherError(
                 f"could not delete everything in namespace {self.namespace} "

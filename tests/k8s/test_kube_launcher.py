@@ -34,7 +34,7 @@ def make_spec(run_id: str = "run-1", n_agents: int = 2, **kw) -> LaunchSpec:
 def cfg(kube_cluster: KubeCluster, namespace: str) -> dict:
     return {"name": "kubernetes", "kubeconfig": str(kube_cluster.kubeconfig), "namespace": namespace,
             "image": "registry.test/lockstep:1.2.3", "image_pull_policy": "IfNotPresent",
-            "controller_address": "ctrl.lab.svc:50051", "owner_pod": None,
+            "controller_address": "ctrl.lab.svc:50051", "owner_pod": None, "check_interval_s": 0,
             "token_secret": {"name": None, "key": "token"}}
 
 
@@ -190,6 +190,20 @@ def test_an_unschedulable_pod_is_tolerated_for_the_grace_period(launcher, core, 
     core.patch_namespaced_pod_status("lockstep-run-1-agent-0", namespace,
                                      {"status": FAILED_STATUSES["unschedulable"][0]})
     lnch.check()  # waiting for a cluster autoscaler is fine within the grace period
+
+
+def test_check_lists_the_pods_at_most_every_check_interval(launcher, core, namespace):
+    lnch = launcher(check_interval_s=3600)
+    lnch.start(make_spec(n_agents=1))
+    lnch.check()
+    core.patch_namespaced_pod_status("lockstep-run-1-agent-0", namespace,
+                                     {"status": FAILED_STATUSES["oom"][0]})
+    lnch.check()  # not listed again within the interval: the controller may poll every few ms
+    lnch._last_list -= 3600
+    with pytest.raises(AgentFailure, match="OOMKilled"):
+        lnch.check()
+    with pytest.raises(AgentFailure, match="OOMKilled"):  # and again, without asking the API server
+        lnch.check()
 
 
 def test_a_pod_still_pending_after_the_startup_timeout_fails_the_run(launcher):
