@@ -112,7 +112,7 @@ class AgentProcess:
             self._fail(f"could not build its vworkers: {type(e).__name__}: {e}")
             return EXIT_FAILED
         core = self.core
-        log.info("hosting %d vworkers: %s", len(core.local), ", ".join(plan.names[v] for v in core.local[:20])
+        log.info("pid %d hosting %d vworkers: %s", os.getpid(), len(core.local), ", ".join(plan.names[v] for v in core.local[:20])
                  + (" ..." if len(core.local) > 20 else ""))
         f = pb.AgentFrame()
         f.ready.next_time = core.next_time()

@@ -15,6 +15,7 @@ import logging
 import os
 import queue
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +105,11 @@ class RemoteAgent:
                                     f"(controller.agent_timeout_s={self.timeout_s:g})") from None
                 continue
             if item[0] == "closed":
-                self._poll()  # prefer the launcher's account (exit status) when the process died
+                # prefer the launcher's account (exit status) when the process died: give it a moment to show
+                deadline, nap = time.monotonic() + 1.0, threading.Event()
+                while time.monotonic() < deadline:
+                    self._poll()
+                    nap.wait(0.02)
                 raise self.fail(item[1])
             msg, blobs = item[1], item[2]
             if msg.WhichOneof("body") == "failure":

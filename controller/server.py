@@ -76,7 +76,9 @@ class AgentSession:
             reason = f"sent a malformed message: {e}"
             context.cancel()
         except grpc.RpcError as e:  # the stream broke: the process died, or garbage bytes
-            reason = f"its stream broke ({e.code().name if e.code() else 'unknown'}: {e.details()})"
+            code = getattr(e, "code", lambda: None)()
+            detail = getattr(e, "details", lambda: None)() or "connection lost"
+            reason = f"its stream broke ({code.name if code else 'cancelled'}: {detail})"
         except Exception as e:  # noqa: BLE001 - e.g. a frame the deserializer refused
             reason = f"its stream failed ({type(e).__name__}: {e})"
         self.inbox.put(("closed", reason))

@@ -1,0 +1,1 @@
+"""Controller and agents over real gRPC (issue 3): placement independence, causality, failures."""

@@ -1,0 +1,71 @@
+"""Helpers: compose configs like the CLI does and run them in-process or over local gRPC agents."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from controller.config import validate
+from controller.launchers.local import LocalLauncher
+from controller.remote import ControllerSettings, RemoteAgents
+from controller.run import execute
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
+FAST = ["model=mlp", "compute=constant", "eval.every=0", "progress=false", "launcher=inprocess"]
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def agents_env() -> dict[str, str]:
+    """Agents import test strategies (``distributed.probe``) from tests/."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def local_pool(**settings) -> RemoteAgents:
+    s = {"agent_timeout_s": 30.0, "startup_timeout_s": 120.0, "heartbeat_s": 0.5, **settings}
+    return RemoteAgents(LocalLauncher(), ControllerSettings(**s), log_level="INFO", extra_env=agents_env())
+
+
+def run(tmp: Path, overrides: list[str], local: bool = False, **settings):
+    """Execute ``overrides`` (on top of FAST) in-process, or over local gRPC agents when ``local``."""
+    rc = validate(compose_cfg(FAST + overrides))
+    return execute(rc, Path(tmp), launcher=local_pool(**settings) if local else None)
+
+
+def without_wall(path: Path) -> str:
+    import csv
+
+    with open(path, newline="") as f:
+        data = list(csv.reader(f))
+    keep = [i for i, name in enumerate(data[0]) if not name.startswith("wall_")]
+    return "\n".join(",".join(r[i] for i in keep) for r in data)
+
+
+def assert_same_outputs(a: Path, b: Path, params: bool = True) -> None:
+    """metrics.csv and eval.csv byte-identical except wall_* columns; params.pt bit-identical."""
+    for name in ("metrics.csv", "eval.csv"):
+        if (a / name).exists() or (b / name).exists():
+            assert without_wall(a / name) == without_wall(b / name), f"{name} differs between {a} and {b}"
+    if params:
+        pa, pb = torch.load(a / "params.pt"), torch.load(b / "params.pt")
+        assert pa.dtype == pb.dtype and pa.shape == pb.shape
+        assert torch.equal(pa.view(torch.uint8) if pa.dtype == torch.uint8 else pa, pb), "params.pt differs"
+
+
+def wait_for(pred, timeout_s: float, what: str, every_s: float = 0.02):
+    """Poll ``pred`` until truthy (returned) or fail after ``timeout_s`` wall seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(every_s)

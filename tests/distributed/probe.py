@@ -1,0 +1,67 @@
+"""Test strategies (no training): exact virtual times of cross-agent messages at window edges."""
+from __future__ import annotations
+
+from typing import Any
+
+from agents.strategies.base import Strategy, VWorkerSpec
+from agents.worker import Worker
+
+
+class _Recording(Worker):
+    def row(self, code: int, value: float = 0.0, extra: int = 0) -> None:
+        """A metrics.csv row: (virtual time, name, iteration=code, loss=value, staleness=extra)."""
+        self.env.recorder.update(self, code, float(value), int(extra), 0, 0)
+
+
+class EdgeSender(_Recording):
+    """Sends at t=0 (arrives at exactly L, the first window's end), then plays ping-pong."""
+
+    def __init__(self, name: str, vid: int, env: Any, peer: str, rounds: int = 3):
+        super().__init__(name, vid, env)
+        self.peer, self.rounds = peer, rounds
+
+    async def run(self) -> None:
+        for i in range(self.rounds):
+            self.send(self.peer, (i, float(self.now)), nbytes=0, tag="ping")
+            m = await self.recv(src=self.peer, tag="pong")
+            self.row(1, m.payload[1], m.delivered_at)
+            await self.sleep(1000)  # resumes in the middle of a window
+
+
+class EdgeReceiver(_Recording):
+    """At exactly L (the window edge) it polls: the message arriving at L must already be there."""
+
+    def __init__(self, name: str, vid: int, env: Any, peer: str, rounds: int = 3, poll_at: int = 0):
+        super().__init__(name, vid, env)
+        self.peer, self.rounds, self.poll_at = peer, rounds, poll_at
+
+    async def run(self) -> None:
+        if self.poll_at:
+            await self.sleep(self.poll_at)
+            m = self.recv_nowait(src=self.peer, tag="ping")
+            self.row(2, -1.0 if m is None else float(m.delivered_at))
+            if m is not None:
+                self.send(self.peer, (0, float(self.now)), nbytes=0, tag="pong")
+                start = 1
+            else:
+                start = 0
+        else:
+            start = 0
+        for i in range(start, self.rounds):
+            m = await self.recv(src=self.peer, tag="ping")
+            self.row(3, float(m.delivered_at), m.payload[0])
+            self.send(self.peer, (i, float(self.now)), nbytes=4, tag="pong")
+
+
+class WindowEdge(Strategy):
+    """a (id 0) and b (id 1): on different agents under round_robin with agents=2."""
+
+    name = "window_edge"
+    result = "a"
+
+    @classmethod
+    def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
+        poll_at = int(settings.get("poll_at", 0))
+        rounds = int(settings.get("rounds", 3))
+        return [VWorkerSpec("a", f"{__name__}.EdgeSender", {"peer": "b", "rounds": rounds}),
+                VWorkerSpec("b", f"{__name__}.EdgeReceiver", {"peer": "a", "rounds": rounds, "poll_at": poll_at})]

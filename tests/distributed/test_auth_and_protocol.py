@@ -1,0 +1,191 @@
+"""Register refuses bad tokens and protocol versions; malformed frames never crash the controller."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agents import wire
+from agents.agent import EXIT_REFUSED, AgentProcess
+from agents.plan import Plan
+from controller.launchers.base import AgentFailure
+from controller.plan import make_plan
+from controller.remote import RemoteAgent
+from controller.server import ControllerServer, ServerSettings
+from protos.lockstep.v1 import agent_pb2 as pb
+from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
+
+from .conftest import FAST, ROOT, compose_cfg, wait_for
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+def plan() -> Plan:
+    from controller.config import validate
+
+    rc = validate(compose_cfg(FAST + ["workers=2", "agents=2", "stop.updates=2"]), check_data=False)
+    return make_plan(rc, run_id="test-run")
+
+
+@pytest.fixture
+def server(plan):
+    s = ControllerServer(TOKEN, plan.run_id, plan.to_json(), plan.n_agents, ServerSettings(max_message_bytes=1 << 16))
+    s.start()
+    yield s
+    s.stop(grace=0)
+
+
+def _register(server, **kw):
+    req = dict(agent_id=0, token=TOKEN, protocol_version=wire.PROTOCOL_VERSION, run_id="test-run")
+    req.update(kw)
+    with grpc.insecure_channel(server.address) as ch:
+        return pb_grpc.ControllerStub(ch).Register(pb.RegisterRequest(**req), timeout=10)
+
+
+@pytest.mark.parametrize("token", ["", "wrong", TOKEN + "x"])
+def test_a_missing_or_wrong_token_is_refused_unauthenticated(server, token):
+    with pytest.raises(grpc.RpcError) as e:
+        _register(server, token=token)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "token" in e.value.details()
+    assert server.sessions == {}, "a refused client must not touch the run"
+
+
+def test_an_incompatible_protocol_version_is_refused_failed_precondition(server):
+    with pytest.raises(grpc.RpcError) as e:
+        _register(server, protocol_version=wire.PROTOCOL_VERSION + 1)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"version {wire.PROTOCOL_VERSION + 1}" in e.value.details()
+    assert server.sessions == {}
+
+
+def test_the_agent_process_exits_with_refused_status_on_a_wrong_token(server):
+    assert AgentProcess(server.address, 0, "test-run", "nope", connect_timeout_s=10).run() == EXIT_REFUSED
+    assert AgentProcess(server.address, 0, "test-run", TOKEN, protocol_version=99,
+                        connect_timeout_s=10).run() == EXIT_REFUSED
+    assert server.sessions == {}
+
+
+def test_a_session_without_the_ticket_is_refused(server):
+    _register(server)
+    with grpc.insecure_channel(server.address) as ch:
+        stream = pb_grpc.ControllerStub(ch).Session(iter([pb.AgentFrame()]), timeout=10,
+                                                    metadata=(("lockstep-agent-id", "0"), ("lockstep-ticket", "x")))
+        with pytest.raises(grpc.RpcError) as e:
+            list(stream)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert not server.sessions[0].attached
+
+
+def test_garbage_bytes_on_the_stream_fail_that_session_only(server):
+    a = _register(server, agent_id=0)
+    with grpc.insecure_channel(server.address) as ch:
+        raw = ch.stream_stream("/lockstep.v1.Controller/Session", request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+        call = raw(iter([b"\xff\xfe garbage \x00\x01"]), timeout=10,
+                   metadata=(("lockstep-agent-id", "0"), ("lockstep-ticket", a.ticket)))
+        with pytest.raises(grpc.RpcError):
+            list(call)
+    kind, reason = wait_for(lambda: server.sessions[0].closed.is_set() and server.sessions[0].inbox.get(), 10,
+                            "the session to close")
+    assert kind == "closed"
+    # the controller still serves: another agent registers fine
+    assert _register(server, agent_id=1).agent_id == 1
+
+
+def _fake_agent(server, agent_id: int, reached_for) -> threading.Thread:
+    """An agent that answers every Advance with ``reached_for(advance)`` (a pb.AgentFrame)."""
+    a = _register(server, agent_id=agent_id)
+    writer = wire.FrameWriter(pb.AgentFrame, 1 << 16)
+
+    def main():
+        import queue
+
+        q: queue.Queue = queue.Queue()
+        first = pb.AgentFrame()
+        first.ready.next_time = 0
+        q.put(first)
+
+        def reqs():
+            while (f := q.get()) is not None:
+                yield f
+
+        with grpc.insecure_channel(server.address) as ch:
+            stream = pb_grpc.ControllerStub(ch).Session(
+                reqs(), metadata=(("lockstep-agent-id", str(agent_id)), ("lockstep-ticket", a.ticket)))
+            try:
+                for frame in stream:
+                    if frame.WhichOneof("body") == "advance":
+                        for f in writer.frames(reached_for(frame.advance)):
+                            q.put(f)
+                    elif frame.WhichOneof("body") == "shutdown":
+                        break
+            except grpc.RpcError:
+                pass
+            q.put(None)
+
+    t = threading.Thread(target=main, daemon=True)
+    t.start()
+    return t
+
+
+def _handle(server, plan, agent_id) -> RemoteAgent:
+    sess = wait_for(lambda: server.sessions.get(agent_id) if server.sessions.get(agent_id) and
+                    server.sessions[agent_id].attached else None, 10, "the session")
+    kind, msg, _ = sess.inbox.get(timeout=10)
+    assert msg.WhichOneof("body") == "ready"
+    return RemoteAgent(agent_id, sess, plan, 0, lambda: None, 10.0, lambda a: "")
+
+
+def test_a_reached_for_an_unknown_vworker_is_rejected_with_a_clear_error(server, plan):
+    def bogus(adv):
+        f = pb.AgentFrame()
+        f.reached.window, f.reached.next_time = adv.window, 2**63 - 1
+        ev = f.reached.outbound.add(time=5, priority=0, origin=1, seq=1, dst=99, kind="notify")
+        wire.encode_value((99, "x"), ev.value)
+        return f
+
+    t = _fake_agent(server, 1, bogus)  # agent 1 hosts vworker 1 under round_robin
+    h = _handle(server, plan, 1)
+    with pytest.raises(AgentFailure) as e:
+        h.advance(1000, [], None, None)
+    assert e.value.agent == "1" and "unknown vworker 99" in str(e.value)
+    h.close()
+    t.join(10)
+    assert _register(server, agent_id=0).agent_id == 0  # the controller still serves
+
+
+def test_a_reached_with_a_wrong_tensor_size_is_rejected(server, plan):
+    def bad_tensor(adv):
+        f = pb.AgentFrame()
+        f.reached.window, f.reached.next_time = adv.window, 2**63 - 1
+        ev = f.reached.outbound.add(time=5, priority=0, origin=1, seq=1, dst=0, kind="notify")
+        ev.value.tensor.dtype = "float32"
+        ev.value.tensor.shape.extend([1000])
+        ev.value.tensor.data = b"\x00" * 12
+        return f
+
+    t = _fake_agent(server, 1, bad_tensor)
+    h = _handle(server, plan, 1)
+    with pytest.raises(AgentFailure, match="malformed Reached: tensor of shape"):
+        h.advance(1000, [], None, None)
+    h.close()
+    t.join(10)
+
+
+def test_the_generated_protobuf_code_is_fresh(tmp_path):
+    subprocess.run(["bash", str(ROOT / "scripts/gen-protos.sh"), str(tmp_path)], check=True,
+                   env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    gen = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.py*"))
+    assert gen, "the generator wrote nothing"
+    for rel in gen:
+        committed = ROOT / rel
+        assert committed.exists(), f"{rel} is generated but not committed"
+        assert (tmp_path / rel).read_text() == committed.read_text(), \
+            f"{rel} is stale: run scripts/gen-protos.sh and commit the result"
+    assert {p.name for p in (ROOT / "protos/lockstep/v1").glob("*_pb2*.py*")} == {Path(r).name for r in gen}

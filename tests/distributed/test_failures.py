@@ -1,0 +1,112 @@
+"""Failure handling: a killed agent, a silent agent, Ctrl-C — bounded time, clear error, outputs kept."""
+from __future__ import annotations
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.launchers.base import AgentFailure
+
+from .conftest import ROOT, run, wait_for
+
+LONG = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=1000000", "eval.every=0",
+        "progress=false", "launcher=local", "controller.heartbeat_s=0.5", "network.latency=1ms"]
+
+
+def _cli(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "controller.cli", "run", *overrides, f"hydra.run.dir={run_dir}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _agent_pids(run_dir: Path, n: int) -> list[int]:
+    """Wait until every agent built its vworkers and the run produced rows; their pids, from their logs."""
+    def pids():
+        out = []
+        for i in range(n):
+            p = run_dir / "agents" / f"agent-{i}.log"
+            m = re.search(r"pid (\d+) hosting", p.read_text()) if p.exists() else None
+            if m is None:
+                return None
+            out.append(int(m.group(1)))
+        return out
+
+    found = wait_for(pids, 90, "the agents to build their vworkers")
+    wait_for(lambda: (run_dir / "metrics.csv").exists() and len((run_dir / "metrics.csv").read_text().splitlines()) > 3,
+             60, "the first rows of metrics.csv")
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_agent_stops_the_run_with_a_clear_error_and_readable_outputs(tmp_path):
+    d = tmp_path / "run"
+    proc = _cli(d, LONG)
+    try:
+        pids = _agent_pids(d, 2)
+        os.kill(pids[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert elapsed < 10, f"took {elapsed:.1f} s to notice"
+    assert "agent 1 failed" in err and "SIGKILL" in err, err
+    assert "last log lines of agent 1" in err and "hosting" in err, err
+    assert "Traceback" not in err, err
+    with open(d / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["vworker"] == "ps0" for r in rows)
+    assert not any(_alive(p) for p in pids)
+
+
+def test_a_silent_agent_stops_the_run_after_the_agent_timeout(tmp_path):
+    d = tmp_path / "run"
+    stopped: list[int] = []
+
+    def freeze():
+        pids = _agent_pids(d, 2)
+        os.kill(pids[0], signal.SIGSTOP)  # alive, but no more heartbeats or answers
+        stopped.append(pids[0])
+
+    t = threading.Thread(target=freeze, daemon=True)
+    t.start()
+    over = [o for o in LONG if not o.startswith(("launcher=", "controller.", "progress="))]
+    with pytest.raises(AgentFailure) as e:
+        run(d, over, local=True, heartbeat_s=0.5, agent_timeout_s=3.0)
+    t.join(5)
+    assert e.value.agent == "0" and "sent nothing for" in e.value.reason
+    assert "agent_timeout_s=3" in e.value.reason
+    assert "hosting" in e.value.log_tail
+    assert stopped and not _alive(stopped[0]), "the frozen agent must be killed and reaped"
+
+
+def test_ctrl_c_stops_the_controller_and_every_agent_within_seconds(tmp_path):
+    d = tmp_path / "run"
+    proc = _cli(d, LONG)
+    try:
+        pids = _agent_pids(d, 2)
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=20)
+        elapsed = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err, err
+    assert elapsed < 3.0, f"Ctrl-C took {elapsed:.1f} s"
+    assert not any(_alive(p) for p in pids)
