@@ -119,7 +119,7 @@ def two_class_non_iid(labels: Sequence[int] | np.ndarray, parts: int, seed: int,
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if (plan([mid] * parts).sum(axis=0) <= available).all():
-                lo = mid - 1 if mid > 1 else mid
+                lo = mid
             else:
                 hi = mid - 1
         if lo == 0:
@@ -144,6 +144,7 @@ PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": lambda labels, parts, seed, **kw: iid(len(labels), parts, seed, **kw),
     "dirichlet": dirichlet,
     "two_class_non_iid": two_class_non_iid,
+    "non_iid": two_class_non_iid,  # the name conf/config.yaml uses
 }
 
 
