@@ -32,3 +32,13 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache
+
+# Kubernetes (docs/kubernetes.md): helm + kubectl, the test API server binaries, the kind end-to-end run.
+helm:
+	bash scripts/install-helm.sh
+
+k8s-binaries:
+	bash scripts/build-k8s.sh
+
+kind-e2e:
+	bash scripts/kind-e2e.sh

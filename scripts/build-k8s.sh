@@ -59,7 +59,8 @@ mkdir -p "$src" "$bin"
 tree=$(find "$src" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes-*' | head -n1)
 if [ -z "$tree" ] || [ ! -f "$tree/Makefile" ]; then
   echo "build-k8s: fetching the Debian kubernetes source package into $src"
-  (cd "$src" && apt-get source -qq kubernetes >/dev/null 2>&1 || (cd "$src" && apt-get source kubernetes))
+  (cd "$src" && apt-get source kubernetes) >"$cache/apt-source.log" 2>&1 || {
+    echo "build-k8s: apt-get source kubernetes failed:" >&2; tail -n 20 "$cache/apt-source.log" >&2; exit 1; }
   tree=$(find "$src" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes-*' | head -n1)
 fi
 [ -n "$tree" ] || { echo "build-k8s: apt-get source kubernetes produced no tree in $src" >&2; exit 1; }

@@ -139,8 +139,8 @@ def test_the_controller_job_runs_the_experiment_and_dials_back_through_the_servi
     pod = job["spec"]["template"]["spec"]
     [ctr] = pod["containers"]
     args = ctr["args"]
-    assert ctr["command"] == ["lockstep", "run"]
-    assert args[0] == "launcher=kubernetes"
+    assert "command" not in ctr  # the image's entrypoint (tini) runs the args
+    assert args[:3] == ["lockstep", "run", "launcher=kubernetes"]
     assert args[-2:] == ["strategy=ps_async", "workers=256"]  # the user's overrides come last and win
     assert arg(args, "agents") == "4"
     assert arg(args, "controller.host") == "0.0.0.0"
@@ -173,7 +173,7 @@ def test_the_jobs_arguments_are_overrides_the_lockstep_config_accepts(helm, valu
 
     args = job_args(render(helm, *values_args(values)))
     with initialize_config_dir(config_dir=str(CHART.parents[1] / "conf"), version_base=None):
-        cfg = compose("config", overrides=[a for a in args if not a.startswith("hydra.")])
+        cfg = compose("config", overrides=[a for a in args[2:] if not a.startswith("hydra.")])
     assert cfg.launcher.name == "kubernetes"
     assert (cfg.controller.host, cfg.metrics.host) == ("0.0.0.0", "0.0.0.0")
     assert cfg.launcher.pod_template_file == "/etc/lockstep/agent-pod.yaml"
