@@ -144,6 +144,9 @@ class TraceWriter:
 
     def add(self, rec: tuple) -> None:
         """One record from an agent (see the module docstring)."""
+        keep = self.keep
+        if keep is not None and (rec[1] not in keep if rec[0] == "c" else rec[1] not in keep and rec[2] not in keep):
+            return
         cost = 2 if rec[0] == "c" else 4  # a compute span (+ a wait); 2 transfer spans + 2 flow ends
         if self.max_events is not None and self.n_events + cost > self.max_events:
             self.truncated = True

@@ -174,7 +174,9 @@ def _config(targets: Mapping[str, Sequence[str]], file_sd: Sequence[Path],
 
 
 def _count_file_sd_targets(files: Sequence[Path]) -> int:
-    return sum(len(group["targets"]) for f in files for group in json.loads(Path(f).read_text()))
+    """Targets listed in the file_sd files that exist now (a run writes its file when it starts)."""
+    return sum(len(group["targets"]) for f in files if Path(f).exists()
+               for group in json.loads(Path(f).read_text()))
 
 
 def _as_jobs(targets: Sequence[str] | Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -191,7 +193,10 @@ def run_prometheus(targets: Sequence[str] | Mapping[str, Sequence[str]] = (),
                    timeout_s: float = 30.0, binary: str = "prometheus") -> Iterator[Prometheus]:
     """Start Prometheus scraping ``targets`` (``["host:port"]`` as job ``lockstep``, or
     ``{job: ["host:port", ...]}``) and the targets listed in ``file_sd`` files (such as a
-    run's ``prometheus-targets.json``); yield it once ready and every target is up; stop it after."""
+    run's ``prometheus-targets.json``); yield it once ready and every target is up; stop it after.
+
+    A ``file_sd`` file that does not exist yet is watched: start Prometheus before a run
+    so that it scrapes the run from its first second."""
     if workdir is None:
         raise TypeError("run_prometheus needs a workdir for its config, data and log")
     exe = shutil.which(binary)
@@ -199,7 +204,7 @@ def run_prometheus(targets: Sequence[str] | Mapping[str, Sequence[str]] = (),
         raise PrometheusError(f"{binary!r} is not on PATH; install it with scripts/install-prometheus.sh")
     jobs = _as_jobs(targets)
     n_targets = sum(len(a) for a in jobs.values()) + _count_file_sd_targets(file_sd)
-    if n_targets == 0:
+    if n_targets == 0 and not file_sd:
         raise ValueError("run_prometheus: no targets given (targets= or file_sd=)")
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "prometheus.yml"
@@ -225,7 +230,8 @@ def run_prometheus(targets: Sequence[str] | Mapping[str, Sequence[str]] = (),
     if prom is None:
         raise PrometheusError("prometheus could not bind a free port in 3 attempts")
     try:
-        prom.wait_until_up(n_targets, timeout_s)
+        if n_targets:
+            prom.wait_until_up(n_targets, timeout_s)
         yield prom
     finally:
         prom.stop()

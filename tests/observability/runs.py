@@ -1,0 +1,40 @@
+"""Real `lockstep run` subprocesses for the observability tests (small: mlp, constant compute)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["model=mlp", "compute=constant", "launcher=inprocess", "progress=false", "eval.samples=500",
+         "batch_size=16", "seed=3"]
+
+
+def command(run_dir: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "controller.cli", "run", *SMALL, *overrides, f"hydra.run.dir={run_dir}"]
+
+
+def run(run_dir: Path, *overrides: str, timeout_s: float = 120) -> Path:
+    """Run to the end; fail with the run's output if it did not succeed."""
+    p = subprocess.run(command(run_dir, *overrides), cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    if p.returncode != 0:
+        raise AssertionError(f"lockstep run failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return run_dir
+
+
+def start(run_dir: Path, *overrides: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(command(run_dir, *overrides), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def poll(what: str, ok: Callable[[], bool], timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Wait until ``ok()`` holds, checking every 50 ms (a poll interval, not a settle time)."""
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run exited ({proc.returncode}) before {what}:\n{proc.stdout.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not true after {timeout_s} s")
+        time.sleep(0.05)
