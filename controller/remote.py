@@ -306,7 +306,7 @@ class RemoteAgents:
             self._started = False
             self.launcher.stop()
         if self.server is not None:
-            self.server.stop(grace=0.5)
+            self.server.stop(grace=0 if abort else 0.5)
             self.server = None
 
 
