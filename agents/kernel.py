@@ -218,7 +218,7 @@ class Kernel:
         worker._coro = coro
         worker._resume(None)
 
-    def _step(self, worker: "Worker", value: Any) -> None:
+    def _step(self, worker: "Worker", value: Any = None) -> None:
         """Resume ``worker``'s coroutine with ``value`` until it suspends again (the hot path)."""
         self._current = worker
         coro = worker._coro
@@ -238,7 +238,7 @@ class Kernel:
                     exc = KernelError(f"vworker {worker.name} asked to resume in the past ({cmd} < {self.now})")
                     continue
                 worker._seq += 1
-                heapq.heappush(self._heap, (cmd, PRIO_RESUME, worker.id, worker._seq, worker._resume, None))
+                heapq.heappush(self._heap, (cmd, PRIO_RESUME, worker.id, worker._seq, self._step, worker))
                 return
             if cmd is PARKED:
                 return

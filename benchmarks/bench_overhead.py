@@ -16,9 +16,17 @@ import torch
 from agents.training import Training, WorkloadSpec
 from agents.workloads.batches import BatchStream
 from agents.workloads.partition import iid
-from tests.helpers import compose_cfg
+from hydra import compose, initialize_config_dir
+
 from controller.config import validate
 from controller.run import execute
+
+CONF = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
 
 
 def plain_loop(updates: int, workers: int, batch: int) -> float:
@@ -41,7 +49,7 @@ def plain_loop(updates: int, workers: int, batch: int) -> float:
 def emulated(updates: int, workers: int, batch: int) -> float:
     cfg = compose_cfg([f"workers={workers}", f"stop.updates={updates}", f"batch_size={batch}",
                        "compute=constant", "eval.every=0", "eval.samples=1", "progress=false",
-                       "launcher=inprocess", "trace.enabled=false"])
+                       "launcher=inprocess", "trace.mode=off", "statelog.enabled=false"])
     rc = validate(cfg)
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
