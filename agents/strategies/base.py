@@ -90,7 +90,6 @@ class TrainingWorker(Worker):
         v = self.settings.get(key)
         return default if v is None else v
 
-
     def updated(self, version: int, loss: float, staleness: int, samples: int, nbytes: int) -> bool:
         """Record a global update; run the evaluation observer; True when the stop condition fired."""
         self.env.recorder.update(self, version, loss, staleness, samples, nbytes)

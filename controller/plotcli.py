@@ -1,0 +1,173 @@
+"""``lockstep plot RUN_OR_SWEEP_DIR... [-o out.png]``: the figures of DESIGN §8.
+
+* Run directories (with ``metrics.csv``): training loss and test accuracy
+  against virtual time and against global updates, every run on one figure.
+* A sweep directory (subdirectories with ``summary.json``, as ``--multirun``
+  writes): throughput against workers, one curve per (strategy, NIC
+  discipline); where the runs used ``compute=constant`` the closed forms of the
+  throughput-prediction paper are drawn beside the emulated curves (Eq. 7 and
+  8 for the synchronous PS, Eq. 11 for ring all-reduce), plus a loss figure of
+  all its runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from controller import closed_forms as cf  # noqa: E402
+from controller.outputs import read_csv  # noqa: E402
+
+__all__ = ["main", "plot_runs", "plot_sweep", "sweep_points", "closed_form_step"]
+
+
+def _label(run: Path) -> str:
+    try:
+        s = json.loads((run / "summary.json").read_text())
+        return f"{run.name}: {s['strategy']} K={s['workers']}"
+    except (OSError, ValueError, KeyError):
+        return run.name
+
+
+def plot_runs(runs: list[Path], out: Path) -> Path:
+    """Loss and accuracy vs virtual time and vs updates for ``runs``, on one 2x2 figure."""
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
+    (lt, li), (at, ai) = axes
+    for run in runs:
+        label = _label(run)
+        rows = read_csv(run / "metrics.csv")
+        if rows:
+            t = [float(r["virtual_time_s"]) for r in rows]
+            it = [int(r["iteration"]) for r in rows]
+            loss = [float(r["loss"]) for r in rows]
+            (line,) = lt.plot(t, loss, label=label, linewidth=1)
+            li.plot(it, loss, label=label, linewidth=1, color=line.get_color())
+        ev = read_csv(run / "eval.csv") if (run / "eval.csv").exists() else []
+        if ev:
+            at.plot([float(r["virtual_time_s"]) for r in ev], [100 * float(r["test_accuracy"]) for r in ev],
+                    marker=".", label=label, linewidth=1)
+            ai.plot([int(r["iteration"]) for r in ev], [100 * float(r["test_accuracy"]) for r in ev],
+                    marker=".", label=label, linewidth=1)
+    for ax in (lt, at):
+        ax.set_xlabel("virtual time [s]")
+    for ax in (li, ai):
+        ax.set_xlabel("global updates")
+    for ax in (lt, li):
+        ax.set_ylabel("training loss")
+    for ax in (at, ai):
+        ax.set_ylabel("test accuracy [%]")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    li.legend(fontsize="small")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
+def _run_info(run: Path) -> dict[str, Any]:
+    summary = json.loads((run / "summary.json").read_text())
+    plan = json.loads((run / "plan.json").read_text()) if (run / "plan.json").exists() else {}
+    return {"summary": summary, "plan": plan, "dir": run}
+
+
+def sweep_points(sweep: Path) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The runs of a sweep grouped by (strategy, egress discipline), sorted by workers."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for sub in sorted(p for p in sweep.iterdir() if (p / "summary.json").exists()):
+        info = _run_info(sub)
+        disc = info["plan"].get("network", {}).get("egress", "?")
+        groups[(info["summary"]["strategy"], disc)].append(info)
+    for v in groups.values():
+        v.sort(key=lambda i: i["summary"]["workers"])
+    return dict(groups)
+
+
+def closed_form_step(info: dict[str, Any], form: str) -> float | None:
+    """The closed-form step time for one run (``eq7_ps``, ``eq8_fcfs``, ``eq9_hybrid``, ``eq11_ring``), or None.
+
+    Needs ``compute=constant`` (T_F+T_B = the gradient time, T_S = the update
+    time, summed with the aggregation), a constant latency and one bandwidth.
+    """
+    plan, s = info["plan"], info["summary"]
+    comp, net = plan.get("compute", {}), plan.get("network", {})
+    if comp.get("model") != "constant" or net.get("latency", {}).get("kind") != "constant":
+        return None
+    c = comp["constant_s"]
+    t_c, t_s = c.get("gradient", 0.0), c.get("update", 0.0) + c.get("aggregate", 0.0)
+    speed = comp.get("speed") or []
+    if any(x != 1.0 for x in speed):
+        return None
+    bw = net["bandwidth_out"][0]
+    lat = net["latency"]["ns"] / 1e9
+    k, m = s["workers"], s["model_bytes"]
+    if form == "eq11_ring":
+        return cf.ring_step(k, m, bw, t_c, c.get("update", 0.0), lat)
+    fn = {"eq7_ps": cf.ps_step, "eq8_fcfs": cf.fcfs_step, "eq9_hybrid": cf.hybrid_step}[form]
+    return fn(k, m, bw, t_c, t_s, lat)
+
+
+FORMS = {"ps_sync": {"fair": ["eq7_ps", "eq9_hybrid"], "fifo": ["eq8_fcfs", "eq9_hybrid"],
+                     "unlimited": ["eq8_fcfs"]},
+         "ring_allreduce": {"fair": ["eq11_ring"], "fifo": ["eq11_ring"], "unlimited": ["eq11_ring"]}}
+FORM_LABEL = {"eq7_ps": "Eq. 7 (PS sharing)", "eq8_fcfs": "Eq. 8 (FCFS)", "eq9_hybrid": "Eq. 9 (hybrid)",
+              "eq11_ring": "Eq. 11 (ring)"}
+
+
+def plot_sweep(sweep: Path, out: Path) -> Path:
+    """Throughput (samples per virtual second) against workers, with the closed forms where they apply."""
+    groups = sweep_points(sweep)
+    fig, ax = plt.subplots(figsize=(9, 6), constrained_layout=True)
+    for (strategy, disc), infos in sorted(groups.items()):
+        ks = [i["summary"]["workers"] for i in infos]
+        thr = [i["summary"]["throughput_samples_per_s"] for i in infos]
+        (line,) = ax.plot(ks, thr, marker="o", label=f"{strategy}, {disc} (emulated)")
+        for j, form in enumerate(FORMS.get(strategy, {}).get(disc, [])):
+            pts = [(i["summary"]["workers"], closed_form_step(i, form), i) for i in infos]
+            pts = [(k, st, i) for k, st, i in pts if st]
+            if not pts:
+                continue
+            batch = [i["plan"]["workload"]["batch_size"][0] for _, _, i in pts]
+            ax.plot([k for k, _, _ in pts], [cf.throughput(st, k, b) for (k, st, _), b in zip(pts, batch)],
+                    linestyle=("--", ":")[j % 2], color=line.get_color(), label=f"{strategy}, {disc}: {FORM_LABEL[form]}")
+    ax.set_xlabel("workers K")
+    ax.set_ylabel("throughput [samples / virtual s]")
+    ax.set_title(f"throughput vs workers: {sweep.name}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lockstep plot", description=__doc__.split("\n\n")[0])
+    p.add_argument("paths", nargs="+", type=Path, help="run directories and/or --multirun sweep directories")
+    p.add_argument("-o", "--out", type=Path, default=None, help="output PNG (default: next to the first path)")
+    a = p.parse_args(argv)
+    runs, sweeps = [], []
+    for path in a.paths:
+        if (path / "metrics.csv").exists():
+            runs.append(path)
+        elif path.is_dir() and any((s / "summary.json").exists() for s in path.iterdir()):
+            sweeps.append(path)
+        else:
+            p.error(f"{path} is neither a run directory (metrics.csv) nor a sweep directory (*/summary.json)")
+    written = []
+    for sweep in sweeps:
+        out = a.out if a.out is not None and not runs and len(sweeps) == 1 else sweep / "throughput.png"
+        written.append(plot_sweep(sweep, out))
+        members = sorted(s for s in sweep.iterdir() if (s / "metrics.csv").exists())
+        written.append(plot_runs(members, out.with_name(out.stem + "-loss.png")))
+    if runs:
+        out = a.out if a.out is not None else runs[0] / "runs.png"
+        written.append(plot_runs(runs, out))
+    for w in written:
+        print(f"lockstep: wrote {w}")
+    return 0
