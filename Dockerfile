@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # The lockstep image: the controller and the agents (DESIGN §10, docs/kubernetes.md).
 #
 #   docker build -t lockstep:0.1.0 .                                   # CPU torch
@@ -81,9 +80,8 @@ RUN set -eux; \
     apt-get update; \
     apt-get install -y --no-install-recommends tini ${DEBIAN_PACKAGES}; \
     rm -rf /var/lib/apt/lists/*; \
-    groupadd --system --gid 10001 lockstep; \
-    useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
-        --shell /usr/sbin/nologin lockstep; \
+    groupadd --gid 10001 lockstep; \
+    useradd --uid 10001 --gid 10001 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin lockstep; \
     mkdir -p /results && chown 10001:10001 /results
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app /app

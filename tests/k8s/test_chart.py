@@ -17,7 +17,7 @@ import yaml
 
 from controller.launchers.base import LaunchSpec
 from controller.launchers.kubernetes import KubernetesLauncher, build_agent_pod, load_pod_template
-from tests.k8s.conftest import CHART, KubeCluster, render, wait_until
+from .conftest import CHART, KubeCluster, render, wait_until
 
 K8S_VERSION = "1.29.0"  # the oldest schema set the installed kubernetes-validate ships
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))

@@ -18,7 +18,7 @@ from controller.launchers.kubernetes import (
     KubernetesLauncherError,
     LauncherConfigError,
 )
-from tests.k8s.conftest import KubeCluster, wait_until
+from .conftest import KubeCluster, wait_until
 
 pytestmark = pytest.mark.integration
 
