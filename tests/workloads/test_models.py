@@ -68,6 +68,9 @@ def test_build_model_accepts_configs_dotted_paths_and_user_modules():
     assert isinstance(build_model("agents.workloads.models.SmallResNet", seed=0), SmallResNet)
     user = build_model({"_target_": "torch.nn.Linear", "in_features": 4, "out_features": 2}, seed=0)
     assert isinstance(user, torch.nn.Linear) and user.weight.shape == (2, 4)
+    # Lists arrive as lists, not OmegaConf ListConfigs (Unflatten rejects anything but a list or tuple).
+    unflatten = build_model({"_target_": "torch.nn.Unflatten", "dim": 1, "unflattened_size": [1, 28, 28]}, seed=0)
+    assert unflatten(torch.zeros(2, 784)).shape == (2, 1, 28, 28)
 
 
 @pytest.mark.parametrize("cfg, error, message", [

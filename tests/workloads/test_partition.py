@@ -131,6 +131,13 @@ def test_two_class_non_iid_rejects_sizes_the_classes_cannot_supply():
         two_class_non_iid(FASHION_LABELS, 2, seed=0, sizes=[20000, 20000])
 
 
+@pytest.mark.parametrize("scheme", [lambda s: dirichlet(FASHION_LABELS, 10, 1000.0, s),
+                                    lambda s: two_class_non_iid(FASHION_LABELS, 20, s)], ids=["dirichlet", "non_iid"])
+def test_the_samples_taken_from_a_class_are_a_random_subset_of_it(scheme):
+    ranks = scheme(0)[0] % 6000  # position of each sample within its class
+    assert ranks.min() < 600 and ranks.max() > 5400  # not the first (or last) samples of each class
+
+
 def test_the_dispatcher_passes_through_and_names_the_accepted_schemes():
     assert_same(partition("iid", FASHION_LABELS, 4, 3), iid(60000, 4, 3))
     assert_same(partition("dirichlet", FASHION_LABELS, 4, 3, alpha=0.3), dirichlet(FASHION_LABELS, 4, 0.3, 3))
