@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import platform
 import statistics
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from agents.worker import Worker
 
 __all__ = ["MODELS", "KINDS", "ComputeSpec", "ComputeModel", "ProfileDB", "signature", "device_kind",
-           "default_profile_db"]
+           "default_profile_db", "resolve_device"]
 
 MODELS = ("profiled", "measured", "constant", "distribution", "analytic")
 KINDS = ("gradient", "update", "aggregate")
@@ -47,13 +48,23 @@ def default_profile_db() -> Path:
     return cache / "lockstep" / "profiles.json"
 
 
+def resolve_device(requested: str) -> str:
+    """The device an agent really uses: ``cuda`` falls back to ``cpu`` (with a warning) without a GPU."""
+    import torch
+
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        logging.getLogger(__name__).warning(
+            "device=%s requested but this agent has no CUDA device; computing on the CPU", requested)
+        return "cpu"
+    return requested
+
+
 def device_kind(device: str = "cpu") -> str:
     """What makes timings comparable: the device model and, on CPU, the thread count."""
-    if device.startswith("cuda"):
-        import torch
-
-        return "cuda:" + torch.cuda.get_device_name(torch.device(device))
     import torch
+
+    if device.startswith("cuda"):
+        return "cuda:" + torch.cuda.get_device_name(torch.device(device))
 
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
@@ -163,7 +174,7 @@ class ComputeModel:
     @property
     def device(self) -> str:
         if self._device is None:
-            self._device = device_kind(self.spec.device)
+            self._device = device_kind(resolve_device(self.spec.device))
         return self._device
 
     def duration(self, w: "Worker", kind: str, fn: Callable[..., Any], args: tuple,

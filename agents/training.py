@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from agents.compute import resolve_device
 from agents.workloads.batches import BatchStream
 from agents.workloads.data import Dataset, load_fashion_mnist
 from agents.workloads.models import build_model, evaluate, flat_params, gradient, param_bytes, set_flat_params
@@ -46,7 +47,7 @@ class Training:
     def __init__(self, spec: WorkloadSpec, seed: int, data: Dataset | None = None):
         self.spec, self.seed = spec, seed
         self.data = data if data is not None else load_fashion_mnist(spec.data_root)
-        self.device = torch.device(spec.device)
+        self.device = torch.device(resolve_device(spec.device))
         self.scratch = build_model(spec.model, seed).to(self.device)
         self.initial = flat_params(self.scratch).clone()
         self.model_name = type(self.scratch).__name__
@@ -88,7 +89,8 @@ class Training:
         """Loss and flat gradient of the model at ``params`` on batch ``(x, y)``."""
         set_flat_params(self.scratch, params)
         loss, grads = gradient(self.scratch, x, y)
-        return loss, torch.cat([g.reshape(-1) for g in grads])
+        # payloads live on the CPU: they cross agents as raw bytes (a no-op copy on a CPU agent)
+        return loss, torch.cat([g.reshape(-1) for g in grads]).cpu()
 
     @staticmethod
     def apply(model: nn.Module, opt: torch.optim.Optimizer, grad: Tensor) -> None:
@@ -96,7 +98,7 @@ class Training:
         offset = 0
         for p in model.parameters():
             n = p.numel()
-            p.grad = grad[offset:offset + n].view_as(p).clone()
+            p.grad = grad[offset:offset + n].view_as(p).to(p.device, copy=True)
             offset += n
         opt.step()
 
@@ -123,7 +125,8 @@ class Training:
 
     @staticmethod
     def flat(model: nn.Module) -> Tensor:
-        return flat_params(model)
+        """A fresh CPU copy of the model's parameters (what is sent)."""
+        return flat_params(model).cpu()
 
     def profile(self, compute: Any, workers: int) -> None:
         """Ahead-of-time profile (DESIGN §4.2, Tianshu) of the calls strategies make."""

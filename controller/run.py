@@ -184,6 +184,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             i = h.info()
             info["profile_misses"] += i.get("profile_misses", 0)
             info["reproducible"] = info["reproducible"] and i.get("reproducible", True)
+            if i.get("device"):
+                info.setdefault("devices", set()).add(i["device"])
     except BaseException as e:
         if hasattr(launcher, "close"):  # stop remote agents at once, telling them why
             launcher.close(abort=f"{type(e).__name__}: {e}")
@@ -222,6 +224,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "model_bytes": plan_model_bytes(plan, training),
         "reproducible": info["reproducible"],
         "profile_misses": info["profile_misses"],
+        "device": ",".join(sorted(info.get("devices", ()))) or None,
         "stopped_by": ("updates" if stop is not None and plan.stop_virtual_time_ns != stop else
                        "virtual_time" if plan.stop_virtual_time_ns is not None and end_ns == plan.stop_virtual_time_ns
                        else "no_more_events"),
