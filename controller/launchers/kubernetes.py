@@ -317,7 +317,7 @@ class KubernetesLauncher:
         self._k8s = _import_kubernetes()
         self._core = None  # CoreV1Api, made at start()
         self.namespace: str | None = None
-        self.pods: list[str] = []  # names of the pods this launcher created
+        self.pods: list[str] = []  # names of the pods this launcher created (or tried to)
         self._secret: str | None = None  # the token Secret this launcher created, if any
         self._run_label: str | None = None
         self._started_at = 0.0
@@ -363,9 +363,15 @@ class KubernetesLauncher:
                     spec, i, name=f"{base}-agent-{i}", namespace=ns, image=cfg.image,
                     image_pull_policy=cfg.image_pull_policy, instance=instance,
                     token_secret=secret, owner_references=owners, template=template)
-                self._call(f"create pod {body['metadata']['name']}",
-                           self._core.create_namespaced_pod, ns, body)
-                self.pods.append(body["metadata"]["name"])
+                name = body["metadata"]["name"]
+                # Recorded before the call: a create that times out may still have happened.
+                self.pods.append(name)
+                try:
+                    self._call(f"create pod {name}", self._core.create_namespaced_pod, ns, body)
+                except KubernetesLauncherError as e:
+                    if getattr(e.__cause__, "status", None) == 409:
+                        self.pods.remove(name)  # someone else's pod of that name: never delete it
+                    raise
         except BaseException:
             self.stop()
             raise
@@ -440,19 +446,9 @@ class KubernetesLauncher:
         if self._core is None:
             return
         ApiException = self._k8s.client.exceptions.ApiException
-        names = set(self.pods)
-        if self._run_label:
-            try:
-                listed = self._core.list_namespaced_pod(
-                    self.namespace, label_selector=f"lockstep.io/run-id={self._run_label},"
-                                                   "app.kubernetes.io/component=agent",
-                    _request_timeout=10)
-                names |= {p.metadata.name for p in listed.items}
-            except (ApiException, OSError, self._urllib3_error()) as e:
-                log.warning("listing agent pods to delete failed: %s", e)
         errors = []
         grace = self.cfg.delete_grace_period_s
-        for name in sorted(names):
+        for name in self.pods:
             try:
                 self._core.delete_namespaced_pod(
                     name, self.namespace, grace_period_seconds=grace,

@@ -286,16 +286,19 @@ def test_a_missing_owner_pod_is_a_clear_config_error_and_leaves_nothing(launcher
 
 
 def test_a_refused_pod_stops_the_start_and_removes_what_was_created(launcher, core, namespace, controller_pod):
-    # A leftover pod of an earlier run with the same id takes agent 1's name.
+    # A leftover pod of an earlier run with the same id (and labels) takes agent 1's name.
     core.create_namespaced_pod(namespace, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "lockstep-run-1-agent-1"},
+        "apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "lockstep-run-1-agent-1",
+            "labels": {"lockstep.io/run-id": "run-1", "lockstep.io/agent-id": "1",
+                       "app.kubernetes.io/component": "agent"}},
         "spec": {"automountServiceAccountToken": False, "containers": [{"name": "x", "image": "x"}]}})
     with pytest.raises(KubernetesLauncherError,
                        match="refused to create pod lockstep-run-1-agent-1 .*409 Conflict.*already exists"):
         launcher(owner_pod="lockstep-controller").start(make_spec(n_agents=3))
-    wait_until(lambda: not agent_pods(core, namespace), timeout=30, what="agent 0 removed again")
+    wait_until(lambda: [p.metadata.name for p in agent_pods(core, namespace)] == ["lockstep-run-1-agent-1"],
+               timeout=30, what="agent 0 removed again, the other pod left alone")
     assert not core.list_namespaced_secret(namespace, label_selector="lockstep.io/run-id=run-1").items
-    core.read_namespaced_pod("lockstep-run-1-agent-1", namespace)  # someone else's: left alone
 
 
 def test_a_pod_the_api_server_refuses_is_reported_with_its_reason(launcher, core, namespace, tmp_path):
