@@ -2,7 +2,7 @@
 # Builds kube-apiserver and kube-controller-manager from Debian's `kubernetes` source package
 # (v1.20.2 on bookworm) and caches them in ~/.cache/lockstep/k8s/bin, for tests/k8s.
 # Also installs etcd (Debian etcd-server). Idempotent: returns at once when everything is cached.
-# The first build takes about 10 minutes (kube-apiserver ~8 min on a few cores).
+# The first build takes 4 to 15 minutes on two cores (kube-apiserver is most of it), then nothing.
 #   LOCKSTEP_K8S_CACHE  cache root (default ~/.cache/lockstep/k8s)
 set -euo pipefail
 
