@@ -7,7 +7,14 @@ from pathlib import Path
 
 __all__ = ["main"]
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+def _conf_dir() -> str:
+    """conf/ of the source tree, or the copy a regular install ships as the ``conf`` package."""
+    import conf
+
+    return str(Path(conf.__file__).resolve().parent)
+
+
+CONF_DIR = _conf_dir()
 USAGE = """usage: lockstep <command> [args]
 
 commands:
