@@ -24,8 +24,8 @@ def compose_cfg(overrides: list[str]):
 
 
 def agents_env() -> dict[str, str]:
-    """Agents import test strategies (``distributed.probe``) from tests/."""
-    return {"PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)}
+    """Agents import test strategies (``tests.distributed.probe``) from the repository root."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
 
 
 def local_pool(**settings) -> RemoteAgents:

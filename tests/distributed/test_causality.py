@@ -8,7 +8,7 @@ import pytest
 from .conftest import assert_same_outputs, run
 
 L = 1_000_000  # 1 ms, the lookahead of these runs
-PROBE = ["strategy=ps_async", "strategy._target_=distributed.probe.WindowEdge", "workers=1",
+PROBE = ["strategy=ps_async", "strategy._target_=tests.distributed.probe.WindowEdge", "workers=1",
          "stop.updates=1000", "network.bandwidth=1Gbit/s"]
 
 
