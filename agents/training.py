@@ -137,4 +137,4 @@ class Training:
         model, opt = self.new_model()
         g = torch.zeros_like(self.initial)
         compute.profile("update", self.apply, (model, opt, g))
-        compute.profile("aggregate", self.aggregate, ([g] * max(1, workers),))
+        compute.profile("aggregate", self.aggregate, ([g] * max(1, workers), None))
