@@ -258,7 +258,6 @@ def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_port(helm
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
 
 
-@pytest.mark.skipif(not DASHBOARD.exists(), reason="charts/lockstep/dashboards/lockstep.json not written yet")
 def test_the_dashboard_ships_as_a_configmap_for_the_grafana_sidecar(helm):
     docs = render(helm, "--set", "dashboard.annotations.grafana_folder=lockstep")
     [cm] = [d for d in docs if d["kind"] == "ConfigMap" and "lockstep.json" in d.get("data", {})]
