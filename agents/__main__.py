@@ -1,6 +1,6 @@
 """``python -m agents`` / ``lockstep agent``: one agent process (see agents/agent.py).
 
-usage: lockstep agent --controller HOST:PORT --agent-id N [--run-id R] [--log-level L]
+usage: lockstep agent --controller HOST:PORT --agent-id N [--run-id R] [--log-level L] [--no-direct]
 The shared token is read from $LOCKSTEP_TOKEN (or the file named by $LOCKSTEP_TOKEN_FILE), never argv.
 """
 from __future__ import annotations
@@ -20,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-id", default="")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the controller")
+    p.add_argument("--no-direct", action="store_true",
+                   help="send every tensor through the controller (no direct agent-to-agent streams); "
+                        "also $LOCKSTEP_DIRECT=0")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s agent-{args.agent_id} %(levelname)s %(name)s: %(message)s")
@@ -38,11 +41,17 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return AgentProcess(args.controller, args.agent_id, args.run_id, token or "",
-                            connect_timeout_s=args.connect_timeout).run()
+                            connect_timeout_s=args.connect_timeout, direct=not (args.no_direct or os.environ.get("LOCKSTEP_DIRECT") == "0")).run()
     except KeyboardInterrupt:
         log.warning("interrupted")
         return 130
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # an agent process has nothing left to clean up: skip the interpreter's teardown (torch's takes ~1 s
+    # on a loaded machine), which the controller would otherwise wait for at the end of every run
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -26,6 +26,7 @@ import grpc
 
 from agents import wire
 from agents.core import AgentCore
+from agents.direct import DIRECT_MIN_BYTES, DirectLinks, DirectServer, local_address_towards
 from agents.plan import Plan
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
@@ -40,10 +41,14 @@ CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_mess
 
 class AgentProcess:
     def __init__(self, controller: str, agent_id: int, run_id: str, token: str,
-                 protocol_version: int = wire.PROTOCOL_VERSION, connect_timeout_s: float = 60.0):
+                 protocol_version: int = wire.PROTOCOL_VERSION, connect_timeout_s: float = 60.0,
+                 direct: bool = True):
         self.controller, self.agent_id, self.run_id, self.token = controller, agent_id, run_id, token
         self.protocol_version = protocol_version
         self.connect_timeout_s = connect_timeout_s
+        self.direct = direct
+        self.direct_server: DirectServer | None = None
+        self.links: DirectLinks | None = None
         self._out: queue.Queue = queue.Queue(maxsize=32)
         self._stop = threading.Event()
         self.core: AgentCore | None = None
@@ -70,13 +75,36 @@ class AgentProcess:
                 pass
 
     # ----------------------------------------------------------------- main
+    def _open_direct(self) -> None:
+        """Listen for the other agents' direct tensor streams on the interface that reaches the controller."""
+        host = local_address_towards(self.controller) if self.direct else None
+        if host is None:
+            return
+        try:
+            self.direct_server = DirectServer(host)
+        except OSError as e:
+            log.warning("no direct tensor streams (cannot listen on %s: %s); tensors go through the controller",
+                        host, e)
+
     def run(self) -> int:
+        self._open_direct()
+        try:
+            return self._run()
+        finally:
+            if self.links is not None:
+                self.links.close()
+            if self.direct_server is not None:
+                self.direct_server.close()
+
+    def _run(self) -> int:
         with grpc.insecure_channel(self.controller, options=CHANNEL_OPTIONS) as channel:
             stub = pb_grpc.ControllerStub(channel)
+            ds = self.direct_server
             try:
                 a = stub.Register(pb.RegisterRequest(
                     agent_id=self.agent_id, token=self.token, protocol_version=self.protocol_version,
-                    device=_device(), run_id=self.run_id, hostname=socket.gethostname(), pid=os.getpid()),
+                    device=_device(), run_id=self.run_id, hostname=socket.gethostname(), pid=os.getpid(),
+                    data_address=ds.address if ds else "", data_secret=ds.secret if ds else b""),
                     timeout=self.connect_timeout_s, wait_for_ready=True)
             except grpc.RpcError as e:
                 code = e.code()
@@ -106,7 +134,7 @@ class AgentProcess:
     def _serve(self, a: pb.Assignment, responses: Iterator[pb.ControllerFrame]) -> int:
         try:
             plan = Plan.from_json(a.plan_json)
-            self.core = AgentCore(plan, self.agent_id)
+            self.core = AgentCore(plan, self.agent_id, data=_prepare(plan))
         except Exception as e:  # noqa: BLE001 - reported to the controller, which stops the run
             log.exception("could not build the vworkers of agent %d", self.agent_id)
             self._fail(f"could not build its vworkers: {type(e).__name__}: {e}")
@@ -129,6 +157,14 @@ class AgentProcess:
             elif body == "call":
                 if not self._call(msg.call):
                     return EXIT_FAILED
+            elif body == "peers":
+                peers = {p.agent_id: (p.address, p.secret) for p in msg.peers.peers
+                         if p.agent_id != self.agent_id and p.address}
+                if self.links is not None:
+                    self.links.close()
+                self.links = DirectLinks(self.agent_id, peers) if self.direct else None
+                for dst in peers if self.links is not None else ():
+                    self.links.usable(dst)  # connect now, not inside the first window that needs it
             elif body == "shutdown":
                 s = msg.shutdown
                 if s.abort:
@@ -142,7 +178,8 @@ class AgentProcess:
 
     def _advance(self, adv: pb.Advance, reader: wire.FrameReader) -> bool:
         try:
-            inbound = [wire.decode_event(e, reader.blobs) for e in adv.inbound]
+            fetch = self.direct_server.take if self.direct_server is not None else None
+            inbound = [wire.decode_event(e, reader.blobs, fetch) for e in adv.inbound]
             reader.done()
             r = self.core.advance(adv.window_end, inbound, adv.stop_at if adv.HasField("stop_at") else None,
                                   adv.max_events if adv.HasField("max_events") else None)
@@ -152,8 +189,13 @@ class AgentProcess:
             if r.stop_time is not None:
                 rm.stop_time = r.stop_time
             blobs = self.writer.blobs()
+            if self.links is not None:
+                blobs.self_agent, blobs.direct_ok, blobs.direct_min = self.agent_id, self.links.usable, DIRECT_MIN_BYTES
+            placement = self.core.plan.placement
             for ev in r.outbound:
+                blobs.dst_agent = placement[ev.dst]
                 wire.encode_event(ev, rm.outbound.add(), blobs)
+            blobs.dst_agent = None
             wire.encode_value(r.updates, rm.updates)
             wire.encode_value(r.evals, rm.evals)
             wire.encode_value(r.events, rm.events)
@@ -162,6 +204,14 @@ class AgentProcess:
             log.exception("window ending at %d failed", adv.window_end)
             self._fail(f"{type(e).__name__}: {e}")
             return False
+        try:  # the bytes go first, so they are on their way before the controller routes the references
+            for dst, bid, mv in blobs.direct:
+                self.links.send(dst, bid, mv)
+        except wire.WireError as e:
+            log.exception("window ending at %d: direct stream failed", adv.window_end)
+            self._fail(str(e))
+            return False
+        blobs.direct = []
         self._send(f, blobs)
         return True
 
@@ -192,6 +242,35 @@ class AgentProcess:
         f = pb.AgentFrame()
         f.failure.error = error
         self._send(f)
+
+
+def _prepare(plan: Plan) -> Any:
+    """Load the data set on a thread while this one imports torch._dynamo (the first optimizer would).
+
+    Each takes a second or two at start-up; the data reader spends much of it in zlib and file reads,
+    which release the GIL, so doing both at once shortens the time to Ready.
+    """
+    wl = plan.workload_spec()
+    if not getattr(wl, "data_holders", None):
+        return None
+    from agents.workloads.data import load_fashion_mnist
+
+    out: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            out["data"] = load_fashion_mnist(wl.data_root)
+        except BaseException as e:  # noqa: BLE001 - raised again on the main thread
+            out["error"] = e
+
+    t = threading.Thread(target=load, name="load-data", daemon=True)
+    t.start()
+    import torch._dynamo  # noqa: F401 - imported lazily by torch.optim's first constructor
+
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["data"]
 
 
 def _device() -> str:

@@ -9,13 +9,16 @@ would receive in-process. Anything else is refused with :class:`WireError`.
 Small tensors travel inline; larger ones become *blobs*: ``BlobChunk`` frames
 sent before the frame that references them, each at most
 ``max_message_bytes``. A frame that is still too large is itself sent as a
-blob (``envelope``). :class:`FrameWriter` produces the frames of one stream
+blob (``envelope``). Large tensors for another agent may instead go straight
+to it (agents/direct.py): the frame then holds a ``PeerBlob`` reference, which
+the controller decodes to a :class:`BlobRef` and encodes back unchanged. :class:`FrameWriter` produces the frames of one stream
 direction, :class:`FrameReader` reassembles them.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -25,10 +28,10 @@ from agents.kernel import RemoteEvent
 from agents.network import Transfer
 from protos.lockstep.v1 import agent_pb2 as pb
 
-__all__ = ["PROTOCOL_VERSION", "WireError", "FrameWriter", "FrameReader", "encode_value", "decode_value",
+__all__ = ["PROTOCOL_VERSION", "WireError", "BlobRef", "FrameWriter", "FrameReader", "encode_value", "decode_value",
            "encode_event", "decode_event", "encode_stats", "decode_stats", "DEFAULT_MAX_MESSAGE_BYTES"]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _FRAME_OVERHEAD = 1024  # room for the non-data fields of a BlobChunk frame
 _MAX_BLOB = 1 << 36  # 64 GiB: a BlobChunk announcing more is malformed
@@ -47,6 +50,31 @@ class WireError(ValueError):
     """A value that cannot cross agents, or a malformed message."""
 
 
+@dataclass(frozen=True)
+class BlobRef:
+    """A tensor whose bytes travel on a direct stream from agent ``agent``: what the controller routes."""
+
+    agent: int
+    id: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    numpy: bool
+
+
+# (sender agent, blob id, nbytes) -> the bytes (agent side) or a BlobRef (controller side)
+PeerFetch = Callable[[int, int, int], Any]
+
+
+def keep_refs(src_agent: int) -> PeerFetch:
+    """The controller's ``peer`` for decoding a frame of agent ``src_agent``: keep references as BlobRef."""
+    def ref(agent: int, bid: int, nbytes: int) -> Any:
+        if agent != src_agent:
+            raise WireError(f"a direct tensor reference names agent {agent}, not its sender {src_agent}")
+        return None
+    return ref
+
+
 # ------------------------------------------------------------------ blobs
 class _Blobs:
     """Tensor bytes of one frame: small ones inline, the rest as blobs sent before the frame."""
@@ -55,10 +83,21 @@ class _Blobs:
         self.writer = writer
         self.out: list[tuple[int, memoryview]] = []
         self.inline_left = writer.max_message_bytes // 2
+        # direct streams (agents/direct.py): set by the sending agent around each event it encodes
+        self.self_agent = -1
+        self.dst_agent: int | None = None
+        self.direct_ok: Callable[[int], bool] | None = None
+        self.direct_min = 1 << 62
+        self.direct: list[tuple[int, int, memoryview]] = []  # (destination agent, blob id, bytes)
 
     def put(self, t: pb.Tensor, mv: memoryview) -> None:
         n = mv.nbytes
-        if n <= self.writer.inline_limit and n <= self.inline_left:
+        dst = self.dst_agent
+        if n >= self.direct_min and dst is not None and self.direct_ok is not None and self.direct_ok(dst):
+            bid = self.writer.new_blob_id()
+            self.direct.append((dst, bid, mv))
+            t.peer.agent, t.peer.id, t.peer.nbytes = self.self_agent, bid, n
+        elif n <= self.writer.inline_limit and n <= self.inline_left:
             self.inline_left -= n
             t.data = mv.tobytes()
         else:
@@ -75,6 +114,12 @@ def _tensor_bytes(x: torch.Tensor) -> memoryview:
     if x.numel() == 0:
         return memoryview(b"")
     return memoryview(x.view(torch.uint8).numpy())
+
+
+def _put_ref(t: pb.Tensor, ref: BlobRef) -> None:
+    t.dtype, t.numpy = ref.dtype, ref.numpy
+    t.shape.extend(ref.shape)
+    t.peer.agent, t.peer.id, t.peer.nbytes = ref.agent, ref.id, ref.nbytes
 
 
 # ----------------------------------------------------------------- values
@@ -110,6 +155,8 @@ def encode_value(obj: Any, out: pb.Value, blobs: _Blobs | None = None, _depth: i
             raise WireError(f"numpy dtype {obj.dtype} cannot cross agents; accepted: {', '.join(_NUMPY_DTYPES)}")
         t.shape.extend(obj.shape)
         _put_bytes(t, memoryview(np.ascontiguousarray(obj).reshape(-1).view(np.uint8)), blobs)
+    elif isinstance(obj, BlobRef):
+        _put_ref(out.tensor, obj)
     elif isinstance(obj, np.generic):
         encode_value(obj.item(), out, blobs, _depth + 1)
     elif type(obj) is tuple or type(obj) is list:
@@ -136,8 +183,13 @@ def _put_bytes(t: pb.Tensor, mv: memoryview, blobs: _Blobs | None) -> None:
         blobs.put(t, mv)
 
 
-def decode_value(v: pb.Value, blobs: dict[int, bytearray] | None = None, _depth: int = 0) -> Any:
-    """The Python object ``v`` describes; raises WireError when it is malformed."""
+def decode_value(v: pb.Value, blobs: dict[int, bytearray] | None = None, _depth: int = 0,
+                 peer: PeerFetch | None = None) -> Any:
+    """The Python object ``v`` describes; raises WireError when it is malformed.
+
+    ``peer`` resolves direct tensor references: the receiving agent's fetches the bytes, the controller's
+    (:func:`keep_refs`) returns None to keep a :class:`BlobRef`; without it such a reference is refused.
+    """
     if _depth > _MAX_DEPTH:
         raise WireError(f"value nested deeper than {_MAX_DEPTH} levels")
     kind = v.WhichOneof("kind")
@@ -154,29 +206,43 @@ def decode_value(v: pb.Value, blobs: dict[int, bytearray] | None = None, _depth:
     if kind == "raw":
         return v.raw
     if kind == "tensor":
-        return _decode_tensor(v.tensor, blobs)
+        return _decode_tensor(v.tensor, blobs, peer)
     if kind == "tuple":
-        return tuple(decode_value(x, blobs, _depth + 1) for x in v.tuple.items)
+        return tuple(decode_value(x, blobs, _depth + 1, peer) for x in v.tuple.items)
     if kind == "list":
-        return [decode_value(x, blobs, _depth + 1) for x in v.list.items]
+        return [decode_value(x, blobs, _depth + 1, peer) for x in v.list.items]
     if kind == "dict":
         if len(v.dict.keys) != len(v.dict.values):
             raise WireError("dict value with different numbers of keys and values")
         try:
-            return {decode_value(k, blobs, _depth + 1): decode_value(x, blobs, _depth + 1)
+            return {decode_value(k, blobs, _depth + 1, peer): decode_value(x, blobs, _depth + 1, peer)
                     for k, x in zip(v.dict.keys, v.dict.values)}
         except TypeError as e:  # an unhashable key
             raise WireError(f"dict value with an unusable key: {e}") from e
     raise WireError(f"unknown value kind {kind!r}")  # pragma: no cover - oneof is closed
 
 
-def _decode_tensor(t: pb.Tensor, blobs: dict[int, bytearray] | None) -> Any:
+def _decode_tensor(t: pb.Tensor, blobs: dict[int, bytearray] | None, peer: PeerFetch | None = None) -> Any:
     shape = tuple(t.shape)
     if any(s < 0 for s in shape):
         raise WireError(f"tensor with a negative dimension {shape}")
     numel = math.prod(shape)
     src = t.WhichOneof("bytes_in")
-    if src == "blob":
+    if src == "peer":
+        p = t.peer
+        dt = _NUMPY_DTYPES.get(t.dtype) if t.numpy else _TORCH_DTYPES.get(t.dtype)
+        if dt is None:
+            raise WireError(f"unknown {'numpy' if t.numpy else 'tensor'} dtype {t.dtype!r}")
+        itemsize = dt.itemsize if t.numpy else torch.empty((), dtype=dt).element_size()
+        if p.nbytes != numel * itemsize:
+            raise WireError(f"tensor of shape {shape} {t.dtype} needs {numel * itemsize} bytes, "
+                            f"its direct reference says {p.nbytes}")
+        if peer is None:
+            raise WireError(f"tensor {p.id} was sent directly by agent {p.agent}, where no direct stream is expected")
+        buf = peer(p.agent, p.id, p.nbytes)
+        if buf is None:
+            return BlobRef(p.agent, p.id, p.nbytes, t.dtype, shape, t.numpy)
+    elif src == "blob":
         if blobs is None or t.blob not in blobs:
             raise WireError(f"tensor references blob {t.blob}, which was not sent before it")
         buf = blobs.pop(t.blob)
@@ -218,15 +284,16 @@ def encode_event(ev: RemoteEvent, out: pb.Event, blobs: _Blobs | None = None) ->
     return out
 
 
-def decode_event(e: pb.Event, blobs: dict[int, bytearray] | None = None) -> RemoteEvent:
+def decode_event(e: pb.Event, blobs: dict[int, bytearray] | None = None,
+                 peer: PeerFetch | None = None) -> RemoteEvent:
     which = e.WhichOneof("data")
     if which == "transfer":
         t = e.transfer
-        data: Any = Transfer(t.src, t.dst, t.src_name, t.dst_name, t.seq, decode_value(t.tag, blobs),
-                             decode_value(t.payload, blobs), t.nbytes, t.sent_at, t.e0, t.latency,
+        data: Any = Transfer(t.src, t.dst, t.src_name, t.dst_name, t.seq, decode_value(t.tag, blobs, 0, peer),
+                             decode_value(t.payload, blobs, 0, peer), t.nbytes, t.sent_at, t.e0, t.latency,
                              t.tail if t.HasField("tail") else None, t.cap)
     elif which == "value":
-        data = decode_value(e.value, blobs)
+        data = decode_value(e.value, blobs, 0, peer)
     else:
         raise WireError(f"event of kind {e.kind!r} without data")
     return RemoteEvent(e.time, e.priority, e.origin, e.seq, e.dst, e.kind, data)

@@ -143,7 +143,7 @@ class RemoteAgent:
             raise self.fail(f"protocol error: expected the Reached of window {self._window}, got {got}")
         r = msg.reached
         try:
-            outbound = [wire.decode_event(e, blobs) for e in r.outbound]
+            outbound = [wire.decode_event(e, blobs, wire.keep_refs(self.agent_id)) for e in r.outbound]
             rows = [wire.decode_value(v) or [] for v in (r.updates, r.evals, r.events)]
             stats = wire.decode_stats(r.stats)
         except wire.WireError as e:
@@ -287,7 +287,17 @@ class RemoteAgents:
                                        self.log_tail(first))
                 with srv.lock:
                     srv.changed.wait(_POLL_S)
-        return [ready[a] for a in range(plan.n_agents)]
+        handles = [ready[a] for a in range(plan.n_agents)]
+        # where each agent takes direct tensor streams (agents/direct.py), before the first Advance
+        f = pb.ControllerFrame()
+        f.peers.SetInParent()
+        for h in handles:
+            if h.session.info.get("data_address"):
+                f.peers.peers.add(agent_id=h.agent_id, address=h.session.info["data_address"],
+                                  secret=h.session.info["data_secret"])
+        for h in handles:
+            h.session.send(f)
+        return handles
 
     def close(self, abort: str | None = None) -> None:
         """Shut the agents down (Done, or Abort), stop the launcher and the server. Idempotent."""

@@ -113,7 +113,8 @@ class _Servicer(pb_grpc.ControllerServicer):
             if request.agent_id in s.sessions:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"agent {request.agent_id} is already registered")
             ticket = secrets.token_urlsafe(16)
-            info = {"peer": peer, "hostname": request.hostname, "pid": request.pid, "device": request.device}
+            info = {"peer": peer, "hostname": request.hostname, "pid": request.pid, "device": request.device,
+                    "data_address": request.data_address, "data_secret": request.data_secret}
             s.sessions[request.agent_id] = AgentSession(request.agent_id, ticket, info, s.settings.max_message_bytes)
             s.changed.notify_all()
         log.info("agent %d registered from %s (pid %d on %s, %s)", request.agent_id, peer, request.pid,

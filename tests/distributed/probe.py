@@ -65,3 +65,48 @@ class WindowEdge(Strategy):
         rounds = int(settings.get("rounds", 3))
         return [VWorkerSpec("a", f"{__name__}.EdgeSender", {"peer": "b", "rounds": rounds}),
                 VWorkerSpec("b", f"{__name__}.EdgeReceiver", {"peer": "a", "rounds": rounds, "poll_at": poll_at})]
+
+
+class BigSender(_Recording):
+    """Sends tensors large enough for the direct agent-to-agent stream (and one small one)."""
+
+    def __init__(self, name: str, vid: int, env: Any, peer: str, numel: int = 1 << 18):
+        super().__init__(name, vid, env)
+        self.peer, self.numel = peer, numel
+
+    async def run(self) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(7)
+        for i in range(3):
+            x = torch.randn(self.numel, generator=g)
+            self.send(self.peer, (x, x[:16].numpy().copy(), i), tag="big")
+            await self.sleep(5000)
+
+
+class BigReceiver(_Recording):
+    """Records a checksum of every tensor it receives: (sum, crc32 of the bytes)."""
+
+    def __init__(self, name: str, vid: int, env: Any, peer: str):
+        super().__init__(name, vid, env)
+        self.peer = peer
+
+    async def run(self) -> None:
+        import zlib
+
+        for _ in range(3):
+            m = await self.recv(src=self.peer, tag="big")
+            x, a, i = m.payload
+            self.row(4, float(x.double().sum()), zlib.crc32(x.numpy().tobytes()) ^ zlib.crc32(a.tobytes()) + i)
+
+
+class BigTensors(Strategy):
+    """tx (id 0) and rx (id 1): on different agents under round_robin with agents=2."""
+
+    name = "big_tensors"
+    result = "tx"
+
+    @classmethod
+    def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
+        return [VWorkerSpec("tx", f"{__name__}.BigSender", {"peer": "rx"}),
+                VWorkerSpec("rx", f"{__name__}.BigReceiver", {"peer": "tx"})]

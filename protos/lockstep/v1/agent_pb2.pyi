@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("agent_id", "token", "protocol_version", "device", "run_id", "hostname", "pid")
+    __slots__ = ("agent_id", "token", "protocol_version", "device", "run_id", "hostname", "pid", "data_address", "data_secret")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,8 @@ class RegisterRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DATA_SECRET_FIELD_NUMBER: _ClassVar[int]
     agent_id: int
     token: str
     protocol_version: int
@@ -22,7 +24,9 @@ class RegisterRequest(_message.Message):
     run_id: str
     hostname: str
     pid: int
-    def __init__(self, agent_id: _Optional[int] = ..., token: _Optional[str] = ..., protocol_version: _Optional[int] = ..., device: _Optional[str] = ..., run_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+    data_address: str
+    data_secret: bytes
+    def __init__(self, agent_id: _Optional[int] = ..., token: _Optional[str] = ..., protocol_version: _Optional[int] = ..., device: _Optional[str] = ..., run_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., data_address: _Optional[str] = ..., data_secret: _Optional[bytes] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("agent_id", "plan_json", "ticket", "max_message_bytes", "heartbeat_s", "protocol_version")
@@ -79,18 +83,46 @@ class Dict(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
 
 class Tensor(_message.Message):
-    __slots__ = ("dtype", "shape", "numpy", "data", "blob")
+    __slots__ = ("dtype", "shape", "numpy", "data", "blob", "peer")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     NUMPY_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     BLOB_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     numpy: bool
     data: bytes
     blob: int
-    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., numpy: _Optional[bool] = ..., data: _Optional[bytes] = ..., blob: _Optional[int] = ...) -> None: ...
+    peer: PeerBlob
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., numpy: _Optional[bool] = ..., data: _Optional[bytes] = ..., blob: _Optional[int] = ..., peer: _Optional[_Union[PeerBlob, _Mapping]] = ...) -> None: ...
+
+class PeerBlob(_message.Message):
+    __slots__ = ("agent", "id", "nbytes")
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    agent: int
+    id: int
+    nbytes: int
+    def __init__(self, agent: _Optional[int] = ..., id: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class Peer(_message.Message):
+    __slots__ = ("agent_id", "address", "secret")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    agent_id: int
+    address: str
+    secret: bytes
+    def __init__(self, agent_id: _Optional[int] = ..., address: _Optional[str] = ..., secret: _Optional[bytes] = ...) -> None: ...
+
+class Peers(_message.Message):
+    __slots__ = ("peers",)
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    peers: _containers.RepeatedCompositeFieldContainer[Peer]
+    def __init__(self, peers: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ...) -> None: ...
 
 class BlobChunk(_message.Message):
     __slots__ = ("blob", "total", "offset", "data")
@@ -219,18 +251,20 @@ class Shutdown(_message.Message):
     def __init__(self, abort: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ControllerFrame(_message.Message):
-    __slots__ = ("chunk", "advance", "call", "shutdown", "envelope")
+    __slots__ = ("chunk", "advance", "call", "shutdown", "envelope", "peers")
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     ADVANCE_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
     chunk: BlobChunk
     advance: Advance
     call: Call
     shutdown: Shutdown
     envelope: int
-    def __init__(self, chunk: _Optional[_Union[BlobChunk, _Mapping]] = ..., advance: _Optional[_Union[Advance, _Mapping]] = ..., call: _Optional[_Union[Call, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., envelope: _Optional[int] = ...) -> None: ...
+    peers: Peers
+    def __init__(self, chunk: _Optional[_Union[BlobChunk, _Mapping]] = ..., advance: _Optional[_Union[Advance, _Mapping]] = ..., call: _Optional[_Union[Call, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., envelope: _Optional[int] = ..., peers: _Optional[_Union[Peers, _Mapping]] = ...) -> None: ...
 
 class Ready(_message.Message):
     __slots__ = ("next_time",)
