@@ -37,6 +37,13 @@ PRIO_NET = 0
 """Network events (arrival, tail, link completion, delivery) run before resumes at one instant."""
 PRIO_RESUME = 1
 
+# The heap key (time, priority, origin, seq) is stored as (time, order) with the last three packed into
+# one int, which compares faster: 4 bits of priority, 24 of vworker id (16 M vworkers), 36 of sequence.
+_ORIGIN_SHIFT = 36
+_PRIO_SHIFT = 60
+_RESUME_BITS = PRIO_RESUME << _PRIO_SHIFT
+MAX_VWORKERS = 1 << (_PRIO_SHIFT - _ORIGIN_SHIFT)
+
 
 class KernelError(RuntimeError):
     """A misuse of the kernel by a strategy or a broken invariant."""
@@ -112,6 +119,8 @@ class Kernel:
         """Host ``worker`` here and schedule the start of its ``run()`` at time 0."""
         if worker.id in self.workers:
             raise KernelError(f"vworker id {worker.id} ({worker.name}) added twice")
+        if not 0 <= worker.id < MAX_VWORKERS:
+            raise KernelError(f"vworker id {worker.id} outside [0, {MAX_VWORKERS})")
         self.workers[worker.id] = worker
         worker._attach(self)
         self.schedule(0, PRIO_RESUME, worker, self._start, worker)
@@ -130,7 +139,7 @@ class Kernel:
         if t < self.now:
             raise KernelError(f"event scheduled in the past: {t} < now {self.now} (owner {owner.name})")
         owner._seq += 1
-        heapq.heappush(self._heap, (t, priority, owner.id, owner._seq, fn, arg))
+        heapq.heappush(self._heap, (t, (priority << _PRIO_SHIFT) | (owner.id << _ORIGIN_SHIFT) | owner._seq, fn, arg))
 
     def post(self, t: VirtualTime, priority: int, owner: "Worker", dst: int, kind: str, data: Any) -> None:
         """An event for vworker ``dst``: scheduled here when ``dst`` is local, else sent via the outbox."""
@@ -138,7 +147,8 @@ class Kernel:
         if dst in self.workers:
             if t < self.now:
                 raise KernelError(f"event posted in the past: {t} < now {self.now}")
-            heapq.heappush(self._heap, (t, priority, owner.id, owner._seq, self._remote_handlers[kind], data))
+            heapq.heappush(self._heap, (t, (priority << _PRIO_SHIFT) | (owner.id << _ORIGIN_SHIFT) | owner._seq,
+                                        self._remote_handlers[kind], data))
         else:
             self.outbox.append(RemoteEvent(t, priority, owner.id, owner._seq, dst, kind, data))
 
@@ -151,7 +161,8 @@ class Kernel:
         handler = self._remote_handlers.get(ev.kind)
         if handler is None:
             raise KernelError(f"no handler for remote event kind {ev.kind!r}")
-        heapq.heappush(self._heap, (ev.time, ev.priority, ev.origin, ev.seq, handler, ev.data))
+        heapq.heappush(self._heap, (ev.time, (ev.priority << _PRIO_SHIFT) | (ev.origin << _ORIGIN_SHIFT) | ev.seq,
+                                    handler, ev.data))
 
     def wake(self, worker: "Worker", value: Any = None, at: VirtualTime | None = None) -> None:
         """Resume a parked vworker at ``at`` (default: now) with ``value`` as the await's result."""
@@ -190,20 +201,38 @@ class Kernel:
         """
         heap = self._heap
         pop = heapq.heappop
+        push = heapq.heappush
         n = 0
         limit = max_events if max_events is not None else -1
         try:
             while heap and n != limit:
-                t = heap[0][0]
-                if t >= window_end:
+                ev = pop(heap)
+                t = ev[0]
+                if t >= window_end or (self._stop_at is not None and t > self._stop_at):
+                    push(heap, ev)  # not ours to run (yet): put it back
                     break
-                stop = self._stop_at
-                if stop is not None and t > stop:
-                    break
-                _, _, _, _, fn, arg = pop(heap)
                 self.now = t
                 n += 1
-                fn(arg)
+                fn = ev[2]
+                if fn is not None:
+                    fn(ev[3])
+                    continue
+                # the hot path, inlined: resume a vworker that slept until t
+                w = ev[3]
+                self._current = w
+                try:
+                    cmd = w._coro.send(None)
+                except StopIteration:
+                    w._finished()
+                    continue
+                except BaseException as e:  # a strategy bug: stop the run, name the vworker
+                    self._fail(w, e)
+                    continue
+                if type(cmd) is int and cmd >= t:
+                    w._seq += 1
+                    push(heap, (cmd, _RESUME_BITS | (w.id << _ORIGIN_SHIFT) | w._seq, None, w))
+                else:
+                    self._suspend(w, cmd)
         finally:
             self.events_processed += n
         if self._crash is not None:
@@ -219,34 +248,46 @@ class Kernel:
         worker._resume(None)
 
     def _step(self, worker: "Worker", value: Any = None) -> None:
-        """Resume ``worker``'s coroutine with ``value`` until it suspends again (the hot path)."""
+        """Resume ``worker``'s coroutine with ``value`` until it suspends again."""
         self._current = worker
-        coro = worker._coro
-        exc: BaseException | None = None
+        try:
+            cmd = worker._coro.send(value)
+        except StopIteration:
+            worker._finished()
+            return
+        except BaseException as e:  # a strategy bug: stop the run, name the vworker
+            self._fail(worker, e)
+            return
+        self._suspend(worker, cmd)
+
+    def _suspend(self, worker: "Worker", cmd: Any) -> None:
+        """Act on what a coroutine yielded: a wake-up time, PARKED, or a foreign awaitable."""
         while True:
+            if type(cmd) is int:
+                if cmd >= self.now:
+                    # even a zero-length sleep goes through the heap, after the events already due;
+                    # fn=None marks a plain resume, which run_until drives inline
+                    worker._seq += 1
+                    heapq.heappush(self._heap, (cmd, _RESUME_BITS | (worker.id << _ORIGIN_SHIFT) | worker._seq,
+                                                None, worker))
+                    return
+                exc: BaseException = KernelError(
+                    f"vworker {worker.name} asked to resume in the past ({cmd} < {self.now})")
+            elif cmd is PARKED:
+                return
+            else:
+                exc = ForeignAwaitableError(
+                    f"vworker {worker.name} awaited {cmd!r}, which is not a lockstep kernel awaitable; "
+                    "inside Worker.run use only self.sleep / self.compute / self.recv / self.wait / "
+                    "await on a send handle (no asyncio, no real sleeps)")
             try:
-                cmd = coro.throw(exc) if exc is not None else coro.send(value)
+                cmd = worker._coro.throw(exc)
             except StopIteration:
                 worker._finished()
                 return
-            except BaseException as e:  # a strategy bug: stop the run, name the vworker
+            except BaseException as e:
                 self._fail(worker, e)
                 return
-            if type(cmd) is int:
-                # even a zero-length sleep goes through the heap, after the events already due
-                if cmd < self.now:
-                    exc = KernelError(f"vworker {worker.name} asked to resume in the past ({cmd} < {self.now})")
-                    continue
-                worker._seq += 1
-                heapq.heappush(self._heap, (cmd, PRIO_RESUME, worker.id, worker._seq, self._step, worker))
-                return
-            if cmd is PARKED:
-                return
-            exc = ForeignAwaitableError(
-                f"vworker {worker.name} awaited {cmd!r}, which is not a lockstep kernel awaitable; "
-                "inside Worker.run use only self.sleep / self.compute / self.recv / self.wait / "
-                "await on a send handle (no asyncio, no real sleeps)")
-            value = None
 
     def _fail(self, worker: "Worker", e: BaseException) -> None:
         if isinstance(e, RuntimeError) and "event loop" in str(e):

@@ -13,6 +13,7 @@ Inside it, only the kernel awaitables below advance virtual time::
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -124,11 +125,12 @@ class Worker:
         """Current virtual time in integer nanoseconds."""
         return self._kernel.now
 
+    @types.coroutine
     def sleep(self, dt: VirtualTime):
-        """``await self.sleep(dt)``: resume at ``now + dt`` (ns)."""
+        """``await self.sleep(dt)``: resume at ``now + dt`` (ns). A bare generator: the hottest await."""
         if dt < 0:
             raise KernelError(f"{self.name}: sleep({dt}) with a negative duration")
-        return suspend_until(self._kernel.now + int(dt))
+        yield self._kernel.now + dt
 
     async def compute(self, fn: Callable[..., Any], *args: Any, kind: str = "gradient",
                       cost: float | None = None, **kwargs: Any) -> Any:
