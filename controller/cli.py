@@ -9,6 +9,9 @@ __all__ = ["main"]
 
 def _conf_dir() -> str:
     """conf/ of the source tree, or the copy a regular install ships as the ``conf`` package."""
+    source_tree = Path(__file__).resolve().parent.parent / "conf"
+    if (source_tree / "config.yaml").is_file():
+        return str(source_tree)
     import conf
 
     return str(Path(conf.__file__).resolve().parent)
