@@ -1,0 +1,52 @@
+"""Run a composed config in this process and keep the agent objects, to look inside vworkers afterwards.
+
+Shared by tests/strategies and tests/experiments (their conftest re-exports the ``run`` fixture).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from controller.config import validate
+from controller.plan import make_plan
+from controller.run import build_inprocess, execute
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+FAST = ["model=mlp", "compute=constant", "eval.every=0", "eval.samples=200", "progress=false",
+        "launcher=inprocess", "network.latency=1ms"]
+
+
+class Ran:
+    def __init__(self, result, handles):
+        self.result, self.handles = result, handles
+        self.summary = result.summary
+        self.params = result.params
+
+    def worker(self, name: str):
+        for h in self.handles:
+            w = h.core.workers.get(name)
+            if w is not None:
+                return w
+        raise KeyError(name)
+
+    def rows(self, name: str = "metrics.csv") -> list[dict[str, str]]:
+        import csv
+
+        with open(self.result.run_dir / name, newline="") as f:
+            return list(csv.DictReader(f))
+
+
+def run_config(tmp: Path, overrides: list[str], fast: bool = True) -> Ran:
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=(FAST if fast else []) + overrides)
+    rc = validate(cfg)
+    handles = build_inprocess(make_plan(rc))
+    return Ran(execute(rc, Path(tmp), handles=handles), handles)
+
+
+@pytest.fixture
+def run(tmp_path):
+    n = iter(range(1000))
+    return lambda overrides, fast=True: run_config(tmp_path / f"run{next(n)}", overrides, fast)
