@@ -20,7 +20,7 @@ def one(updates: int, name: str, run_dir: str) -> None:
 
     over = [f"stop.updates={updates}"] + (["agents=1"] if name == "inprocess" else ["agents=2"])
     s = run(Path(run_dir), over, local=name == "local").summary
-    print(json.dumps({"wall_time_s": s["wall_time_s"], "barrier_wall_s": s["barrier_wall_s"]}))
+    print(json.dumps({"wall_time_s": s["wall_time_s"], "wall_barrier_s": s["wall_barrier_s"]}))
 
 
 def main() -> None:

@@ -105,7 +105,7 @@ def main() -> None:
             r = run(Path(d), ["strategy._target_=bench_tensor_throughput.Blast", f"+strategy.mb={mb}", "workers=1",
                               "agents=2", "placement=round_robin", "network.latency=1ms", "model=mlp",
                               "compute=constant", "stop.updates=1"], local=True)
-        best_s = min(best_s, r.summary["barrier_wall_s"])
+        best_s = min(best_s, r.summary["wall_barrier_s"])
         base = max(base, raw_tcp(nbytes))
     ours = nbytes / 1e6 / best_s
     how = "chunked through the controller, two gRPC hops" if via else "direct stream, events via the controller"

@@ -79,7 +79,7 @@ def main() -> None:
                           "agents=4", "placement=round_robin", "network.latency=1ms", "model=mlp",
                           "compute=constant", "stop.updates=1"], local=True)
     s = r.summary
-    wps = s["windows"] / s["barrier_wall_s"]
+    wps = s["windows"] / s["wall_barrier_s"]
     base = asyncio.run(pingpong(steps))
     print(f"bench_windows: {s['windows']} windows over 4 local agents in {s['barrier_wall_s']:.2f} s: "
           f"{wps:.0f} windows/s; bare grpc.aio ping-pong over 4 streams: {base:.0f} rounds/s; "

@@ -155,6 +155,9 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             handles = build_inprocess(plan, observer)
         else:
             handles = launcher.start_agents(plan, run_dir)
+            for h in handles:  # remote agents serving their own /metrics (docs/observability.md)
+                if observer is not None and getattr(h, "metrics_address", ""):
+                    observer.add_agent_endpoint(h.agent_id, h.metrics_address)
     out = RunDir(run_dir)
     col = _Collector(out, progress, metrics, observer)
     should_abort = getattr(launcher, "check", None)
@@ -186,18 +189,25 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             info["reproducible"] = info["reproducible"] and i.get("reproducible", True)
             if i.get("device"):
                 info.setdefault("devices", set()).add(i["device"])
+            if observer is not None and getattr(h, "metrics_address", ""):
+                observer.add_agent_exposition(h.agent_id, h.metrics_text())
     except BaseException as e:
         if hasattr(launcher, "close"):  # stop remote agents at once, telling them why
             launcher.close(abort=f"{type(e).__name__}: {e}")
         raise
     finally:
         out.close()
-        for h in handles:
-            h.close()
         if observer is not None:
             observer.close_outputs(stop)
-        if hasattr(launcher, "close"):
-            launcher.close()
+
+        def close_agents() -> None:
+            for h in handles:
+                h.close()
+            if hasattr(launcher, "close"):
+                launcher.close()
+        # a lingering observer keeps remote agents serving their final /metrics; it stops them after
+        if not (launcher is not None and observer is not None and observer.hold(close_agents)):
+            close_agents()
     if params is not None:
         torch.save(params, run_dir / "params.pt")
     wall = time.perf_counter() - wall0
@@ -234,9 +244,9 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "messages_remote": col.stats.messages_remote,
         "bytes_local": col.stats.bytes_local,
         "bytes_remote": col.stats.bytes_remote,
-        "compute_wall_s": col.stats.compute_wall_s,
+        "wall_compute_s": col.stats.compute_wall_s,
         "compute_virtual_s": {k: v / NS_PER_S for k, v in col.stats.compute_virtual_ns.items()},
-        "barrier_wall_s": col.barrier_s,
+        "wall_barrier_s": col.barrier_s,
     }
     if metrics is not None:
         metrics.set_speed_ratio(summary["speed_ratio"])
