@@ -6,9 +6,12 @@ One :class:`AgentProcess` per OS process (a local subprocess, a Kubernetes pod):
    answers with the run's plan (JSON) and a session ticket, or refuses with
    UNAUTHENTICATED / FAILED_PRECONDITION (the agent then exits with status 3).
 2. Open the ``Session`` stream, start heartbeats, build an
-   :class:`~agents.core.AgentCore` for the vworkers placed here, send ``Ready``.
+   :class:`~agents.core.AgentCore` for the vworkers placed here, serve its
+   Prometheus ``/metrics`` when the plan says so (``plan.settings["metrics"]``),
+   send ``Ready`` with that address.
 3. For every ``Advance``: inject the inbound events, run the window, answer
-   ``Reached``. ``Call`` asks for the final parameters / evaluation / info.
+   ``Reached``. ``Call`` asks for the final parameters / evaluation / info /
+   metrics exposition.
 4. ``Shutdown`` ends the process (status 0); losing the controller ends it too
    (status 1). Messages between vworkers of this agent never leave the process.
 """
@@ -24,9 +27,12 @@ from typing import Any, Iterator
 
 import grpc
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from agents import wire
 from agents.core import AgentCore
 from agents.direct import DIRECT_MIN_BYTES, DirectLinks, DirectServer, local_address_towards
+from agents.metrics import Metrics, serve
 from agents.plan import Plan
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
@@ -52,6 +58,9 @@ class AgentProcess:
         self._out: queue.Queue = queue.Queue(maxsize=32)
         self._stop = threading.Event()
         self.core: AgentCore | None = None
+        self.registry: CollectorRegistry | None = None
+        self.metrics_server: Any = None
+        self.metrics_address = ""
 
     # ------------------------------------------------------------- plumbing
     def _requests(self) -> Iterator[pb.AgentFrame]:
@@ -95,6 +104,9 @@ class AgentProcess:
                 self.links.close()
             if self.direct_server is not None:
                 self.direct_server.close()
+            if self.metrics_server is not None:
+                self.metrics_server.shutdown()
+                self.metrics_server.server_close()
 
     def _run(self) -> int:
         with grpc.insecure_channel(self.controller, options=CHANNEL_OPTIONS) as channel:
@@ -134,7 +146,8 @@ class AgentProcess:
     def _serve(self, a: pb.Assignment, responses: Iterator[pb.ControllerFrame]) -> int:
         try:
             plan = Plan.from_json(a.plan_json)
-            self.core = AgentCore(plan, self.agent_id, data=_prepare(plan))
+            metrics = self._open_metrics(plan.settings.get("metrics") or {})
+            self.core = AgentCore(plan, self.agent_id, data=_prepare(plan), metrics=metrics)
         except Exception as e:  # noqa: BLE001 - reported to the controller, which stops the run
             log.exception("could not build the vworkers of agent %d", self.agent_id)
             self._fail(f"could not build its vworkers: {type(e).__name__}: {e}")
@@ -144,6 +157,7 @@ class AgentProcess:
                  + (" ..." if len(core.local) > 20 else ""))
         f = pb.AgentFrame()
         f.ready.next_time = core.next_time()
+        f.ready.metrics_address = self.metrics_address
         self._send(f)
         reader = wire.FrameReader(pb.ControllerFrame)
         for frame in responses:
@@ -225,6 +239,8 @@ class AgentProcess:
                 value = core.final_eval(*args)
             elif call.method == "info":
                 value = core.info()
+            elif call.method == "metrics":  # the final exposition, which the controller writes to the run dir
+                value = generate_latest(self.registry).decode() if self.registry is not None else ""
             else:
                 raise wire.WireError(f"unknown call {call.method!r}")
             f = pb.AgentFrame()
@@ -237,6 +253,24 @@ class AgentProcess:
             return False
         self._send(f, blobs)
         return True
+
+    def _open_metrics(self, settings: dict[str, Any]) -> Metrics | None:
+        """This agent's own registry, served on ``settings["host"]:settings["port"]`` when ``settings["serve"]``.
+
+        The controller decides (``metrics.port`` not null: every process serves). The address sent
+        in ``Ready`` names the interface that reaches the controller when bound to all interfaces.
+        """
+        if not settings.get("serve"):
+            return None
+        self.registry = CollectorRegistry()
+        m = Metrics(self.registry, role="agent", per_worker=bool(settings.get("per_worker", False)))
+        host = settings.get("host", "127.0.0.1")
+        self.metrics_server, port = serve(self.registry, host, int(settings.get("port", 0) or 0))
+        if host in ("0.0.0.0", "::", ""):
+            host = local_address_towards(self.controller) or socket.getfqdn()
+        self.metrics_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        log.info("metrics on http://%s/metrics", self.metrics_address)
+        return m
 
     def _fail(self, error: str) -> None:
         f = pb.AgentFrame()

@@ -4,7 +4,7 @@ The controller's handlers come from Hydra (console, and ``lockstep.log`` in the
 run directory, ``hydra.job.name: lockstep``); an agent process calls
 :func:`configure_logging` with the run's ``log_level`` and, when its launcher
 collects logs into the run directory, lets the launcher redirect its stderr to
-``<run_dir>/logs/agent-<N>.log`` (``controller.observe.agent_log_path``).
+``<run_dir>/agents/agent-<N>.log`` (``controller.observe.agent_log_path``).
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from protos.lockstep.v1 import agent_pb2 as pb
 __all__ = ["PROTOCOL_VERSION", "WireError", "BlobRef", "FrameWriter", "FrameReader", "encode_value", "decode_value",
            "encode_event", "decode_event", "encode_stats", "decode_stats", "DEFAULT_MAX_MESSAGE_BYTES"]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _FRAME_OVERHEAD = 1024  # room for the non-data fields of a BlobChunk frame
 _MAX_BLOB = 1 << 36  # 64 GiB: a BlobChunk announcing more is malformed

@@ -22,7 +22,7 @@ __all__ = ["ConfigError", "RunConfig", "validate", "config_hash", "PLACEMENTS", 
 
 PLACEMENTS = ("round_robin", "block", "ps_alone")
 PARTITIONS = ("iid", "dirichlet", "non_iid")
-LAUNCHERS = ("inprocess", "local", "kubernetes", "ray")
+LAUNCHERS = ("inprocess", "local", "kubernetes")  # ray: DESIGN §10, not built yet
 LATENCY_DISTRIBUTIONS = {"normal": ("mean", "std"), "lognormal": ("mu", "sigma"), "weibull": ("scale", "shape", "loc")}
 
 
@@ -328,9 +328,12 @@ def _metrics(c: _Checker) -> dict[str, Any]:
     host = c.get("metrics.host", "127.0.0.1")
     if not isinstance(host, str) or not host:
         c.bad("metrics.host", host, "an address to bind such as 127.0.0.1 or 0.0.0.0")
+    agent_port = c.integer("metrics.agent_port", 0, optional=True) or 0
+    if agent_port > 65535:
+        c.bad("metrics.agent_port", agent_port, "0 (a free port) or a port 1..65535")
     linger = c.duration("metrics.linger_s", c.get("metrics.linger_s", 0) or 0)
     return {"port": port, "host": host, "per_worker": bool(c.get("metrics.per_worker", False)),
-            "linger_s": linger or 0.0}
+            "linger_s": linger or 0.0, "agent_port": agent_port}
 
 
 def _statelog(c: _Checker) -> dict[str, Any]:

@@ -8,8 +8,12 @@
   ``/metrics`` endpoint when ``metrics.port`` is not null and writes
   ``endpoints.json`` and ``prometheus-targets.json``;
 * ``agent_metrics(agent_id)`` gives an in-process agent its own registry and
-  endpoint; a remote agent serves its own (``agents.metrics.serve_agent``) and
-  the launcher reports the address with ``add_agent_endpoint``;
+  endpoint; a remote agent serves its own (``plan.settings["metrics"]``, see
+  ``agents/agent.py``), reports the address in ``Ready``, and ``execute()``
+  lists it with ``add_agent_endpoint``; its final exposition comes back through
+  ``add_agent_exposition``;
+* ``hold(close)``: while lingering, remote agents must keep serving, so
+  ``execute()`` hands the launcher's ``close`` here and ``finish`` calls it;
 * ``on_events(rows)`` receives each window's ``Reached.events``;
 * ``close_outputs(stop_time)`` writes ``trace.json`` and ``statelog.jsonl``;
 * ``finish(summary)`` sets the final values, writes ``metrics.prom``, keeps
@@ -44,7 +48,7 @@ log = logging.getLogger(__name__)
 
 def agent_log_path(run_dir: Path, agent_id: int) -> Path:
     """Where a launcher that can (``local``) sends agent ``agent_id``'s stdout and stderr."""
-    d = Path(run_dir) / "logs"
+    d = Path(run_dir) / "agents"
     d.mkdir(parents=True, exist_ok=True)
     return d / f"agent-{agent_id}.log"
 
@@ -61,6 +65,9 @@ class Observer:
         self.host: str = m.get("host", "127.0.0.1")
         self.per_worker: bool = bool(m.get("per_worker", False))
         self.linger_s: float = float(m.get("linger_s", 0.0) or 0.0)
+        self.agent_port: int = int(m.get("agent_port", 0) or 0)
+        self.expositions: dict[int, bytes] = {}  # remote agents' final /metrics text
+        self._held: list[Any] = []
         self.registry = CollectorRegistry()
         self.metrics = Metrics(self.registry, role="controller", per_worker=self.per_worker)
         self.agents: dict[int, tuple[CollectorRegistry, Metrics]] = {}
@@ -89,6 +96,9 @@ class Observer:
                                            "trace_mode": mode})
         if s.get("enabled", True):
             self.statelog = StateLogWriter(self.run_dir)
+        # remote agents serve their own /metrics whenever the controller serves (agents/agent.py)
+        plan.settings["metrics"] = {"serve": self.port is not None, "host": self.host, "port": self.agent_port,
+                                    "per_worker": self.per_worker}
         self.metrics.set_agents({"registered": plan.n_agents})
         if self.port is not None:
             server, port = serve(self.registry, self.host, self.port)
@@ -113,6 +123,24 @@ class Observer:
         self.endpoints["agents"][str(agent_id)] = address
         if self.endpoints["controller"] is not None:
             self._write_endpoints()
+
+    def add_agent_exposition(self, agent_id: int, text: str | bytes) -> None:
+        """A remote agent's final exposition: written to ``metrics-agent-N.prom`` by ``finish``."""
+        self.expositions[agent_id] = text.encode() if isinstance(text, str) else bytes(text)
+
+    @property
+    def lingers(self) -> bool:
+        return self.port is not None and self.linger_s > 0
+
+    def hold(self, close: Any) -> bool:
+        """Call ``close()`` after the linger instead of now, so Prometheus scrapes the agents' final values.
+
+        Returns False (and keeps nothing) when this run does not linger: the caller closes at once.
+        """
+        if not self.lingers:
+            return False
+        self._held.append(close)
+        return True
 
     def _write_endpoints(self) -> None:
         write_json_atomic(self.run_dir / "endpoints.json", self.endpoints)
@@ -161,9 +189,17 @@ class Observer:
             write_exposition(self.registry, self.run_dir / "metrics.prom")
             for agent_id, (reg, _) in sorted(self.agents.items()):
                 write_exposition(reg, self.run_dir / f"metrics-agent-{agent_id}.prom")
+            for agent_id, text in sorted(self.expositions.items()):
+                (self.run_dir / f"metrics-agent-{agent_id}.prom").write_bytes(text)
             if summary is not None and self._servers and self.linger_s > 0:
                 self._linger()
         finally:
+            held, self._held = self._held, []
+            for close in held:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - the servers below must stop too
+                    log.warning("stopping the agents after the linger failed", exc_info=True)
             for server in self._servers:
                 server.shutdown()
                 server.server_close()

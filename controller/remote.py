@@ -86,6 +86,7 @@ class RemoteAgent:
         self._window = 0
         self._calls = 0
         self._closed = False
+        self.metrics_address = ""  # HOST:PORT of the agent's /metrics, from Ready ("" = not serving)
 
     # ------------------------------------------------------------ waiting
     def fail(self, reason: str) -> AgentFailure:
@@ -198,6 +199,10 @@ class RemoteAgent:
     def info(self) -> dict[str, Any]:
         return self._call("info") or {}
 
+    def metrics_text(self) -> str:
+        """The agent's Prometheus exposition now (its final values after the last window)."""
+        return self._call("metrics") or ""
+
     def close(self, abort: str | None = None) -> None:
         """Tell the agent the run is over (Done, or Abort with a reason) and end the stream."""
         if self._closed:
@@ -240,8 +245,10 @@ class RemoteAgents:
         self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents,
                                        ServerSettings(s.host, s.port, s.max_message_bytes, s.heartbeat_s))
         address = self.server.start()
+        m = plan.settings.get("metrics") or {}
         spec = LaunchSpec(run_id=plan.run_id, n_agents=plan.n_agents, controller_address=address, token=token,
-                          run_dir=Path(run_dir), log_level=self.log_level, extra_env=self.extra_env)
+                          run_dir=Path(run_dir), log_level=self.log_level, extra_env=self.extra_env,
+                          metrics_port=int(m.get("port") or 0) if m.get("serve") else 0)
         try:
             self._started = True
             self.launcher.start(spec)
@@ -277,6 +284,7 @@ class RemoteAgents:
                 if msg.WhichOneof("body") != "ready":
                     raise h.fail(f"protocol error: expected Ready, got {msg.WhichOneof('body')}")
                 h._next = msg.ready.next_time
+                h.metrics_address = msg.ready.metrics_address
                 ready[aid] = h
             if len(ready) < plan.n_agents:
                 if now > deadline:

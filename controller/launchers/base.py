@@ -17,6 +17,7 @@ class LaunchSpec:
     run_dir: Path
     log_level: str = "INFO"
     extra_env: dict[str, str] = field(default_factory=dict)
+    metrics_port: int = 0  # fixed port of each agent's /metrics (0: none fixed; a free one if serving)
 
     def agent_argv(self, agent_id: int) -> list[str]:
         """The command line of agent ``agent_id``; the token travels in $LOCKSTEP_TOKEN, never argv."""

@@ -13,7 +13,9 @@ SMALL = ["model=mlp", "compute=constant", "launcher=inprocess", "progress=false"
 
 
 def command(run_dir: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "controller.cli", "run", *SMALL, *overrides, f"hydra.run.dir={run_dir}"]
+    keys = {o.split("=", 1)[0] for o in overrides}
+    small = [o for o in SMALL if o.split("=", 1)[0] not in keys]  # Hydra refuses a key given twice
+    return [sys.executable, "-m", "controller.cli", "run", *small, *overrides, f"hydra.run.dir={run_dir}"]
 
 
 def run(run_dir: Path, *overrides: str, timeout_s: float = 120) -> Path:

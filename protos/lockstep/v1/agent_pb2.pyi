@@ -267,10 +267,12 @@ class ControllerFrame(_message.Message):
     def __init__(self, chunk: _Optional[_Union[BlobChunk, _Mapping]] = ..., advance: _Optional[_Union[Advance, _Mapping]] = ..., call: _Optional[_Union[Call, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., envelope: _Optional[int] = ..., peers: _Optional[_Union[Peers, _Mapping]] = ...) -> None: ...
 
 class Ready(_message.Message):
-    __slots__ = ("next_time",)
+    __slots__ = ("next_time", "metrics_address")
     NEXT_TIME_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     next_time: int
-    def __init__(self, next_time: _Optional[int] = ...) -> None: ...
+    metrics_address: str
+    def __init__(self, next_time: _Optional[int] = ..., metrics_address: _Optional[str] = ...) -> None: ...
 
 class Reached(_message.Message):
     __slots__ = ("window", "next_time", "outbound", "stop_time", "updates", "evals", "events", "stats")
