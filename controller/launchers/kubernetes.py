@@ -250,6 +250,10 @@ def build_agent_pod(
     agent["command"] = spec.agent_argv(agent_id)
     agent.pop("args", None)
     agent.setdefault("securityContext", copy.deepcopy(DEFAULT_CONTAINER_SECURITY_CONTEXT))
+    if spec.metrics_port:  # metrics.agent_port: a named port a PodMonitor can scrape
+        ports = [p for p in agent.get("ports") or [] if p.get("name") != "metrics"
+                 and p.get("containerPort") != spec.metrics_port]
+        agent["ports"] = [*ports, {"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"}]
     secret_name, secret_key = token_secret
     owned = [
         {"name": "LOCKSTEP_TOKEN",

@@ -50,6 +50,25 @@ SERVICE_MONITOR_SCHEMA = {
 }
 
 
+# The part of monitoring.coreos.com/v1 PodMonitor the chart renders, strictly (same selector shape).
+POD_MONITOR_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PodMonitor"},
+        "metadata": SERVICE_MONITOR_SCHEMA["properties"]["metadata"],
+        "spec": {"type": "object", "additionalProperties": False, "required": ["selector", "podMetricsEndpoints"],
+                 "properties": {
+                     "selector": SERVICE_MONITOR_SCHEMA["properties"]["spec"]["properties"]["selector"],
+                     "namespaceSelector":
+                         SERVICE_MONITOR_SCHEMA["properties"]["spec"]["properties"]["namespaceSelector"],
+                     "podMetricsEndpoints": SERVICE_MONITOR_SCHEMA["properties"]["spec"]["properties"]["endpoints"],
+                 }},
+    },
+}
+
+
 def values_args(values: Path | None) -> list[str]:
     return ["-f", str(values)] if values else []
 
@@ -97,11 +116,14 @@ def test_every_rendered_manifest_is_valid_kubernetes(helm, values, tmp_path):
     for doc in docs:
         if doc["kind"] == "ServiceMonitor":
             jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA)
+        elif doc["kind"] == "PodMonitor":
+            jsonschema.validate(doc, POD_MONITOR_SCHEMA)
         else:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     # The agent pods the launcher will build from the rendered template are valid too.
     spec = LaunchSpec(run_id="exp1", n_agents=1, controller_address="exp1-lockstep.lab.svc:50051",
-                      token="t", run_dir=Path("/results/exp1"))
+                      token="t", run_dir=Path("/results/exp1"),
+                      metrics_port=int(arg(job_args(docs), "metrics.agent_port")))
     pod = build_agent_pod(spec, 0, name="lockstep-exp1-agent-0", namespace="lab", image="lockstep:0.1.0",
                           image_pull_policy="IfNotPresent", instance="exp1", token_secret=("exp1-lockstep", "token"),
                           template=agent_template(docs, tmp_path))
@@ -256,6 +278,24 @@ def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_port(helm
     assert sm["metadata"]["labels"]["release"] == "prometheus"
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+
+
+def test_the_pod_monitor_is_off_by_default_and_selects_the_agent_pods_by_their_metrics_port(helm, tmp_path):
+    assert "PodMonitor" not in by_kind(render(helm))
+    docs = render(helm, "-f", str(CHART / "ci" / "servicemonitor-values.yaml"), "--set", "metrics.agentPort=9411")
+    [pm] = by_kind(docs)["PodMonitor"]
+    assert pm["metadata"]["labels"]["release"] == "prometheus"
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert arg(job_args(docs), "metrics.agent_port") == "9411"
+    # the pod the launcher builds for release exp1 (helm's default name in render) matches and names the port
+    spec = LaunchSpec(run_id="exp1", n_agents=1, controller_address="c:1", token="t", run_dir=Path("/r"),
+                      metrics_port=9411)
+    pod = build_agent_pod(spec, 0, name="a0", namespace="default", image="lockstep:0.1.0", image_pull_policy=None,
+                          instance=arg(job_args(docs), "launcher.instance"), token_secret=("s", "token"),
+                          template=agent_template(docs, tmp_path))
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    [agent] = [c for c in pod["spec"]["containers"] if c["name"] == "agent"]
+    assert {"name": "metrics", "containerPort": 9411, "protocol": "TCP"} in agent["ports"]
 
 
 def test_the_dashboard_ships_as_a_configmap_for_the_grafana_sidecar(helm):
