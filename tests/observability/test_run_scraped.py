@@ -20,6 +20,7 @@ from .test_promtool import promtool_check
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TIMEOUT_S = 60.0
+UPDATES = 10000
 
 
 def test_prometheus_scrapes_a_real_run_and_its_final_values_equal_the_summary(prom_server, tmp_path):
@@ -27,7 +28,9 @@ def test_prometheus_scrapes_a_real_run_and_its_final_values_equal_the_summary(pr
     run_dir.mkdir()
     targets = run_dir / "prometheus-targets.json"
     prom = prom_server(file_sd=[targets])
-    proc = runs.start(run_dir, "workers=4", "stop.updates=2500", "eval.every=500", "metrics.port=0",
+    # long enough (about 12 wall s) that Prometheus, whose file discovery takes about 5 s, scrapes the
+    # counters while they still move: the dashboard's rate() panels need two different samples
+    proc = runs.start(run_dir, "workers=4", f"stop.updates={UPDATES}", "eval.every=2000", "metrics.port=0",
                       "metrics.linger_s=300", "trace.mode=off")
     try:
         def jobs() -> list[str]:
@@ -38,7 +41,7 @@ def test_prometheus_scrapes_a_real_run_and_its_final_values_equal_the_summary(pr
         # metrics.prom is written once the final values are set, before lingering
         runs.poll("the run finished", (run_dir / "metrics.prom").exists, 180, proc)
         summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["updates"] == 2500
+        assert summary["updates"] == UPDATES
 
         prom.wait_for('lockstep_updates_total{job="controller"}', TIMEOUT_S,
                       lambda r: bool(r) and value(r) == summary["updates"])
