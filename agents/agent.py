@@ -265,7 +265,12 @@ class AgentProcess:
         self.registry = CollectorRegistry()
         m = Metrics(self.registry, role="agent", per_worker=bool(settings.get("per_worker", False)))
         host = settings.get("host", "127.0.0.1")
-        self.metrics_server, port = serve(self.registry, host, int(settings.get("port", 0) or 0))
+        want = int(settings.get("port", 0) or 0)
+        try:
+            self.metrics_server, port = serve(self.registry, host, want)
+        except OSError as e:  # e.g. metrics.agent_port fixed while several agents share one host
+            raise OSError(f"cannot serve /metrics on {host}:{want} (metrics.host, metrics.agent_port; "
+                          f"0 picks a free port): {e}") from e
         if host in ("0.0.0.0", "::", ""):
             host = local_address_towards(self.controller) or socket.getfqdn()
         self.metrics_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -331,6 +331,9 @@ def _metrics(c: _Checker) -> dict[str, Any]:
     agent_port = c.integer("metrics.agent_port", 0, optional=True) or 0
     if agent_port > 65535:
         c.bad("metrics.agent_port", agent_port, "0 (a free port) or a port 1..65535")
+    elif agent_port and c.get("launcher.name") == "local" and isinstance(c.get("agents"), int) and c.get("agents") > 1:
+        c.bad("metrics.agent_port", agent_port, "0 with launcher=local and several agents (they share one host, "
+              "so each needs its own free port)")
     linger = c.duration("metrics.linger_s", c.get("metrics.linger_s", 0) or 0)
     return {"port": port, "host": host, "per_worker": bool(c.get("metrics.per_worker", False)),
             "linger_s": linger or 0.0, "agent_port": agent_port}
