@@ -49,7 +49,8 @@ def test_prometheus_scrapes_every_agent_process_and_their_counters_add_up_to_the
         per_agent = prom.query('lockstep_events_total{job="agent"}')
         assert sorted(s["metric"]["instance"] for s in per_agent) == sorted(agent_targets())
         assert all(float(s["value"][1]) > 0 for s in per_agent)
-        assert prom.value('sum(lockstep_messages_total{job="agent",scope="local"})') == summary["messages_local"]
+        prom.wait_for('sum(lockstep_messages_total{job="agent",scope="local"})', TIMEOUT_S,
+                      lambda r: bool(r) and value(r) == summary["messages_local"])
 
         # each agent's final exposition came back to the controller, which wrote it into the run directory
         for a in (0, 1):

@@ -53,10 +53,12 @@ def test_prometheus_scrapes_a_real_run_and_its_final_values_equal_the_summary(pr
         assert prom.value("lockstep_test_accuracy_ratio") == summary["test_accuracy"]
         assert prom.value('lockstep_run_info{job="controller"}') == 1
         assert prom.query('lockstep_run_info')[0]["metric"]["run_id"] == summary["run_id"]
-        # the agent's counters add up to the run's
-        assert prom.value('sum(lockstep_events_total{job="agent"})') == summary["events"]
-        assert prom.value('sum(lockstep_messages_total{job="agent"})') == (
-            summary["messages_local"] + summary["messages_remote"])
+        # the agent's counters add up to the run's (the agent is its own target: "done" on the controller
+        # says nothing about when the agent was last scraped, so wait for its final scrape too)
+        prom.wait_for('sum(lockstep_events_total{job="agent"})', TIMEOUT_S,
+                      lambda r: bool(r) and value(r) == summary["events"])
+        prom.wait_for('sum(lockstep_messages_total{job="agent"})', TIMEOUT_S,
+                      lambda r: bool(r) and value(r) == summary["messages_local"] + summary["messages_remote"])
         assert prom.value('lockstep_agents{state="running"}') == 0
 
         for title, expr in dashboard.expressions(dashboard.load()):
