@@ -3,7 +3,7 @@
 The tensor bytes travel on the direct stream from agent 0 to agent 1 (agents/direct.py); the events
 that reference them go agent 0 -> controller -> agent 1 over gRPC as usual. ``--via-controller``
 starts the agents with LOCKSTEP_DIRECT=0 (lockstep agent --no-direct): the bytes then travel chunked through the controller (two gRPC
-hops). The time is the wall time of the windows that carry them (summary barrier_wall_s). The
+hops). The time is the wall time of the windows that carry them (summary wall_barrier_s). The
 baseline sends the same bytes over a raw loopback TCP socket (one hop, 1 MiB reads) in this process.
 The machine is shared, so each side is measured REPEATS times (interleaved) and the best is kept.
 Prints MB/s and the ratio (target >= 0.5).

@@ -81,7 +81,7 @@ def main() -> None:
     s = r.summary
     wps = s["windows"] / s["wall_barrier_s"]
     base = asyncio.run(pingpong(steps))
-    print(f"bench_windows: {s['windows']} windows over 4 local agents in {s['barrier_wall_s']:.2f} s: "
+    print(f"bench_windows: {s['windows']} windows over 4 local agents in {s['wall_barrier_s']:.2f} s: "
           f"{wps:.0f} windows/s; bare grpc.aio ping-pong over 4 streams: {base:.0f} rounds/s; "
           f"ratio {wps / base:.2f}")
 
