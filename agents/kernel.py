@@ -45,6 +45,11 @@ _RESUME_BITS = PRIO_RESUME << _PRIO_SHIFT
 MAX_VWORKERS = 1 << (_PRIO_SHIFT - _ORIGIN_SHIFT)
 
 
+def _order(priority: int, origin: int, seq: int) -> int:
+    """The packed (priority, origin, seq) part of a heap key; run_until inlines it for plain resumes."""
+    return (priority << _PRIO_SHIFT) | (origin << _ORIGIN_SHIFT) | seq
+
+
 class KernelError(RuntimeError):
     """A misuse of the kernel by a strategy or a broken invariant."""
 
@@ -139,7 +144,7 @@ class Kernel:
         if t < self.now:
             raise KernelError(f"event scheduled in the past: {t} < now {self.now} (owner {owner.name})")
         owner._seq += 1
-        heapq.heappush(self._heap, (t, (priority << _PRIO_SHIFT) | (owner.id << _ORIGIN_SHIFT) | owner._seq, fn, arg))
+        heapq.heappush(self._heap, (t, _order(priority, owner.id, owner._seq), fn, arg))
 
     def post(self, t: VirtualTime, priority: int, owner: "Worker", dst: int, kind: str, data: Any) -> None:
         """An event for vworker ``dst``: scheduled here when ``dst`` is local, else sent via the outbox."""
@@ -147,8 +152,7 @@ class Kernel:
         if dst in self.workers:
             if t < self.now:
                 raise KernelError(f"event posted in the past: {t} < now {self.now}")
-            heapq.heappush(self._heap, (t, (priority << _PRIO_SHIFT) | (owner.id << _ORIGIN_SHIFT) | owner._seq,
-                                        self._remote_handlers[kind], data))
+            heapq.heappush(self._heap, (t, _order(priority, owner.id, owner._seq), self._remote_handlers[kind], data))
         else:
             self.outbox.append(RemoteEvent(t, priority, owner.id, owner._seq, dst, kind, data))
 
@@ -161,8 +165,7 @@ class Kernel:
         handler = self._remote_handlers.get(ev.kind)
         if handler is None:
             raise KernelError(f"no handler for remote event kind {ev.kind!r}")
-        heapq.heappush(self._heap, (ev.time, (ev.priority << _PRIO_SHIFT) | (ev.origin << _ORIGIN_SHIFT) | ev.seq,
-                                    handler, ev.data))
+        heapq.heappush(self._heap, (ev.time, _order(ev.priority, ev.origin, ev.seq), handler, ev.data))
 
     def wake(self, worker: "Worker", value: Any = None, at: VirtualTime | None = None) -> None:
         """Resume a parked vworker at ``at`` (default: now) with ``value`` as the await's result."""

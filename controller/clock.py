@@ -50,11 +50,7 @@ def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookah
     while True:
         if should_abort is not None:
             should_abort()
-        T = min(next_t)
-        for p in pending:
-            for ev in p:
-                if ev.time < T:
-                    T = ev.time
+        T = _earliest(next_t, pending)
         if T >= INFINITY or (stop_time is not None and T > stop_time):
             return stop_time
         if n == 1:
@@ -83,12 +79,9 @@ def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookah
             if r.stop_time is not None:
                 stop_time = r.stop_time if stop_time is None else min(stop_time, r.stop_time)
             reached.append(r)
-        nxt = min(next_t)
-        for p in pending:
-            for ev in p:
-                nxt = min(nxt, ev.time)
-        if n == 1:
-            nxt = reached[0].next_time if reached else nxt
-            # a chunked single agent may still have events at the current instant
-            nxt = min(nxt, T) if next_t[0] == T else nxt
-        on_window(Window(T, W, reached, stop_time, time.perf_counter() - t0, nxt))
+        on_window(Window(T, W, reached, stop_time, time.perf_counter() - t0, _earliest(next_t, pending)))
+
+
+def _earliest(next_t: list[VirtualTime], pending: list[list[RemoteEvent]]) -> VirtualTime:
+    """The earliest next event of any agent or undelivered message (DESIGN §5 step 1)."""
+    return min([*next_t, *(ev.time for p in pending for ev in p)])

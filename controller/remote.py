@@ -17,7 +17,6 @@ import queue
 import secrets
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,7 +25,7 @@ from agents.core import Reached
 from agents.kernel import RemoteEvent
 from agents.plan import Plan
 from controller.launchers.base import AgentFailure, LaunchSpec
-from controller.server import AgentSession, ControllerServer, ServerSettings
+from controller.server import AgentSession, ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb
 
 __all__ = ["RemoteAgent", "RemoteAgents", "ControllerSettings", "resolve_token", "launcher_for"]
@@ -34,25 +33,6 @@ __all__ = ["RemoteAgent", "RemoteAgents", "ControllerSettings", "resolve_token",
 log = logging.getLogger("lockstep.controller")
 
 _POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class ControllerSettings:
-    """The ``controller:`` section of the config (see conf/config.yaml)."""
-
-    host: str = "127.0.0.1"
-    port: int = 0
-    max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES
-    heartbeat_s: float = 1.0
-    agent_timeout_s: float = 30.0
-    startup_timeout_s: float = 120.0
-    token_file: str | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "ControllerSettings":
-        d = dict(d or {})
-        known = {f: d[f] for f in cls.__dataclass_fields__ if f in d}
-        return cls(**known)
 
 
 def resolve_token(token_file: str | None = None) -> str:
@@ -242,8 +222,7 @@ class RemoteAgents:
     def start_agents(self, plan: Plan, run_dir: Path) -> list[RemoteAgent]:
         s = self.settings
         token = resolve_token(s.token_file)
-        self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents,
-                                       ServerSettings(s.host, s.port, s.max_message_bytes, s.heartbeat_s))
+        self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s)
         address = self.server.start()
         m = plan.settings.get("metrics") or {}
         spec = LaunchSpec(run_id=plan.run_id, n_agents=plan.n_agents, controller_address=address, token=token,

@@ -168,9 +168,9 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         stop = run_windows(handles, plan.placement, plan.lookahead(), col.on_window, should_abort=should_abort)
         col.stop_time = stop
         col.flush(None)
+        # agents report stop.virtual_time as their stop time from the start, so stop is None only when
+        # the run ran out of events
         end_ns = stop if stop is not None else col.max_time
-        if plan.stop_virtual_time_ns is not None and stop is None:
-            end_ns = plan.stop_virtual_time_ns if col.max_time <= plan.stop_virtual_time_ns else col.max_time
         params, info = None, {"profile_misses": 0, "reproducible": True}
         for h in handles:
             p = h.result_params()
@@ -235,9 +235,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "reproducible": info["reproducible"],
         "profile_misses": info["profile_misses"],
         "device": ",".join(sorted(info.get("devices", ()))) or None,
-        "stopped_by": ("updates" if stop is not None and plan.stop_virtual_time_ns != stop else
-                       "virtual_time" if plan.stop_virtual_time_ns is not None and end_ns == plan.stop_virtual_time_ns
-                       else "no_more_events"),
+        "stopped_by": ("no_more_events" if stop is None else
+                       "virtual_time" if stop == plan.stop_virtual_time_ns else "updates"),
         "windows": col.windows,
         "events": col.stats.events,
         "messages_local": col.stats.messages_local,

@@ -27,17 +27,27 @@ from agents import wire
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 
-__all__ = ["ControllerServer", "AgentSession", "ServerSettings"]
+__all__ = ["ControllerServer", "AgentSession", "ControllerSettings"]
 
 log = logging.getLogger("lockstep.controller")
 
 
 @dataclass(frozen=True)
-class ServerSettings:
+class ControllerSettings:
+    """The ``controller:`` section of the config (see conf/config.yaml); the server reads the first four."""
+
     host: str = "127.0.0.1"
     port: int = 0
     max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES
     heartbeat_s: float = 1.0
+    agent_timeout_s: float = 30.0
+    startup_timeout_s: float = 120.0
+    token_file: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "ControllerSettings":
+        d = dict(d or {})
+        return cls(**{f: d[f] for f in cls.__dataclass_fields__ if f in d})
 
 
 class AgentSession:
@@ -160,7 +170,7 @@ class ControllerServer:
     """The gRPC server of one run."""
 
     def __init__(self, token: str, run_id: str, plan_json: str, n_agents: int,
-                 settings: ServerSettings = ServerSettings()):
+                 settings: ControllerSettings = ControllerSettings()):
         if not token:
             raise ValueError("the controller needs a non-empty token")
         self.token, self.run_id, self.plan_json, self.n_agents = token, run_id, plan_json, n_agents

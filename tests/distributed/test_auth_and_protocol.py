@@ -15,7 +15,7 @@ from agents.plan import Plan
 from controller.launchers.base import AgentFailure
 from controller.plan import make_plan
 from controller.remote import RemoteAgent
-from controller.server import ControllerServer, ServerSettings
+from controller.server import ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 
@@ -34,7 +34,7 @@ def plan() -> Plan:
 
 @pytest.fixture
 def server(plan):
-    s = ControllerServer(TOKEN, plan.run_id, plan.to_json(), plan.n_agents, ServerSettings(max_message_bytes=1 << 16))
+    s = ControllerServer(TOKEN, plan.run_id, plan.to_json(), plan.n_agents, ControllerSettings(max_message_bytes=1 << 16))
     s.start()
     yield s
     s.stop(grace=0)
