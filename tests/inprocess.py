@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from controller.config import validate
 from controller.plan import make_plan
 from controller.run import build_inprocess, execute
+from tests.helpers import compose_cfg
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 FAST = ["model=mlp", "compute=constant", "eval.every=0", "eval.samples=200", "progress=false",
@@ -39,9 +39,7 @@ class Ran:
 
 
 def run_config(tmp: Path, overrides: list[str], fast: bool = True) -> Ran:
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=(FAST if fast else []) + overrides)
-    rc = validate(cfg)
+    rc = validate(compose_cfg((FAST if fast else []) + overrides))
     handles = build_inprocess(make_plan(rc))
     return Ran(execute(rc, Path(tmp), handles=handles), handles)
 

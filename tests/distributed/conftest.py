@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
 from controller.config import validate
+from tests.helpers import compose_cfg  # noqa: F401  (also used by test modules)
 from controller.launchers.local import LocalLauncher
 from controller.remote import ControllerSettings, RemoteAgents
 from controller.run import execute
@@ -16,11 +16,6 @@ from controller.run import execute
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 FAST = ["model=mlp", "compute=constant", "eval.every=0", "progress=false", "launcher=inprocess"]
-
-
-def compose_cfg(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
 
 
 def agents_env() -> dict[str, str]:

@@ -12,18 +12,13 @@ import os
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from tests.experiments.test_experiments import CONF, EXPERIMENTS, SHORT, sweep_params
+from tests.experiments.test_experiments import EXPERIMENTS, SHORT, sweep_params
+from tests.helpers import compose_cfg
 
 GOLDEN = Path(__file__).parent / "golden"
 EXACT = ("updates", "samples", "virtual_time_ns", "bytes_local", "bytes_remote", "messages_local",
          "messages_remote", "events")
-
-
-def _compute_model(overrides: list[str]) -> str:
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides).compute.model
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -31,7 +26,7 @@ def test_shortened_experiment_reproduces_its_stored_summary(run, name):
     params = sweep_params(name)
     point = [f"{k}={min(int(v[0]), 4) if k == 'workers' else v[0]}" for k, v in params.items()]
     overrides = [f"+experiment={name}", *SHORT, "stop.updates=6", *point]
-    if _compute_model(overrides) in ("profiled", "measured"):
+    if compose_cfg(overrides).compute.model in ("profiled", "measured"):
         overrides.append("compute=constant")
     s = run(overrides, fast=False).summary
     got = {k: s[k] for k in EXACT} | {"final_loss": s["final_loss"], "overrides": overrides}
