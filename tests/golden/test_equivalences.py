@@ -1,6 +1,7 @@
 """Golden equivalences of DESIGN §5 and rerun identity."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from agents.workloads.batches import BatchStream
@@ -21,7 +22,7 @@ def test_sync_ps_equals_large_batch_sgd(tmp_path):
     model = build_model({"_target_": "agents.workloads.models.MLP", "hidden": [200]}, seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     for _ in range(steps):
-        idx = torch.from_numpy(torch.cat([torch.from_numpy(next(s)) for s in streams]).numpy())
+        idx = torch.from_numpy(np.concatenate([next(s) for s in streams]))
         _, grads = gradient(model, data.train_x[idx], data.train_y[idx])
         for p, g in zip(model.parameters(), grads):
             p.grad = g
