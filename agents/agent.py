@@ -5,7 +5,9 @@ One :class:`AgentProcess` per OS process (a local subprocess, a Kubernetes pod):
 1. ``Register`` with the shared token and the protocol version; the controller
    answers with the run's plan (JSON) and a session ticket, or refuses with
    UNAUTHENTICATED / FAILED_PRECONDITION (the agent then exits with status 3).
-2. Open the ``Session`` stream, start heartbeats, build an
+2. Open the ``Session`` stream (grpc.aio: windows run on the thread that
+   reads the stream, with no hand-off per frame), start heartbeats (the
+   ``Beat`` call, from a thread of its own), build an
    :class:`~agents.core.AgentCore` for the vworkers placed here, serve its
    Prometheus ``/metrics`` when the plan says so (``plan.settings["metrics"]``),
    send ``Ready`` with that address.
@@ -17,13 +19,13 @@ One :class:`AgentProcess` per OS process (a local subprocess, a Kubernetes pod):
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import queue
 import socket
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 
@@ -55,7 +57,7 @@ class AgentProcess:
         self.direct = direct
         self.direct_server: DirectServer | None = None
         self.links: DirectLinks | None = None
-        self._out: queue.Queue = queue.Queue(maxsize=32)
+        self.call: Any = None  # the Session stream (grpc.aio)
         self._stop = threading.Event()
         self.core: AgentCore | None = None
         self.registry: CollectorRegistry | None = None
@@ -63,25 +65,19 @@ class AgentProcess:
         self.metrics_address = ""
 
     # ------------------------------------------------------------- plumbing
-    def _requests(self) -> Iterator[pb.AgentFrame]:
-        while True:
-            f = self._out.get()
-            if f is None:
-                return
-            yield f
-
-    def _send(self, frame: pb.AgentFrame, blobs: Any = None) -> None:
+    async def _send(self, frame: pb.AgentFrame, blobs: Any = None) -> None:
         for f in self.writer.frames(frame, blobs):
-            self._out.put(f)
+            await self.call.write(f)
 
-    def _heartbeats(self, every_s: float) -> None:
-        while not self._stop.wait(every_s):
-            f = pb.AgentFrame()
-            f.heartbeat.sent_unix_ns = time.time_ns()
-            try:  # a full queue means frames are flowing anyway
-                self._out.put_nowait(f)
-            except queue.Full:
-                pass
+    def _heartbeats(self, every_s: float, metadata: tuple) -> None:
+        """Beat every ``every_s`` from this thread, on a channel of its own: a long window keeps beating."""
+        with grpc.insecure_channel(self.controller, options=CHANNEL_OPTIONS) as channel:
+            beat = pb_grpc.ControllerStub(channel).Beat
+            while not self._stop.wait(every_s):
+                try:
+                    beat(pb.Heartbeat(sent_unix_ns=time.time_ns()), metadata=metadata, timeout=max(every_s, 1.0))
+                except grpc.RpcError:  # the Session stream tells when the controller is gone
+                    log.debug("heartbeat failed", exc_info=True)
 
     # ----------------------------------------------------------------- main
     def _open_direct(self) -> None:
@@ -109,11 +105,14 @@ class AgentProcess:
                 self.metrics_server.server_close()
 
     def _run(self) -> int:
-        with grpc.insecure_channel(self.controller, options=CHANNEL_OPTIONS) as channel:
+        return asyncio.run(self._run_async())
+
+    async def _run_async(self) -> int:
+        async with grpc.aio.insecure_channel(self.controller, options=CHANNEL_OPTIONS) as channel:
             stub = pb_grpc.ControllerStub(channel)
             ds = self.direct_server
             try:
-                a = stub.Register(pb.RegisterRequest(
+                a = await stub.Register(pb.RegisterRequest(
                     agent_id=self.agent_id, token=self.token, protocol_version=self.protocol_version,
                     device=_device(), run_id=self.run_id, hostname=socket.gethostname(), pid=os.getpid(),
                     data_address=ds.address if ds else "", data_secret=ds.secret if ds else b""),
@@ -128,12 +127,15 @@ class AgentProcess:
                      a.protocol_version)
             self.writer = wire.FrameWriter(pb.AgentFrame, int(a.max_message_bytes))
             md = (("lockstep-agent-id", str(self.agent_id)), ("lockstep-ticket", a.ticket))
-            responses = stub.Session(self._requests(), metadata=md)
-            hb = threading.Thread(target=self._heartbeats, args=(max(a.heartbeat_s, 0.01),),
+            self.call = stub.Session(metadata=md)
+            hb = threading.Thread(target=self._heartbeats, args=(max(a.heartbeat_s, 0.01), md),
                                   name="heartbeat", daemon=True)
             hb.start()
             try:
-                return self._serve(a, responses)
+                status = await self._serve(a)
+                if status == EXIT_OK:
+                    await self.call.done_writing()
+                return status
             except grpc.RpcError as e:
                 if self._stop.is_set():
                     return EXIT_OK
@@ -141,35 +143,39 @@ class AgentProcess:
                 return EXIT_FAILED
             finally:
                 self._stop.set()
-                self._out.put(None)
+                self.call.cancel()
 
-    def _serve(self, a: pb.Assignment, responses: Iterator[pb.ControllerFrame]) -> int:
+    async def _serve(self, a: pb.Assignment) -> int:
+        """Build the vworkers, then answer the controller's frames in order (windows run on this thread)."""
         try:
             plan = Plan.from_json(a.plan_json)
             metrics = self._open_metrics(plan.settings.get("metrics") or {})
             self.core = AgentCore(plan, self.agent_id, data=_prepare(plan), metrics=metrics)
         except Exception as e:  # noqa: BLE001 - reported to the controller, which stops the run
             log.exception("could not build the vworkers of agent %d", self.agent_id)
-            self._fail(f"could not build its vworkers: {type(e).__name__}: {e}")
+            await self._fail(f"could not build its vworkers: {type(e).__name__}: {e}")
             return EXIT_FAILED
         core = self.core
         log.info("pid %d hosting %d vworkers: %s", os.getpid(), len(core.local), ", ".join(plan.names[v] for v in core.local[:20])
                  + (" ..." if len(core.local) > 20 else ""))
         f = pb.AgentFrame()
-        f.ready.next_time = core.next_time()
+        f.ready.next_time, f.ready.horizon = core.next_time(), core.output_bound()
         f.ready.metrics_address = self.metrics_address
-        self._send(f)
+        await self._send(f)
         reader = wire.FrameReader(pb.ControllerFrame)
-        for frame in responses:
+        while True:
+            frame = await self.call.read()
+            if frame is grpc.aio.EOF:
+                break
             msg = reader.feed(frame)
             if msg is None:
                 continue
             body = msg.WhichOneof("body")
             if body == "advance":
-                if not self._advance(msg.advance, reader):
+                if not await self._advance(msg.advance, reader):
                     return EXIT_FAILED
             elif body == "call":
-                if not self._call(msg.call):
+                if not await self._call(msg.call):
                     return EXIT_FAILED
             elif body == "peers":
                 peers = {p.agent_id: (p.address, p.secret) for p in msg.peers.peers
@@ -190,7 +196,7 @@ class AgentProcess:
         log.error("the controller closed the stream without a Shutdown")
         return EXIT_FAILED
 
-    def _advance(self, adv: pb.Advance, reader: wire.FrameReader) -> bool:
+    async def _advance(self, adv: pb.Advance, reader: wire.FrameReader) -> bool:
         try:
             fetch = self.direct_server.take if self.direct_server is not None else None
             inbound = [wire.decode_event(e, reader.blobs, fetch) for e in adv.inbound]
@@ -199,7 +205,7 @@ class AgentProcess:
                                   adv.max_events if adv.HasField("max_events") else None)
             f = pb.AgentFrame()
             rm = f.reached
-            rm.window, rm.next_time = adv.window, r.next_time
+            rm.window, rm.next_time, rm.horizon = adv.window, r.next_time, r.horizon
             if r.stop_time is not None:
                 rm.stop_time = r.stop_time
             blobs = self.writer.blobs()
@@ -216,20 +222,20 @@ class AgentProcess:
             wire.encode_stats(r.stats, rm.stats)
         except Exception as e:  # noqa: BLE001 - a strategy bug or a bad message: report, then stop
             log.exception("window ending at %d failed", adv.window_end)
-            self._fail(f"{type(e).__name__}: {e}")
+            await self._fail(f"{type(e).__name__}: {e}")
             return False
         try:  # the bytes go first, so they are on their way before the controller routes the references
             for dst, bid, mv in blobs.direct:
                 self.links.send(dst, bid, mv)
         except wire.WireError as e:
             log.exception("window ending at %d: direct stream failed", adv.window_end)
-            self._fail(str(e))
+            await self._fail(str(e))
             return False
         blobs.direct = []
-        self._send(f, blobs)
+        await self._send(f, blobs)
         return True
 
-    def _call(self, call: pb.Call) -> bool:
+    async def _call(self, call: pb.Call) -> bool:
         core = self.core
         try:
             args = wire.decode_value(call.args) or ()
@@ -249,9 +255,9 @@ class AgentProcess:
             wire.encode_value(value, f.reply.value, blobs)
         except Exception as e:  # noqa: BLE001
             log.exception("call %s failed", call.method)
-            self._fail(f"{call.method}: {type(e).__name__}: {e}")
+            await self._fail(f"{call.method}: {type(e).__name__}: {e}")
             return False
-        self._send(f, blobs)
+        await self._send(f, blobs)
         return True
 
     def _open_metrics(self, settings: dict[str, Any]) -> Metrics | None:
@@ -277,10 +283,10 @@ class AgentProcess:
         log.info("metrics on http://%s/metrics", self.metrics_address)
         return m
 
-    def _fail(self, error: str) -> None:
+    async def _fail(self, error: str) -> None:
         f = pb.AgentFrame()
         f.failure.error = error
-        self._send(f)
+        await self._send(f)
 
 
 def _prepare(plan: Plan) -> Any:

@@ -32,6 +32,7 @@ class Reached:
     next_time: VirtualTime
     outbound: list[RemoteEvent]
     stop_time: VirtualTime | None
+    horizon: VirtualTime = -1  # Kernel.output_bound(); -1: unknown, take next_time
     updates: list[tuple] = field(default_factory=list)
     evals: list[tuple] = field(default_factory=list)
     events: list[tuple] = field(default_factory=list)
@@ -69,9 +70,15 @@ class AgentCore:
             self.kernel.add_worker(w)
         if plan.stop_virtual_time_ns is not None:
             self.kernel.stop_at(plan.stop_virtual_time_ns)
+        lookahead = plan.lookahead()
+        if plan.n_agents > 1 and 0 < lookahead < INFINITY:
+            self.kernel.reply_lookahead = lookahead  # see controller.clock: per-agent window ends
 
     def next_time(self) -> VirtualTime:
         return self.kernel.next_time()
+
+    def output_bound(self) -> VirtualTime:
+        return self.kernel.output_bound()
 
     def advance(self, window_end: VirtualTime, inbound: list[RemoteEvent] = (),
                 stop_at: VirtualTime | None = None, max_events: int | None = None) -> Reached:
@@ -89,7 +96,7 @@ class AgentCore:
         if self.metrics is not None:
             self._observe(stats)
         return Reached(nxt, out, k.stop_time if k.stop_time is not None and k.stop_time < INFINITY else None,
-                       updates, evals, events, stats)
+                       k.output_bound(), updates, evals, events, stats)
 
     def _observe(self, d: Stats) -> None:
         """Move the agent's Prometheus metrics by one window's stats (DESIGN §9)."""

@@ -15,6 +15,13 @@ A kernel runs one *window* at a time (:meth:`Kernel.run_until`): every event
 with time ``< window_end``. Events addressed to vworkers hosted elsewhere are
 collected in :attr:`Kernel.outbox` for the controller to route; the in-process
 runner simply uses one kernel and an infinite window.
+
+For the controller's window ends (docs/distributed.md, "Window ends") a kernel
+also knows when it can next *act* on another agent: :meth:`Kernel.output_bound`
+is the earliest time any queued event could resume a vworker or post a remote
+event (an ``"arrive"`` of S bytes cannot deliver before S bytes have crossed),
+and once it posts a remote event that the receiver could act on at ``e``, it
+stops its window at ``e + reply_lookahead``, the earliest an answer can come back.
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from agents.worker import Worker
 
 __all__ = [
-    "Kernel", "RemoteEvent", "KernelError", "ForeignAwaitableError", "WorkerCrashed",
+    "Kernel", "RemoteEvent", "Timer", "KernelError", "ForeignAwaitableError", "WorkerCrashed",
     "PRIO_NET", "PRIO_RESUME", "PARKED", "suspend_until", "park",
 ]
 
@@ -103,6 +110,27 @@ class RemoteEvent:
     dst: int
     kind: str
     data: Any
+    effect: VirtualTime | None = None  # earliest time it can make ``dst`` act (None: ``time``)
+
+    @property
+    def acts_at(self) -> VirtualTime:
+        return self.time if self.effect is None else self.effect
+
+
+class Timer:
+    """A scheduled call that can be cancelled (:meth:`Kernel.timer`); a cancelled one is no event at all."""
+
+    __slots__ = ("fn", "cancelled")
+
+    def __init__(self, fn: Callable[[], None]):
+        self.fn, self.cancelled = fn, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _fire(timer: Timer) -> None:
+    timer.fn()
 
 
 class Kernel:
@@ -118,6 +146,11 @@ class Kernel:
         self.events_processed = 0
         self._crash: WorkerCrashed | None = None
         self._current: "Worker | None" = None  # the vworker whose coroutine is running
+        self._effects: dict[Callable[[Any], None], Callable[[Any, VirtualTime], VirtualTime]] = {}
+        # when set (several agents, lookahead > 0): a window stops L after the earliest moment a
+        # remote event posted in it lets the receiver act, the earliest an answer can be back
+        self.reply_lookahead: VirtualTime | None = None
+        self._cap: VirtualTime = INFINITY
 
     # ----------------------------------------------------------------- setup
     def add_worker(self, worker: "Worker") -> None:
@@ -133,9 +166,16 @@ class Kernel:
     def is_local(self, vworker_id: int) -> bool:
         return vworker_id in self.workers
 
-    def on_remote(self, kind: str, handler: Callable[[Any], None]) -> None:
-        """Register the handler that runs a :class:`RemoteEvent` of ``kind`` when it comes due."""
+    def on_remote(self, kind: str, handler: Callable[[Any], None],
+                  effect: Callable[[Any, VirtualTime], VirtualTime] | None = None) -> None:
+        """Register the handler that runs a :class:`RemoteEvent` of ``kind`` when it comes due.
+
+        ``effect(data, t)``, when given, is the earliest time such an event at ``t`` can resume a
+        vworker or post anything (>= t); without it, ``t``.
+        """
         self._remote_handlers[kind] = handler
+        if effect is not None:
+            self._effects[handler] = effect
 
     # ------------------------------------------------------------ scheduling
     def schedule(self, t: VirtualTime, priority: int, owner: "Worker",
@@ -146,15 +186,30 @@ class Kernel:
         owner._seq += 1
         heapq.heappush(self._heap, (t, _order(priority, owner.id, owner._seq), fn, arg))
 
-    def post(self, t: VirtualTime, priority: int, owner: "Worker", dst: int, kind: str, data: Any) -> None:
-        """An event for vworker ``dst``: scheduled here when ``dst`` is local, else sent via the outbox."""
+    def timer(self, t: VirtualTime, priority: int, owner: "Worker", fn: Callable[[], None]) -> Timer:
+        """Like :meth:`schedule`, but cancellable: a cancelled timer neither runs nor counts as an event."""
+        timer = Timer(fn)
+        self.schedule(t, priority, owner, _fire, timer)
+        return timer
+
+    def post(self, t: VirtualTime, priority: int, owner: "Worker", dst: int, kind: str, data: Any,
+             effect: VirtualTime | None = None) -> None:
+        """An event for vworker ``dst``: scheduled here when ``dst`` is local, else sent via the outbox.
+
+        ``effect`` (>= t) is the earliest time it can make ``dst`` act, as the ``effect`` function
+        registered for ``kind`` computes it (None: ``t``).
+        """
         owner._seq += 1
         if dst in self.workers:
             if t < self.now:
                 raise KernelError(f"event posted in the past: {t} < now {self.now}")
             heapq.heappush(self._heap, (t, _order(priority, owner.id, owner._seq), self._remote_handlers[kind], data))
         else:
-            self.outbox.append(RemoteEvent(t, priority, owner.id, owner._seq, dst, kind, data))
+            self.outbox.append(RemoteEvent(t, priority, owner.id, owner._seq, dst, kind, data, effect))
+            if self.reply_lookahead is not None:
+                cap = (t if effect is None else effect) + self.reply_lookahead
+                if cap < self._cap:
+                    self._cap = cap
 
     def inject(self, ev: RemoteEvent) -> None:
         """Insert an event that another agent posted for one of our vworkers (same heap key)."""
@@ -189,12 +244,34 @@ class Kernel:
     # --------------------------------------------------------------- running
     def next_time(self) -> VirtualTime:
         """Time of the next event, or INFINITY when the heap is empty or the run has stopped."""
-        if not self._heap:
+        heap = self._heap
+        while heap and heap[0][2] is _fire and heap[0][3].cancelled:
+            heapq.heappop(heap)
+        if not heap:
             return INFINITY
-        t = self._heap[0][0]
+        t = heap[0][0]
         if self._stop_at is not None and t > self._stop_at:
             return INFINITY
         return t
+
+    def output_bound(self) -> VirtualTime:
+        """The earliest time a queued event could resume a vworker or post a remote event.
+
+        At least :meth:`next_time`; later when the first events are arrivals still crossing
+        (their ``effect``). INFINITY when nothing is queued or the run has stopped.
+        """
+        best = INFINITY
+        effects = self._effects
+        for t, _, fn, arg in self._heap:
+            if t >= best or (fn is _fire and arg.cancelled):
+                continue
+            f = effects.get(fn) if effects and fn is not None else None
+            b = t if f is None else f(arg, t)
+            if b < best:
+                best = b
+        if self._stop_at is not None and best > self._stop_at:
+            return INFINITY
+        return best
 
     def run_until(self, window_end: VirtualTime = INFINITY, max_events: int | None = None) -> VirtualTime:
         """Run every event with time < ``window_end`` (and ≤ the stop time); return the next event time.
@@ -207,16 +284,24 @@ class Kernel:
         push = heapq.heappush
         n = 0
         limit = max_events if max_events is not None else -1
+        self._cap = INFINITY
         try:
             while heap and n != limit:
                 ev = pop(heap)
                 t = ev[0]
-                if t >= window_end or (self._stop_at is not None and t > self._stop_at):
+                if t >= window_end or t >= self._cap or (self._stop_at is not None and t > self._stop_at):
                     push(heap, ev)  # not ours to run (yet): put it back
                     break
+                fn = ev[2]
+                if fn is _fire:
+                    if ev[3].cancelled:
+                        continue
+                    self.now = t
+                    n += 1
+                    ev[3].fn()
+                    continue
                 self.now = t
                 n += 1
-                fn = ev[2]
                 if fn is not None:
                     fn(ev[3])
                     continue

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from agents import keyed
-from agents.kernel import PRIO_NET, Kernel
+from agents.kernel import PRIO_NET, Kernel, Timer
 from agents.types import NS_PER_S, VirtualTime
 from agents.worker import Message, SendHandle
 
@@ -177,14 +177,14 @@ class Transfer:
 class _SharedLink:
     """Processor sharing of one NIC direction among active flows, each optionally capped."""
 
-    __slots__ = ("kernel", "owner", "capacity", "flows", "last", "gen", "on_done")
+    __slots__ = ("kernel", "owner", "capacity", "flows", "last", "timer", "on_done")
 
     def __init__(self, kernel: Kernel, owner: "Worker", capacity: float,
                  on_done: Callable[[Any], None]):
         self.kernel, self.owner, self.capacity, self.on_done = kernel, owner, capacity, on_done
         self.flows: list[list] = []  # [remaining_bytes, cap, rate, item]
         self.last: VirtualTime = 0
-        self.gen = 0
+        self.timer: Timer | None = None  # the next completion; replaced at every arrival or departure
 
     def add(self, nbytes: float, cap: float, item: Any) -> None:
         self._advance()
@@ -211,16 +211,17 @@ class _SharedLink:
             n -= 1
 
     def _reschedule(self) -> None:
-        self.gen += 1
+        if self.timer is not None:
+            self.timer.cancel()  # superseded by this arrival or departure
+            self.timer = None
         if not self.flows:
             return
         self._rates()
         dt = min(transfer_ns(max(f[0], 0.0), f[2]) for f in self.flows)
-        self.kernel.schedule(self.kernel.now + dt, PRIO_NET, self.owner, self._tick, self.gen)
+        self.timer = self.kernel.timer(self.kernel.now + dt, PRIO_NET, self.owner, self._tick)
 
-    def _tick(self, gen: int) -> None:
-        if gen != self.gen:
-            return  # superseded by a later arrival or departure
+    def _tick(self) -> None:
+        self.timer = None
         self._advance()
         done = [f for f in self.flows if transfer_ns(max(f[0], 0.0), f[2]) == 0]
         self.flows = [f for f in self.flows if transfer_ns(max(f[0], 0.0), f[2]) != 0]
@@ -246,7 +247,7 @@ class Network:
         self.kernel, self.spec, self.env = kernel, spec, env
         self._nics: dict[int, _Nic] = {}
         self._await_tail: dict[tuple[int, int], Transfer] = {}
-        kernel.on_remote("arrive", self._on_arrive)
+        kernel.on_remote("arrive", self._on_arrive, self._arrive_effect)
         kernel.on_remote("tail", self._on_tail)
         kernel.on_remote("notify", self._on_notify)
 
@@ -282,7 +283,7 @@ class Network:
                 nic.egress_link = _SharedLink(k, w, b_out, self._egress_done)
             nic.egress_link.add(size, math.inf, (tr, handle))
         self.env.on_send(w, tr, remote=not k.is_local(dst))
-        k.post(e0 + lat, PRIO_NET, w, dst, "arrive", tr)
+        k.post(e0 + lat, PRIO_NET, w, dst, "arrive", tr, self._arrive_effect(tr, e0 + lat))
         return handle
 
     def _egress_done(self, item: tuple[Transfer, SendHandle]) -> None:
@@ -301,6 +302,18 @@ class Network:
         self.kernel.post(self.kernel.now + lat, PRIO_NET, w, owner, "notify", (owner, name))
 
     # ---------------------------------------------------------- receiver
+    def _arrive_effect(self, tr: Transfer, t: VirtualTime) -> VirtualTime:
+        """The earliest delivery of a transfer whose first byte arrives at ``t``.
+
+        Under every discipline the last byte is in no earlier than ``S / min(B_out, B_in)``
+        after the first (ingress at most ``B_in``, capped by the sender; the tail left the
+        sender at ``e1 >= e0 + S/B_out``), and nothing else happens on arrival that could
+        resume a vworker sooner: a new flow only slows the others down. Less 2 ns: the
+        stations round each step to the nearest ns, and a flow completes with under half a
+        nanosecond's worth of bytes left.
+        """
+        return max(t, t + transfer_ns(tr.nbytes, min(tr.cap, self.spec.bandwidth_in[tr.dst])) - 2)
+
     def _on_arrive(self, tr: Transfer) -> None:
         k, spec = self.kernel, self.spec
         now = k.now

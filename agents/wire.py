@@ -31,7 +31,7 @@ from protos.lockstep.v1 import agent_pb2 as pb
 __all__ = ["PROTOCOL_VERSION", "WireError", "BlobRef", "FrameWriter", "FrameReader", "encode_value", "decode_value",
            "encode_event", "decode_event", "encode_stats", "decode_stats", "DEFAULT_MAX_MESSAGE_BYTES"]
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _FRAME_OVERHEAD = 1024  # room for the non-data fields of a BlobChunk frame
 _MAX_BLOB = 1 << 36  # 64 GiB: a BlobChunk announcing more is malformed
@@ -270,6 +270,8 @@ def _decode_tensor(t: pb.Tensor, blobs: dict[int, bytearray] | None, peer: PeerF
 def encode_event(ev: RemoteEvent, out: pb.Event, blobs: _Blobs | None = None) -> pb.Event:
     out.time, out.priority, out.origin, out.seq, out.dst, out.kind = (
         ev.time, ev.priority, ev.origin, ev.seq, ev.dst, ev.kind)
+    if ev.effect is not None:
+        out.effect = ev.effect
     d = ev.data
     if ev.kind == "arrive" and isinstance(d, Transfer):
         t = out.transfer
@@ -296,7 +298,10 @@ def decode_event(e: pb.Event, blobs: dict[int, bytearray] | None = None,
         data = decode_value(e.value, blobs, 0, peer)
     else:
         raise WireError(f"event of kind {e.kind!r} without data")
-    return RemoteEvent(e.time, e.priority, e.origin, e.seq, e.dst, e.kind, data)
+    effect = e.effect if e.HasField("effect") else None
+    if effect is not None and effect < e.time:
+        raise WireError(f"event at {e.time} ns claims to act earlier, at {effect} ns")
+    return RemoteEvent(e.time, e.priority, e.origin, e.seq, e.dst, e.kind, data, effect)
 
 
 def encode_stats(s: Stats, out: pb.Stats) -> pb.Stats:

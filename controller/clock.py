@@ -1,11 +1,13 @@
 """The controller's window loop — DESIGN §5, conservative time windows.
 
 Repeat: ``T`` = the earliest next event of any agent or undelivered message;
-``W = T + lookahead`` (the minimum latency between vworkers on different
-agents, so nothing sent at ``t >= T`` can arrive before ``W``; with zero
-lookahead ``W = T + 1``: the single instant ``T``, repeated until nothing more
-happens at it); advance every agent with work before ``W``; route what they
-sent (each event keeps its heap key, so no clock moves backwards).
+give each agent ``a`` its own window end ``W_a`` (:func:`window_ends`: the
+lookahead — the minimum latency between vworkers on different agents — after
+the earliest moment any *other* agent could act on it, so nothing sent in this
+window can arrive before ``W_a``; with zero lookahead ``W = T + 1``: the single
+instant ``T``, repeated until nothing more happens at it); advance every agent
+with work before its end; route what they sent (each event keeps its heap key,
+so no clock moves backwards).
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookah
     """Drive the agents to the end of the run; return the stop time (None: ran out of events)."""
     n = len(handles)
     next_t = [h.next_time() for h in handles]
+    bound = [_output_bound(h, t) for h, t in zip(handles, next_t)]
     pending: list[list[RemoteEvent]] = [[] for _ in handles]
     stop_time: VirtualTime | None = None
     while True:
@@ -53,15 +56,14 @@ def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookah
         T = _earliest(next_t, pending)
         if T >= INFINITY or (stop_time is not None and T > stop_time):
             return stop_time
-        if n == 1:
-            W, max_events = INFINITY, chunk_events  # nothing to synchronise: chunks only feed progress
-        else:
-            W, max_events = (INFINITY if lookahead >= INFINITY else T + max(lookahead, 1)), None
+        ends = window_ends(T, bound, pending, lookahead)
+        max_events = chunk_events if n == 1 else None  # one agent: chunks only feed progress
         t0 = time.perf_counter()
         reached = []
         # remote agents (begin_advance/end_advance) run the window in parallel; results are taken in agent order
         started: list[tuple[int, AgentHandle, Reached | None]] = []
         for a, h in enumerate(handles):
+            W = ends[a]
             if next_t[a] < W or pending[a]:
                 inbound, pending[a] = pending[a], []
                 begin = getattr(h, "begin_advance", None)
@@ -74,12 +76,41 @@ def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookah
             if r is None:
                 r = h.end_advance()
             next_t[a] = r.next_time
+            bound[a] = r.horizon if r.horizon >= 0 else r.next_time
             for ev in r.outbound:
                 pending[placement[ev.dst]].append(ev)
             if r.stop_time is not None:
                 stop_time = r.stop_time if stop_time is None else min(stop_time, r.stop_time)
             reached.append(r)
-        on_window(Window(T, W, reached, stop_time, time.perf_counter() - t0, _earliest(next_t, pending)))
+        on_window(Window(T, max(ends), reached, stop_time, time.perf_counter() - t0, _earliest(next_t, pending)))
+
+
+def window_ends(T: VirtualTime, bound: Sequence[VirtualTime], pending: Sequence[Sequence[RemoteEvent]],
+                lookahead: VirtualTime) -> list[VirtualTime]:
+    """Each agent's window end (docs/distributed.md, "Window ends").
+
+    Agent ``a`` may run every event before ``min over b != a of first(b) + lookahead``, where
+    ``first(b)`` is the earliest time agent ``b`` could act on another agent: its output bound
+    (:meth:`agents.kernel.Kernel.output_bound`) or the ``acts_at`` of an event routed to it.
+    Nothing ``b`` sends this window can arrive earlier; what ``a`` itself sends is answered no
+    sooner than ``lookahead`` after the receiver can act on it, and ``a``'s kernel stops its
+    window there (``Kernel.reply_lookahead``). Zero lookahead: the single instant ``T``.
+    """
+    n = len(bound)
+    if n == 1 or lookahead >= INFINITY:
+        return [INFINITY] * n
+    if lookahead <= 0:
+        return [T + 1] * n
+    first = [min([bound[b], *(ev.acts_at for ev in pending[b])]) for b in range(n)]
+    # the two smallest, so each agent's minimum over the others costs O(1)
+    order = sorted(range(n), key=first.__getitem__)
+    lo, lo2 = first[order[0]], first[order[1]]
+    return [min((lo2 if a == order[0] else lo) + lookahead, INFINITY) for a in range(n)]
+
+
+def _output_bound(h: AgentHandle, next_time: VirtualTime) -> VirtualTime:
+    fn = getattr(h, "output_bound", None)
+    return next_time if fn is None else fn()
 
 
 def _earliest(next_t: list[VirtualTime], pending: list[list[RemoteEvent]]) -> VirtualTime:

@@ -61,7 +61,7 @@ class RemoteAgent:
     def __init__(self, agent_id: int, session: AgentSession, plan: Plan, next_time: int,
                  poll: Callable[[], None], timeout_s: float, log_tail: Callable[[int], str]):
         self.agent_id, self.session, self.plan = agent_id, session, plan
-        self._next = next_time
+        self._next = self._horizon = next_time
         self._poll, self.timeout_s, self._log_tail = poll, timeout_s, log_tail
         self._window = 0
         self._calls = 0
@@ -101,6 +101,9 @@ class RemoteAgent:
     def next_time(self) -> int:
         return self._next
 
+    def output_bound(self) -> int:
+        return self._horizon
+
     def begin_advance(self, window_end: int, inbound: list[RemoteEvent], stop_at: int | None,
                       max_events: int | None) -> None:
         self._window += 1
@@ -134,9 +137,11 @@ class RemoteAgent:
             if not isinstance(rs, list) or any(not (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple))
                                                for x in rs):
                 raise self.fail(f"sent a malformed Reached: {name} must be a list of (key, row) tuples")
-        self._next = r.next_time
+        if r.horizon < r.next_time:
+            raise self.fail(f"sent a malformed Reached: horizon {r.horizon} before its next event {r.next_time}")
+        self._next, self._horizon = r.next_time, r.horizon
         return Reached(r.next_time, outbound, r.stop_time if r.HasField("stop_time") else None,
-                       rows[0], rows[1], rows[2], stats)
+                       r.horizon, rows[0], rows[1], rows[2], stats)
 
     def _check_events(self, events: list[RemoteEvent]) -> None:
         placement = self.plan.placement
@@ -262,7 +267,7 @@ class RemoteAgents:
                 msg, _ = h._receive("Ready")
                 if msg.WhichOneof("body") != "ready":
                     raise h.fail(f"protocol error: expected Ready, got {msg.WhichOneof('body')}")
-                h._next = msg.ready.next_time
+                h._next, h._horizon = msg.ready.next_time, max(msg.ready.horizon, msg.ready.next_time)
                 h.metrics_address = msg.ready.metrics_address
                 ready[aid] = h
             if len(ready) < plan.n_agents:

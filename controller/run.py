@@ -33,6 +33,9 @@ class InProcessAgent:
     def next_time(self) -> int:
         return self.core.next_time()
 
+    def output_bound(self) -> int:
+        return self.core.output_bound()
+
     def advance(self, window_end, inbound, stop_at, max_events):
         return self.core.advance(window_end, inbound, stop_at, max_events)
 

@@ -167,7 +167,7 @@ class Transfer(_message.Message):
     def __init__(self, src: _Optional[int] = ..., dst: _Optional[int] = ..., src_name: _Optional[str] = ..., dst_name: _Optional[str] = ..., seq: _Optional[int] = ..., tag: _Optional[_Union[Value, _Mapping]] = ..., payload: _Optional[_Union[Value, _Mapping]] = ..., nbytes: _Optional[int] = ..., sent_at: _Optional[int] = ..., e0: _Optional[int] = ..., latency: _Optional[int] = ..., tail: _Optional[int] = ..., cap: _Optional[float] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("time", "priority", "origin", "seq", "dst", "kind", "transfer", "value")
+    __slots__ = ("time", "priority", "origin", "seq", "dst", "kind", "transfer", "value", "effect")
     TIME_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,7 @@ class Event(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
     time: int
     priority: int
     origin: int
@@ -184,7 +185,8 @@ class Event(_message.Message):
     kind: str
     transfer: Transfer
     value: Value
-    def __init__(self, time: _Optional[int] = ..., priority: _Optional[int] = ..., origin: _Optional[int] = ..., seq: _Optional[int] = ..., dst: _Optional[int] = ..., kind: _Optional[str] = ..., transfer: _Optional[_Union[Transfer, _Mapping]] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    effect: int
+    def __init__(self, time: _Optional[int] = ..., priority: _Optional[int] = ..., origin: _Optional[int] = ..., seq: _Optional[int] = ..., dst: _Optional[int] = ..., kind: _Optional[str] = ..., transfer: _Optional[_Union[Transfer, _Mapping]] = ..., value: _Optional[_Union[Value, _Mapping]] = ..., effect: _Optional[int] = ...) -> None: ...
 
 class Stats(_message.Message):
     __slots__ = ("events", "messages_local", "messages_remote", "bytes_local", "bytes_remote", "compute_wall_s", "compute_virtual_ns")
@@ -267,15 +269,17 @@ class ControllerFrame(_message.Message):
     def __init__(self, chunk: _Optional[_Union[BlobChunk, _Mapping]] = ..., advance: _Optional[_Union[Advance, _Mapping]] = ..., call: _Optional[_Union[Call, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., envelope: _Optional[int] = ..., peers: _Optional[_Union[Peers, _Mapping]] = ...) -> None: ...
 
 class Ready(_message.Message):
-    __slots__ = ("next_time", "metrics_address")
+    __slots__ = ("next_time", "metrics_address", "horizon")
     NEXT_TIME_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_FIELD_NUMBER: _ClassVar[int]
     next_time: int
     metrics_address: str
-    def __init__(self, next_time: _Optional[int] = ..., metrics_address: _Optional[str] = ...) -> None: ...
+    horizon: int
+    def __init__(self, next_time: _Optional[int] = ..., metrics_address: _Optional[str] = ..., horizon: _Optional[int] = ...) -> None: ...
 
 class Reached(_message.Message):
-    __slots__ = ("window", "next_time", "outbound", "stop_time", "updates", "evals", "events", "stats")
+    __slots__ = ("window", "next_time", "outbound", "stop_time", "updates", "evals", "events", "stats", "horizon")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     NEXT_TIME_FIELD_NUMBER: _ClassVar[int]
     OUTBOUND_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +288,7 @@ class Reached(_message.Message):
     EVALS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_FIELD_NUMBER: _ClassVar[int]
     window: int
     next_time: int
     outbound: _containers.RepeatedCompositeFieldContainer[Event]
@@ -292,7 +297,8 @@ class Reached(_message.Message):
     evals: Value
     events: Value
     stats: Stats
-    def __init__(self, window: _Optional[int] = ..., next_time: _Optional[int] = ..., outbound: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., stop_time: _Optional[int] = ..., updates: _Optional[_Union[Value, _Mapping]] = ..., evals: _Optional[_Union[Value, _Mapping]] = ..., events: _Optional[_Union[Value, _Mapping]] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ...) -> None: ...
+    horizon: int
+    def __init__(self, window: _Optional[int] = ..., next_time: _Optional[int] = ..., outbound: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., stop_time: _Optional[int] = ..., updates: _Optional[_Union[Value, _Mapping]] = ..., evals: _Optional[_Union[Value, _Mapping]] = ..., events: _Optional[_Union[Value, _Mapping]] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ..., horizon: _Optional[int] = ...) -> None: ...
 
 class Reply(_message.Message):
     __slots__ = ("id", "value")

@@ -44,6 +44,11 @@ class ControllerStub:
                 request_serializer=protos_dot_lockstep_dot_v1_dot_agent__pb2.AgentFrame.SerializeToString,
                 response_deserializer=protos_dot_lockstep_dot_v1_dot_agent__pb2.ControllerFrame.FromString,
                 _registered_method=True)
+        self.Beat = channel.unary_unary(
+                '/lockstep.v1.Controller/Beat',
+                request_serializer=protos_dot_lockstep_dot_v1_dot_agent__pb2.Heartbeat.SerializeToString,
+                response_deserializer=protos_dot_lockstep_dot_v1_dot_agent__pb2.Heartbeat.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -64,6 +69,13 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Beat(self, request, context):
+        """Every controller.heartbeat_s, with the Session's lockstep-agent-id / lockstep-ticket metadata.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +88,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=protos_dot_lockstep_dot_v1_dot_agent__pb2.AgentFrame.FromString,
                     response_serializer=protos_dot_lockstep_dot_v1_dot_agent__pb2.ControllerFrame.SerializeToString,
+            ),
+            'Beat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Beat,
+                    request_deserializer=protos_dot_lockstep_dot_v1_dot_agent__pb2.Heartbeat.FromString,
+                    response_serializer=protos_dot_lockstep_dot_v1_dot_agent__pb2.Heartbeat.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +149,33 @@ class Controller:
             '/lockstep.v1.Controller/Session',
             protos_dot_lockstep_dot_v1_dot_agent__pb2.AgentFrame.SerializeToString,
             protos_dot_lockstep_dot_v1_dot_agent__pb2.ControllerFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Beat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lockstep.v1.Controller/Beat',
+            protos_dot_lockstep_dot_v1_dot_agent__pb2.Heartbeat.SerializeToString,
+            protos_dot_lockstep_dot_v1_dot_agent__pb2.Heartbeat.FromString,
             options,
             channel_credentials,
             insecure,
