@@ -67,6 +67,81 @@ class WindowEdge(Strategy):
                 VWorkerSpec("b", f"{__name__}.EdgeReceiver", {"peer": "a", "rounds": rounds, "poll_at": poll_at})]
 
 
+class Poller(_Recording):
+    """Pings its peer (idle by then) once, then keeps busy alone, polling for the answer every ``step`` ns."""
+
+    def __init__(self, name: str, vid: int, env: Any, peer: str, step: int = 100_000, polls: int = 40,
+                 nbytes: int = 0):
+        super().__init__(name, vid, env)
+        self.peer, self.step, self.polls, self.nbytes = peer, step, polls, nbytes
+
+    async def run(self) -> None:
+        await self.sleep(5_010_000)  # the peer has started and parked on its recv long before
+        self.send(self.peer, None, nbytes=self.nbytes, tag="ping")
+        for _ in range(self.polls):
+            await self.sleep(self.step)
+            m = self.recv_nowait(src=self.peer, tag="pong")
+            if m is not None:
+                self.row(5, float(m.delivered_at), self.now)
+                return
+        self.row(5, -1.0, self.now)
+
+
+class Answerer(_Recording):
+    """Idle until the ping, which it answers at once."""
+
+    async def run(self) -> None:
+        m = await self.recv(tag="ping")
+        self.send(m.src, None, nbytes=0, tag="pong")
+
+
+class Reply(Strategy):
+    """a (id 0) busy alone, b (id 1) idle: a's window must stop where b's answer can arrive."""
+
+    name = "reply"
+    result = "a"
+
+    @classmethod
+    def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
+        return [VWorkerSpec("a", f"{__name__}.Poller", {"peer": "b", "nbytes": int(settings.get("nbytes", 0))}),
+                VWorkerSpec("b", f"{__name__}.Answerer", {})]
+
+
+def _spin(seconds: float) -> float:
+    """Real CPU work for ``seconds`` wall seconds (holding the GIL most of the time, like a big model)."""
+    import time
+
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return float(n)
+
+
+class LongCompute(_Recording):
+    """One real computation longer than the controller's agent timeout, inside one window."""
+
+    def __init__(self, name: str, vid: int, env: Any, seconds: float = 1.5):
+        super().__init__(name, vid, env)
+        self.seconds = seconds
+
+    async def run(self) -> None:
+        n = await self.compute(_spin, self.seconds, kind="gradient")
+        self.row(6, 1.0 if n > 0 else 0.0)
+
+
+class LongWindow(Strategy):
+    """a (id 0) computes for real for a long time; b (id 1) only waits on another agent."""
+
+    name = "long_window"
+    result = "a"
+
+    @classmethod
+    def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
+        return [VWorkerSpec("a", f"{__name__}.LongCompute", {"seconds": float(settings.get("seconds", 1.5))}),
+                VWorkerSpec("b", f"{__name__}.Answerer", {})]
+
+
 class BigSender(_Recording):
     """Sends tensors large enough for the direct agent-to-agent stream (and one small one)."""
 

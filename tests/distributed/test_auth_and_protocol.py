@@ -82,6 +82,20 @@ def test_a_session_without_the_ticket_is_refused(server):
     assert not server.sessions[0].attached
 
 
+def test_a_beat_needs_the_sessions_ticket(server):
+    a = _register(server)
+    server.sessions[0].last_seen = 0.0
+    with grpc.insecure_channel(server.address) as ch:
+        beat = pb_grpc.ControllerStub(ch).Beat
+        with pytest.raises(grpc.RpcError) as e:
+            beat(pb.Heartbeat(sent_unix_ns=1), timeout=10, metadata=(("lockstep-agent-id", "0"), ("lockstep-ticket", "x")))
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert server.sessions[0].last_seen == 0.0, "a refused beat must not keep the agent alive"
+        assert beat(pb.Heartbeat(sent_unix_ns=7), timeout=10,
+                    metadata=(("lockstep-agent-id", "0"), ("lockstep-ticket", a.ticket))).sent_unix_ns == 7
+    assert server.sessions[0].last_seen > 0.0
+
+
 def test_garbage_bytes_on_the_stream_fail_that_session_only(server):
     a = _register(server, agent_id=0)
     with grpc.insecure_channel(server.address) as ch:
@@ -189,3 +203,33 @@ def test_the_generated_protobuf_code_is_fresh(tmp_path):
         assert (tmp_path / rel).read_text() == committed.read_text(), \
             f"{rel} is stale: run scripts/gen-protos.sh and commit the result"
     assert {p.name for p in (ROOT / "protos/lockstep/v1").glob("*_pb2*.py*")} == {Path(r).name for r in gen}
+
+
+def test_a_reached_claiming_a_horizon_before_its_next_event_is_rejected(server, plan):
+    def early(adv):
+        f = pb.AgentFrame()
+        f.reached.window, f.reached.next_time, f.reached.horizon = adv.window, 500, 400
+        return f
+
+    t = _fake_agent(server, 1, early)
+    h = _handle(server, plan, 1)
+    with pytest.raises(AgentFailure, match="horizon 400 before its next event 500"):
+        h.advance(1000, [], None, None)
+    h.close()
+    t.join(10)
+
+
+def test_an_event_claiming_to_act_before_it_arrives_is_rejected(server, plan):
+    def early(adv):
+        f = pb.AgentFrame()
+        f.reached.window, f.reached.next_time, f.reached.horizon = adv.window, 2**63 - 1, 2**63 - 1
+        ev = f.reached.outbound.add(time=5000, priority=0, origin=1, seq=1, dst=0, kind="notify", effect=10)
+        wire.encode_value((0, "x"), ev.value)
+        return f
+
+    t = _fake_agent(server, 1, early)
+    h = _handle(server, plan, 1)
+    with pytest.raises(AgentFailure, match="malformed Reached: event at 5000 ns claims to act earlier, at 10 ns"):
+        h.advance(1000, [], None, None)
+    h.close()
+    t.join(10)

@@ -111,3 +111,12 @@ def test_ctrl_c_stops_the_controller_and_every_agent_within_seconds(tmp_path):
     # agents get stop_grace_s (1 s) to exit, then SIGTERM/SIGKILL; the rest is interpreter teardown on a loaded VM
     assert elapsed < 5.0, f"Ctrl-C took {elapsed:.1f} s"
     assert not any(_alive(p) for p in pids)
+
+
+def test_an_agent_busy_in_a_long_window_keeps_beating(tmp_path):
+    # a window that computes for 1.5 s of real time, three times the agent timeout: the agent's Beat
+    # calls come from their own thread, so the controller never takes it for dead
+    over = ["strategy=ps_async", "strategy._target_=tests.distributed.probe.LongWindow", "+strategy.seconds=1.5",
+            "workers=1", "agents=2", "placement=round_robin", "network.latency=1ms", "stop.updates=10"]
+    r = run(tmp_path / "run", over, local=True, heartbeat_s=0.1, agent_timeout_s=0.5)
+    assert r.summary["updates"] == 1 and r.summary["stopped_by"] == "no_more_events"
