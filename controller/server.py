@@ -72,12 +72,17 @@ class AgentSession:
         self.registered_at = self.last_seen
 
     def send(self, frame: pb.ControllerFrame, blobs: Any = None) -> None:
-        self.loop.call_soon_threadsafe(self.outbox.put_nowait, list(self.writer.frames(frame, blobs)))
+        self._post(list(self.writer.frames(frame, blobs)))
 
     def end(self) -> None:
         """Close the stream from our side (after a Shutdown frame)."""
-        if not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.outbox.put_nowait, None)
+        self._post(None)
+
+    def _post(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.outbox.put_nowait, item)
+        except RuntimeError:  # the server has stopped: nothing can reach the agent any more
+            log.debug("agent %d: frame dropped, the server has stopped", self.agent_id)
 
     async def _read(self, context: grpc.aio.ServicerContext) -> None:
         reader = wire.FrameReader(pb.AgentFrame)

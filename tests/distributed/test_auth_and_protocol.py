@@ -233,3 +233,15 @@ def test_an_event_claiming_to_act_before_it_arrives_is_rejected(server, plan):
         h.advance(1000, [], None, None)
     h.close()
     t.join(10)
+
+
+def test_frames_for_a_stopped_server_are_dropped_without_an_error(plan):
+    s = ControllerServer(TOKEN, plan.run_id, plan.to_json(), plan.n_agents)
+    s.start()
+    _register(s, agent_id=0)
+    sess = s.sessions[0]
+    s.stop(grace=0)
+    f = pb.ControllerFrame()
+    f.shutdown.abort = True
+    sess.send(f)  # e.g. an abort after the server went down: nothing to deliver it to, nothing to raise
+    sess.end()
