@@ -33,8 +33,8 @@ class AgentHandle(Protocol):
 
 @dataclass
 class Window:
-    start: VirtualTime
-    end: VirtualTime
+    start: VirtualTime  # T: no event of any agent was earlier
+    end: VirtualTime  # the latest of the agents' window ends (INFINITY: one could run to the end)
     reached: list[Reached]
     stop_time: VirtualTime | None
     barrier_wall_s: float
