@@ -172,7 +172,7 @@ class Metrics:
         self.run_info.info({k: str(v) for k, v in labels.items()})
 
     def observe_window(self, virtual_time_ns: VirtualTime, barrier_wall_s: float) -> None:
-        """A window ended at ``virtual_time_ns`` after the barrier waited ``barrier_wall_s``."""
+        """A window that started at ``virtual_time_ns`` ended after the barrier waited ``barrier_wall_s``."""
         self._need("controller", "observe_window")
         if not barrier_wall_s >= 0:
             raise ValueError(f"barrier wait must be >= 0 wall seconds, got {barrier_wall_s!r}")
