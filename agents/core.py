@@ -32,7 +32,7 @@ class Reached:
     next_time: VirtualTime
     outbound: list[RemoteEvent]
     stop_time: VirtualTime | None
-    horizon: VirtualTime = -1  # Kernel.output_bound(); -1: unknown, take next_time
+    horizon: VirtualTime  # Kernel.output_bound(): the earliest time it could act on another agent
     updates: list[tuple] = field(default_factory=list)
     evals: list[tuple] = field(default_factory=list)
     events: list[tuple] = field(default_factory=list)

@@ -293,13 +293,8 @@ class Kernel:
                     push(heap, ev)  # not ours to run (yet): put it back
                     break
                 fn = ev[2]
-                if fn is _fire:
-                    if ev[3].cancelled:
-                        continue
-                    self.now = t
-                    n += 1
-                    ev[3].fn()
-                    continue
+                if fn is _fire and ev[3].cancelled:
+                    continue  # superseded: no event at all
                 self.now = t
                 n += 1
                 if fn is not None:

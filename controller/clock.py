@@ -27,14 +27,15 @@ class AgentHandle(Protocol):
 
     def next_time(self) -> VirtualTime: ...
 
+    def output_bound(self) -> VirtualTime: ...
+
     def advance(self, window_end: VirtualTime, inbound: list[RemoteEvent],
                 stop_at: VirtualTime | None, max_events: int | None) -> Reached: ...
 
 
 @dataclass
 class Window:
-    start: VirtualTime  # T: no event of any agent was earlier
-    end: VirtualTime  # the latest of the agents' window ends (INFINITY: one could run to the end)
+    start: VirtualTime  # T: no event of any agent was earlier (each agent had its own end)
     reached: list[Reached]
     stop_time: VirtualTime | None
     barrier_wall_s: float
@@ -47,7 +48,7 @@ def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookah
     """Drive the agents to the end of the run; return the stop time (None: ran out of events)."""
     n = len(handles)
     next_t = [h.next_time() for h in handles]
-    bound = [_output_bound(h, t) for h, t in zip(handles, next_t)]
+    bound = [h.output_bound() for h in handles]
     pending: list[list[RemoteEvent]] = [[] for _ in handles]
     stop_time: VirtualTime | None = None
     while True:
@@ -76,13 +77,13 @@ def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookah
             if r is None:
                 r = h.end_advance()
             next_t[a] = r.next_time
-            bound[a] = r.horizon if r.horizon >= 0 else r.next_time
+            bound[a] = r.horizon
             for ev in r.outbound:
                 pending[placement[ev.dst]].append(ev)
             if r.stop_time is not None:
                 stop_time = r.stop_time if stop_time is None else min(stop_time, r.stop_time)
             reached.append(r)
-        on_window(Window(T, max(ends), reached, stop_time, time.perf_counter() - t0, _earliest(next_t, pending)))
+        on_window(Window(T, reached, stop_time, time.perf_counter() - t0, _earliest(next_t, pending)))
 
 
 def window_ends(T: VirtualTime, bound: Sequence[VirtualTime], pending: Sequence[Sequence[RemoteEvent]],
@@ -106,11 +107,6 @@ def window_ends(T: VirtualTime, bound: Sequence[VirtualTime], pending: Sequence[
     order = sorted(range(n), key=first.__getitem__)
     lo, lo2 = first[order[0]], first[order[1]]
     return [min((lo2 if a == order[0] else lo) + lookahead, INFINITY) for a in range(n)]
-
-
-def _output_bound(h: AgentHandle, next_time: VirtualTime) -> VirtualTime:
-    fn = getattr(h, "output_bound", None)
-    return next_time if fn is None else fn()
 
 
 def _earliest(next_t: list[VirtualTime], pending: list[list[RemoteEvent]]) -> VirtualTime:

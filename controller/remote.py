@@ -104,6 +104,11 @@ class RemoteAgent:
     def output_bound(self) -> int:
         return self._horizon
 
+    def _set_times(self, what: str, next_time: int, horizon: int) -> None:
+        if horizon < next_time:
+            raise self.fail(f"sent a malformed {what}: horizon {horizon} before its next event {next_time}")
+        self._next, self._horizon = next_time, horizon
+
     def begin_advance(self, window_end: int, inbound: list[RemoteEvent], stop_at: int | None,
                       max_events: int | None) -> None:
         self._window += 1
@@ -137,9 +142,7 @@ class RemoteAgent:
             if not isinstance(rs, list) or any(not (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple))
                                                for x in rs):
                 raise self.fail(f"sent a malformed Reached: {name} must be a list of (key, row) tuples")
-        if r.horizon < r.next_time:
-            raise self.fail(f"sent a malformed Reached: horizon {r.horizon} before its next event {r.next_time}")
-        self._next, self._horizon = r.next_time, r.horizon
+        self._set_times("Reached", r.next_time, r.horizon)
         return Reached(r.next_time, outbound, r.stop_time if r.HasField("stop_time") else None,
                        r.horizon, rows[0], rows[1], rows[2], stats)
 
@@ -267,7 +270,7 @@ class RemoteAgents:
                 msg, _ = h._receive("Ready")
                 if msg.WhichOneof("body") != "ready":
                     raise h.fail(f"protocol error: expected Ready, got {msg.WhichOneof('body')}")
-                h._next, h._horizon = msg.ready.next_time, max(msg.ready.horizon, msg.ready.next_time)
+                h._set_times("Ready", msg.ready.next_time, msg.ready.horizon)
                 h.metrics_address = msg.ready.metrics_address
                 ready[aid] = h
             if len(ready) < plan.n_agents:

@@ -94,7 +94,7 @@ class AgentSession:
                     break
                 self.last_seen = time.monotonic()
                 msg = reader.feed(frame)
-                if msg is None or msg.WhichOneof("body") == "heartbeat":
+                if msg is None:
                     continue
                 blobs, reader.blobs = reader.blobs, {}
                 self.inbox.put(("frame", msg, blobs))

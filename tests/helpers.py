@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import csv
+import time
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from hydra import compose, initialize_config_dir
 
 from controller.config import validate
 from controller.run import execute
+
+T = TypeVar("T")
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -41,3 +45,26 @@ def without_wall(path: Path) -> str:
         data = list(csv.reader(f))
     keep = [i for i, name in enumerate(data[0]) if not name.startswith("wall_")]
     return "\n".join(",".join(r[i] for i in keep) for r in data)
+
+
+def wait_until(predicate: Callable[[], T], *, timeout: float, what: str, interval: float = 0.05,
+               tolerate: tuple[type[BaseException], ...] = (), on_timeout: Callable[[], str] | None = None) -> T:
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout`` wall seconds.
+
+    The interval is a poll period, never a settle time. Exceptions of the ``tolerate`` types count as
+    "not yet" (the last one is reported on timeout); ``on_timeout()`` adds context to the failure.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: Any = None
+    while True:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except tolerate as e:
+            last_error = e
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_error})" if last_error is not None else ""
+            extra = ("\n" + on_timeout()) if on_timeout else ""
+            raise AssertionError(f"{what}: not within {timeout:g} s{detail}{extra}")
+        time.sleep(interval)

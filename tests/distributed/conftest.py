@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import torch
 
 from controller.config import validate
-from tests.helpers import compose_cfg  # noqa: F401  (also used by test modules)
+from tests.helpers import compose_cfg, wait_until  # noqa: F401  (also used by test modules)
 from controller.launchers.local import LocalLauncher
 from controller.remote import ControllerSettings, RemoteAgents
 from controller.run import execute
@@ -52,15 +51,3 @@ def assert_same_outputs(a: Path, b: Path, params: bool = True) -> None:
         pa, pb = torch.load(a / "params.pt"), torch.load(b / "params.pt")
         assert pa.dtype == pb.dtype and pa.shape == pb.shape
         assert torch.equal(pa.view(torch.uint8) if pa.dtype == torch.uint8 else pa, pb), "params.pt differs"
-
-
-def wait_for(pred, timeout_s: float, what: str, every_s: float = 0.02):
-    """Poll ``pred`` until truthy (returned) or fail after ``timeout_s`` wall seconds."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(every_s)

@@ -19,7 +19,7 @@ from controller.server import ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 
-from .conftest import FAST, ROOT, compose_cfg, wait_for
+from .conftest import FAST, ROOT, compose_cfg, wait_until
 
 TOKEN = "s3cret-token"
 
@@ -105,8 +105,8 @@ def test_garbage_bytes_on_the_stream_fail_that_session_only(server):
                    metadata=(("lockstep-agent-id", "0"), ("lockstep-ticket", a.ticket)))
         with pytest.raises(grpc.RpcError):
             list(call)
-    kind, reason = wait_for(lambda: server.sessions[0].closed.is_set() and server.sessions[0].inbox.get(), 10,
-                            "the session to close")
+    kind, reason = wait_until(lambda: server.sessions[0].closed.is_set() and server.sessions[0].inbox.get(),
+                              timeout=10, what="the session to close")
     assert kind == "closed"
     # the controller still serves: another agent registers fine
     assert _register(server, agent_id=1).agent_id == 1
@@ -149,8 +149,8 @@ def _fake_agent(server, agent_id: int, reached_for) -> threading.Thread:
 
 
 def _handle(server, plan, agent_id) -> RemoteAgent:
-    sess = wait_for(lambda: server.sessions.get(agent_id) if server.sessions.get(agent_id) and
-                    server.sessions[agent_id].attached else None, 10, "the session")
+    sess = wait_until(lambda: server.sessions.get(agent_id) if server.sessions.get(agent_id) and
+                      server.sessions[agent_id].attached else None, timeout=10, what="the session")
     kind, msg, _ = sess.inbox.get(timeout=10)
     assert msg.WhichOneof("body") == "ready"
     return RemoteAgent(agent_id, sess, plan, 0, lambda: None, 10.0, lambda a: "")

@@ -10,7 +10,7 @@ from agents import wire
 from agents.direct import DIRECT_MIN_BYTES, DirectLinks, DirectServer
 from protos.lockstep.v1 import agent_pb2 as pb
 
-from .conftest import assert_same_outputs, run, wait_for
+from .conftest import assert_same_outputs, run, wait_until
 
 BIG = ["strategy=ps_async", "strategy._target_=tests.distributed.probe.BigTensors", "workers=1",
        "stop.updates=1000", "network.latency=1ms"]
@@ -86,7 +86,7 @@ def test_a_stream_with_a_wrong_secret_is_refused_and_its_bytes_never_used(server
             return True
         return False
 
-    wait_for(refused, 10, "the server to close a stream with a wrong secret")
+    wait_until(refused, timeout=10, what="the server to close a stream with a wrong secret")
     with pytest.raises(wire.WireError, match="never arrived"):
         server.take(3, 1, 1 << 16, timeout_s=0.2)
     links.close()

@@ -15,7 +15,7 @@ import pytest
 
 from controller.launchers.base import AgentFailure
 
-from .conftest import ROOT, run, wait_for
+from .conftest import ROOT, run, wait_until
 
 LONG = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=1000000", "eval.every=0",
         "progress=false", "launcher=local", "controller.heartbeat_s=0.5", "network.latency=1ms"]
@@ -38,9 +38,9 @@ def _agent_pids(run_dir: Path, n: int) -> list[int]:
             out.append(int(m.group(1)))
         return out
 
-    found = wait_for(pids, 90, "the agents to build their vworkers")
-    wait_for(lambda: (run_dir / "metrics.csv").exists() and len((run_dir / "metrics.csv").read_text().splitlines()) > 3,
-             60, "the first rows of metrics.csv")
+    found = wait_until(pids, timeout=90, what="the agents to build their vworkers")
+    wait_until(lambda: (run_dir / "metrics.csv").exists() and len((run_dir / "metrics.csv").read_text().splitlines()) > 3,
+               timeout=60, what="the first rows of metrics.csv")
     return found
 
 

@@ -17,7 +17,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -27,6 +26,8 @@ from typing import Callable, TypeVar
 
 import pytest
 import yaml
+
+from tests import helpers
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "lockstep"
@@ -44,23 +45,9 @@ def _missing(reason: str) -> None:
     pytest.skip(reason)
 
 
-def wait_until(predicate: Callable[[], T], *, timeout: float, what: str,
-               interval: float = 0.1, on_timeout: Callable[[], str] | None = None) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            result = predicate()
-            if result:
-                return result
-        except Exception as e:  # noqa: BLE001 - the predicate may fail until the thing is up
-            last_error = e
-        if time.monotonic() > deadline:
-            detail = f" (last error: {last_error})" if last_error else ""
-            extra = ("\n" + on_timeout()) if on_timeout else ""
-            raise TimeoutError(f"{what}: not within {timeout:.0f}s{detail}{extra}")
-        time.sleep(interval)
+def wait_until(predicate: Callable[[], T], **kw) -> T:
+    """tests.helpers.wait_until, counting any error as "not yet": servers refuse connections until they are up."""
+    return helpers.wait_until(predicate, tolerate=(Exception,), **kw)
 
 
 def free_port() -> int:

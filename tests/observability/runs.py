@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable
+
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["model=mlp", "compute=constant", "launcher=inprocess", "progress=false", "eval.samples=500",
@@ -32,11 +33,12 @@ def start(run_dir: Path, *overrides: str) -> subprocess.Popen[str]:
 
 
 def poll(what: str, ok: Callable[[], bool], timeout_s: float, proc: subprocess.Popen | None = None) -> None:
-    """Wait until ``ok()`` holds, checking every 50 ms (a poll interval, not a settle time)."""
-    deadline = time.monotonic() + timeout_s
-    while not ok():
+    """Wait until ``ok()`` holds (tests.helpers.wait_until); fail at once if ``proc`` exits first."""
+    def ready() -> bool:
+        if ok():
+            return True
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"the run exited ({proc.returncode}) before {what}:\n{proc.stdout.read()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not true after {timeout_s} s")
-        time.sleep(0.05)
+        return False
+
+    wait_until(ready, timeout=timeout_s, what=what)

@@ -321,19 +321,17 @@ class Failure(_message.Message):
     def __init__(self, error: _Optional[str] = ...) -> None: ...
 
 class AgentFrame(_message.Message):
-    __slots__ = ("chunk", "ready", "reached", "reply", "heartbeat", "failure", "envelope")
+    __slots__ = ("chunk", "ready", "reached", "reply", "failure", "envelope")
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     REACHED_FIELD_NUMBER: _ClassVar[int]
     REPLY_FIELD_NUMBER: _ClassVar[int]
-    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     chunk: BlobChunk
     ready: Ready
     reached: Reached
     reply: Reply
-    heartbeat: Heartbeat
     failure: Failure
     envelope: int
-    def __init__(self, chunk: _Optional[_Union[BlobChunk, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., reached: _Optional[_Union[Reached, _Mapping]] = ..., reply: _Optional[_Union[Reply, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., envelope: _Optional[int] = ...) -> None: ...
+    def __init__(self, chunk: _Optional[_Union[BlobChunk, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., reached: _Optional[_Union[Reached, _Mapping]] = ..., reply: _Optional[_Union[Reply, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., envelope: _Optional[int] = ...) -> None: ...
