@@ -70,11 +70,12 @@ class RunConfig:
     threads: int = 1
     optimizer: str = "sgd"
     controller: dict[str, Any] = field(default_factory=dict)  # host, port, max_message_bytes, heartbeat_s, ...
+    outputs: dict[str, Any] = field(default_factory=dict)  # summary_every_s, upload
 
 
 def config_hash(raw: dict[str, Any]) -> str:
-    """A short stable hash of the resolved config (without run_id and hydra)."""
-    d = {k: v for k, v in raw.items() if k not in ("run_id", "hydra")}
+    """A short stable hash of the resolved config (without run_id, hydra and where outputs go)."""
+    d = {k: v for k, v in raw.items() if k not in ("run_id", "hydra", "outputs")}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -242,6 +243,7 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
     trace = _trace(c)
     metrics = _metrics(c)
     statelog = _statelog(c)
+    outputs = _outputs(c)
     log_level = c.get("log_level", "INFO")
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         c.bad("log_level", log_level, "DEBUG | INFO | WARNING | ERROR")
@@ -267,7 +269,8 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
         eval_samples=eval_samples, data_root=data_root, partition=partition, partition_kw=partition_kw,
         network=network, compute=compute, launcher=launcher, run_id=run_id, trace=trace,
         metrics=metrics, statelog=statelog,
-        progress=bool(c.get("progress", True)), log_level=log_level, threads=threads, controller=controller)
+        progress=bool(c.get("progress", True)), log_level=log_level, threads=threads, controller=controller,
+        outputs=outputs)
 
 
 def _controller(c: _Checker) -> dict[str, Any]:
@@ -319,6 +322,15 @@ def _trace(c: _Checker) -> dict[str, Any]:
         else:
             out["window"] = span
     return out
+
+
+def _outputs(c: _Checker) -> dict[str, Any]:
+    every = c.number("outputs.summary_every_s", 0) if c.get("outputs.summary_every_s") is not None else 0.0
+    upload = c.get("outputs.upload")
+    if upload is not None and not (isinstance(upload, str) and "://" in upload):
+        c.bad("outputs.upload", upload, "null or an fsspec URL such as s3://bucket/prefix, gs://bucket/prefix "
+              "or file:///path")
+    return {"summary_every_s": every or 0.0, "upload": upload}
 
 
 def _metrics(c: _Checker) -> dict[str, Any]:

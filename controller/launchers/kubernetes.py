@@ -329,6 +329,7 @@ class KubernetesLauncher:
         self._unschedulable_since: dict[str, float] = {}
         self._last_list = -float("inf")
         self._failure: AgentFailure | None = None
+        self.job: str | None = None  # the Job owning the controller's pod (in the chart), told about a failure
 
     # --- the Launcher protocol -------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> None:
@@ -535,8 +536,26 @@ class KubernetesLauncher:
                     f"{self.namespace}; agent pods can only be owned by a pod of their own namespace") from e
             raise KubernetesLauncherError(
                 f"cannot read owner pod {owner} in {self.namespace}: {e.status} {e.reason}") from e
+        self.job = next((r.name for r in pod.metadata.owner_references or []
+                         if r.kind == "Job" and (r.api_version or "").startswith("batch/")), None)
         return [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": pod.metadata.uid,
                  "controller": True}]
+
+    def report_failure(self, reason: str, message: str) -> None:
+        """Put the run's one-line failure on the controller's Job: condition ``RunFailed`` (``kubectl get job
+        -o jsonpath='{.status.conditions[?(@.type=="RunFailed")].message}'``). Best effort: the log has it too."""
+        if self._core is None or not self.job:
+            return
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {"status": {"conditions": [{
+            "type": "RunFailed", "status": "True", "reason": reason, "message": message,
+            "lastProbeTime": now, "lastTransitionTime": now}]}}
+        try:
+            batch = self._k8s.client.BatchV1Api(self._core.api_client)
+            batch.patch_namespaced_job_status(self.job, self.namespace, body, _request_timeout=10,
+                                              _content_type="application/strategic-merge-patch+json")
+        except Exception as e:  # noqa: BLE001 - reporting must never hide the failure itself
+            log.warning("could not set condition RunFailed on Job %s: %s", self.job, e)
 
     def _verify_token_secret(self, token: str) -> None:
         """Fail early when the configured Secret is missing or holds a different token than the controller's."""
