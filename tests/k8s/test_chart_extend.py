@@ -171,3 +171,23 @@ def test_two_releases_dashboards_coexist_and_uninstalling_one_keeps_the_other(he
     assert list(left) == ["exp2-lockstep-dashboard"]
     assert left["exp2-lockstep-dashboard"]["uid"] == uids["exp2-lockstep-dashboard"]
     assert left["exp2-lockstep-dashboard"]["title"] == f"lockstep: {namespace}/exp2"
+
+
+@pytest.mark.integration
+def test_notes_warn_about_the_default_image_and_say_how_to_fetch_results_and_open_the_dashboard(
+        helm, kube_cluster: KubeCluster, namespace):
+    kc = ["--namespace", namespace, "--kubeconfig", str(kube_cluster.kubeconfig)]
+    plain = helm("install", "exp1", str(CHART), *kc).stdout
+    assert 'WARNING: image.repository is the default "lockstep"' in plain
+    assert f"  lockstep fetch -n {namespace} exp1 ./results" in plain
+    assert "--set monitoring.enabled=true --set monitoring.release=<your kube-prometheus-stack release>" in plain
+    assert (f"kubectl -n {namespace} get job exp1-lockstep -o jsonpath="
+            """'{.status.conditions[?(@.type=="RunFailed")].message}'""") in plain
+    shown = helm("install", "exp2", str(CHART), *kc, "--set", "image.repository=registry.example.com/lockstep",
+                 "--set", "dashboard.enabled=true", "--set", "monitoring.release=kps").stdout
+    assert "WARNING" not in shown
+    uid = "lockstep-" + __import__("hashlib").sha256(f"{namespace}/exp2".encode()).hexdigest()[:12]
+    assert f"  kubectl -n monitoring port-forward svc/kps-grafana 3000:80" in shown
+    assert f"  open http://localhost:3000/d/{uid}" in shown
+    cm = kube_cluster.core().read_namespaced_config_map("exp2-lockstep-dashboard", namespace)
+    assert json.loads(cm.data["lockstep.json"])["uid"] == uid
