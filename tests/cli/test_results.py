@@ -98,3 +98,14 @@ def test_the_reader_pods_tar_script_round_trips_a_run_directory(tmp_path):
     names = cluster.extract_tar(base64.b64decode(p.stdout), tmp_path / "out")
     assert sorted(names) == ["exp1", "exp1/agents", "exp1/agents/agent-0.log", "exp1/summary.json"]
     assert (tmp_path / "out" / "exp1" / "agents" / "agent-0.log").read_bytes() == bytes(range(256)) * 1000
+
+
+def test_a_sweeps_plot_leaves_out_runs_whose_summary_is_not_complete(tmp_path):
+    from controller.plotcli import sweep_points
+
+    sweep = tmp_path / "lr"
+    for name, complete in (("a", True), ("b", False)):
+        (sweep / name).mkdir(parents=True)
+        (sweep / name / "summary.json").write_text(json.dumps({"complete": complete, "strategy": "ps_async",
+                                                               "workers": 4}))
+    assert [i["dir"].name for infos in sweep_points(sweep).values() for i in infos] == ["a"]
