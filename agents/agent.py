@@ -31,11 +31,11 @@ import grpc
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agents import wire
+from agents.common import wire
 from agents.core import AgentCore
 from agents.direct import DIRECT_MIN_BYTES, DirectLinks, DirectServer, local_address_towards
-from agents.metrics import Metrics, serve
-from agents.plan import Plan
+from agents.observe.metrics import Metrics, serve
+from agents.common.plan import Plan
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 

@@ -12,13 +12,13 @@ import torch
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.env import Environment, Recorder, Stats
-from agents.kernel import Kernel, RemoteEvent
-from agents.plan import Plan
+from agents.sim.env import Environment, Recorder, Stats
+from agents.sim.kernel import Kernel, RemoteEvent
+from agents.common.plan import Plan
 from agents.strategies import TrainingWorker, import_path
-from agents.trace import tracer_from_settings
-from agents.training import Training
-from agents.types import INFINITY, VirtualTime
+from agents.observe.trace import tracer_from_settings
+from agents.workloads.training import Training
+from agents.sim.types import INFINITY, VirtualTime
 
 __all__ = ["AgentCore", "Reached"]
 
@@ -45,7 +45,7 @@ class AgentCore:
     def __init__(self, plan: Plan, agent_id: int, data: Any = None, tracer: Any = None,
                  recorder: Recorder | None = None, metrics: Any = None):
         self.plan, self.agent_id = plan, agent_id
-        self.metrics = metrics  # an agents.metrics.Metrics of role "agent", or None
+        self.metrics = metrics  # an agents.observe.metrics.Metrics of role "agent", or None
         if tracer is None:
             tracer = tracer_from_settings(plan.settings.get("trace"))
         # one intra-op thread per agent: tiny per-vworker batches gain nothing from more, and

@@ -28,7 +28,7 @@ import struct
 import threading
 from typing import Callable
 
-from agents.wire import WireError
+from agents.common.wire import WireError
 
 __all__ = ["DIRECT_MIN_BYTES", "DirectServer", "DirectLinks", "local_address_towards"]
 

@@ -13,11 +13,11 @@ import time
 
 import simpy
 
-from agents.compute import ComputeSpec
-from agents.env import Environment
-from agents.kernel import Kernel
-from agents.network import ConstantLatency, NetworkSpec
-from agents.worker import Worker
+from agents.sim.compute import ComputeSpec
+from agents.sim.env import Environment
+from agents.sim.kernel import Kernel
+from agents.sim.network import ConstantLatency, NetworkSpec
+from agents.sim.worker import Worker
 
 
 def lockstep_env(n: int):

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from _common import run  # also puts the repository on sys.path
-from agents.training import Training, WorkloadSpec
+from agents.workloads.training import Training, WorkloadSpec
 from agents.workloads.batches import BatchStream
 from agents.workloads.partition import iid
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from agents.strategies.base import Strategy, VWorkerSpec
-from agents.worker import Worker
+from agents.sim.worker import Worker
 
 CHUNK_TENSOR_MB = 25
 

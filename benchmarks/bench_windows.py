@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.strategies.base import Strategy, VWorkerSpec
-from agents.worker import Worker
+from agents.sim.worker import Worker
 
 
 class Ticker(Worker):

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from agents.core import Reached
-from agents.kernel import RemoteEvent
-from agents.types import INFINITY, VirtualTime
+from agents.sim.kernel import RemoteEvent
+from agents.sim.types import INFINITY, VirtualTime
 
 __all__ = ["AgentHandle", "Window", "run_windows"]
 
@@ -92,7 +92,7 @@ def window_ends(T: VirtualTime, bound: Sequence[VirtualTime], pending: Sequence[
 
     Agent ``a`` may run every event before ``min over b != a of first(b) + lookahead``, where
     ``first(b)`` is the earliest time agent ``b`` could act on another agent: its output bound
-    (:meth:`agents.kernel.Kernel.output_bound`) or the ``acts_at`` of an event routed to it.
+    (:meth:`agents.sim.kernel.Kernel.output_bound`) or the ``acts_at`` of an event routed to it.
     Nothing ``b`` sends this window can arrive earlier; what ``a`` itself sends is answered no
     sooner than ``lookahead`` after the receiver can act on it, and ``a``'s kernel stops its
     window there (``Kernel.reply_lookahead``). Zero lookahead: the single instant ``T``.

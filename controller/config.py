@@ -14,9 +14,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from agents.compute import KINDS, MODELS
-from agents.network import DISCIPLINES
-from agents.units import UnitError, parse_duration, parse_rate
+from agents.sim.compute import KINDS, MODELS
+from agents.sim.network import DISCIPLINES
+from agents.common.units import UnitError, parse_duration, parse_rate
 
 __all__ = ["ConfigError", "RunConfig", "validate", "config_hash", "PLACEMENTS", "PARTITIONS", "LAUNCHERS"]
 
@@ -477,7 +477,7 @@ def _is_num(x: Any) -> bool:
 
 def _speed(c: _Checker, workers: int | None) -> list[float] | None:
     """Per-worker slowdown factors from a list, classes or a keyed distribution (DESIGN §4.2)."""
-    from agents import keyed
+    from agents.sim import keyed
 
     speed = c.get("compute.speed")
     if speed is None or not workers:

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents.statelog import StateLog
-from agents.units import UnitError, parse_duration
+from agents.observe.statelog import StateLog
+from agents.common.units import UnitError, parse_duration
 
 __all__ = ["RunView", "main", "parse_time"]
 

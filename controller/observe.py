@@ -33,11 +33,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from agents.logs import configure_logging
-from agents.metrics import Metrics, serve, write_exposition, write_scrape_targets
-from agents.plan import Plan
-from agents.statelog import StateLogWriter, statelog_settings
-from agents.trace import TRACE_KIND, TraceWriter, trace_settings
+from agents.observe.logs import configure_logging
+from agents.observe.metrics import Metrics, serve, write_exposition, write_scrape_targets
+from agents.common.plan import Plan
+from agents.observe.statelog import StateLogWriter, statelog_settings
+from agents.observe.trace import TRACE_KIND, TraceWriter, trace_settings
 from controller.config import RunConfig
 from controller.outputs import write_json_atomic
 

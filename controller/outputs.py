@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agents.env import EVAL_COLUMNS, UPDATE_COLUMNS
+from agents.sim.env import EVAL_COLUMNS, UPDATE_COLUMNS
 
 __all__ = ["RunDir", "read_csv", "upload", "write_json_atomic"]
 

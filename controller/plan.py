@@ -1,11 +1,11 @@
-"""From a validated config to the run's :class:`~agents.plan.Plan`: vworkers, placement, models."""
+"""From a validated config to the run's :class:`~agents.common.plan.Plan`: vworkers, placement, models."""
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from agents import keyed
-from agents.plan import Plan
+from agents.sim import keyed
+from agents.common.plan import Plan
 from agents.strategies import load_strategy
 from agents.strategies.base import VWorkerSpec
 from controller.config import RunConfig, config_hash

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from agents import wire
+from agents.common import wire
 from agents.core import Reached
-from agents.kernel import RemoteEvent
-from agents.plan import Plan
+from agents.sim.kernel import RemoteEvent
+from agents.common.plan import Plan
 from controller.launchers.base import AgentFailure, LaunchSpec
 from controller.server import AgentSession, ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb

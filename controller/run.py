@@ -11,9 +11,9 @@ import torch
 from omegaconf import OmegaConf
 
 from agents.core import AgentCore
-from agents.env import Stats
-from agents.plan import Plan
-from agents.types import NS_PER_S
+from agents.sim.env import Stats
+from agents.common.plan import Plan
+from agents.sim.types import NS_PER_S
 from controller.clock import Window, run_windows
 from controller.config import RunConfig, config_hash
 from controller.outputs import RunDir, write_json_atomic

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from agents import wire
+from agents.common import wire
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.worker import Worker
+from agents.sim.worker import Worker
 
 __all__ = ["VWorkerSpec", "Strategy", "TrainingWorker"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from agents.worker import Worker
+from agents.sim.worker import Worker
 
 __all__ = ["ring_allreduce", "chunk_bounds"]
 

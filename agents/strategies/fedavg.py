@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from agents import keyed
+from agents.sim import keyed
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
 __all__ = ["FedAvg", "FedServer", "FedClient", "sample_clients"]
@@ -42,13 +42,13 @@ class FedClient(TrainingWorker):
         steps = self.setting("local_steps")
         if steps is not None:
             return int(steps)
-        return int(self.setting("local_epochs", 1)) * max(1, len(self.training.shards[self.training._rank[self.name]])
+        return int(self.setting("local_epochs", 1)) * max(1, self.training.shard_size(self.name)
                                                           // self.training.batch_size(self.name))
 
     async def run(self) -> None:
         spec = self.training.spec
         steps = self.local_steps()
-        shard = len(self.training.shards[self.training._rank[self.name]])
+        shard = self.training.shard_size(self.name)
         while True:
             m = await self.recv(src=self.server, tag="model")
             params, version = m.payload

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents import keyed
+from agents.sim import keyed
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
 __all__ = ["Gossip", "GossipWorker", "neighbours"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from agents.statelog import log_model, log_result, log_version
+from agents.observe.statelog import log_model, log_result, log_version
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
 __all__ = ["PSSync", "PSAsync", "ParameterServer", "PSWorker", "TensorShards"]

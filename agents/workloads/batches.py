@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from agents.keyed import generator
+from agents.sim.keyed import generator
 
 __all__ = ["BatchStream"]
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from agents.keyed import key_int
+from agents.sim.keyed import key_int
 
 __all__ = ["MLP", "ThesisCNN", "SmallResNet", "MODELS", "build_model", "param_bytes",
            "flat_params", "set_flat_params", "gradient", "evaluate"]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from agents.keyed import generator
+from agents.sim.keyed import generator
 
 __all__ = ["iid", "dirichlet", "two_class_non_iid", "partition", "PARTITIONERS"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from agents.strategies.base import Strategy, VWorkerSpec
-from agents.worker import Worker
+from agents.sim.worker import Worker
 
 
 class _Recording(Worker):

@@ -9,9 +9,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agents import wire
+from agents.common import wire
 from agents.agent import EXIT_REFUSED, AgentProcess
-from agents.plan import Plan
+from agents.common.plan import Plan
 from controller.launchers.base import AgentFailure
 from controller.plan import make_plan
 from controller.remote import RemoteAgent

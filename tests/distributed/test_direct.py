@@ -6,7 +6,7 @@ import socket
 import pytest
 import torch
 
-from agents import wire
+from agents.common import wire
 from agents.direct import DIRECT_MIN_BYTES, DirectLinks, DirectServer
 from protos.lockstep.v1 import agent_pb2 as pb
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from agents import wire
-from agents.kernel import RemoteEvent
-from agents.network import Transfer
+from agents.common import wire
+from agents.sim.kernel import RemoteEvent
+from agents.sim.network import Transfer
 from protos.lockstep.v1 import agent_pb2 as pb
 
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from agents.compute import ComputeSpec
-from agents.env import Environment
-from agents.kernel import Kernel
-from agents.network import ConstantLatency, NetworkSpec
+from agents.sim.compute import ComputeSpec
+from agents.sim.env import Environment
+from agents.sim.kernel import Kernel
+from agents.sim.network import ConstantLatency, NetworkSpec
 
 
 def build(workers: dict, *, latency_ns: int = 0, bw=1e9, bw_in=None, egress="fifo", ingress="fifo",

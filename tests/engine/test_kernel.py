@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from agents.kernel import KernelError, WorkerCrashed
-from agents.worker import Worker
+from agents.sim.kernel import KernelError, WorkerCrashed
+from agents.sim.worker import Worker
 
 
 class Log(Worker):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.units import UnitError, parse_duration, parse_rate, parse_size
-from agents.worker import Worker
+from agents.common.units import UnitError, parse_duration, parse_rate, parse_size
+from agents.sim.worker import Worker
 
 MS = 1_000_000
 

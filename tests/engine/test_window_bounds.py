@@ -1,11 +1,11 @@
 """What the controller's per-agent window ends rest on: cancellable timers, output bounds, the reply cap."""
 from __future__ import annotations
 
-from agents.compute import ComputeSpec
-from agents.env import Environment
-from agents.kernel import INFINITY, Kernel, RemoteEvent
-from agents.network import ConstantLatency, NetworkSpec
-from agents.worker import Worker
+from agents.sim.compute import ComputeSpec
+from agents.sim.env import Environment
+from agents.sim.kernel import INFINITY, Kernel, RemoteEvent
+from agents.sim.network import ConstantLatency, NetworkSpec
+from agents.sim.worker import Worker
 from controller.clock import window_ends
 
 MS = 1_000_000

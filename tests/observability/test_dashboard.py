@@ -13,7 +13,7 @@ from grafana_foundation_sdk.models import dashboard as dash_m
 from grafana_foundation_sdk.models import prometheus as prom_m
 from prometheus_client import CollectorRegistry
 
-from agents.metrics import Metrics
+from agents.observe.metrics import Metrics
 
 from . import dashboard
 

@@ -1,4 +1,4 @@
-"""agents.metrics.Metrics: exact values, roles, cardinality, serving and writing."""
+"""agents.observe.metrics.Metrics: exact values, roles, cardinality, serving and writing."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.metrics import (AGENT_STATES, STALENESS_BUCKETS, Metrics, serve, write_exposition,
+from agents.observe.metrics import (AGENT_STATES, STALENESS_BUCKETS, Metrics, serve, write_exposition,
                             write_scrape_targets)
 
 S = 1_000_000_000  # ns per second

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agents.metrics import Metrics, write_exposition
+from agents.observe.metrics import Metrics, write_exposition
 
 from .test_metrics import _populate
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents.statelog import StateLog
-from agents.trace import Tracer, TraceWriter, trace_settings
+from agents.observe.statelog import StateLog
+from agents.observe.trace import Tracer, TraceWriter, trace_settings
 from controller.inspect import RunView, parse_time
 
 from . import runs

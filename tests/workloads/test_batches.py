@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from agents.keyed import generator
+from agents.sim.keyed import generator
 from agents.workloads.batches import BatchStream
 
 SHARD = np.arange(100, 110)  # ten dataset indices

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from agents.keyed import generator
+from agents.sim.keyed import generator
 from agents.workloads import data
 from agents.workloads.data import DataNotFoundError, IDXFormatError, load_fashion_mnist, read_idx
 

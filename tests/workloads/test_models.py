@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from agents.keyed import generator
+from agents.sim.keyed import generator
 from agents.workloads.models import (
     MLP,
     SmallResNet,

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from agents import keyed
-from agents.types import NS_PER_S, VirtualTime
+from agents.sim import keyed
+from agents.sim.types import NS_PER_S, VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agents.worker import Worker
+    from agents.sim.worker import Worker
 
 __all__ = ["MODELS", "KINDS", "ComputeSpec", "ComputeModel", "ProfileDB", "signature", "device_kind",
            "default_profile_db", "resolve_device"]

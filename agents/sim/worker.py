@@ -17,11 +17,11 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agents.kernel import PRIO_RESUME, Kernel, KernelError, park, suspend_until
-from agents.types import VirtualTime
+from agents.sim.kernel import PRIO_RESUME, Kernel, KernelError, park, suspend_until
+from agents.sim.types import VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agents.env import Environment
+    from agents.sim.env import Environment
 
 __all__ = ["Worker", "Message", "SendHandle", "Condition"]
 
@@ -55,7 +55,8 @@ class SendHandle:
     def done(self) -> bool:
         return self.done_at is not None and self.done_at <= self._kernel.now
 
-    def _complete(self, t: VirtualTime) -> None:
+    def complete(self, t: VirtualTime) -> None:
+        """The last byte left the NIC at ``t``: wake whoever awaits the handle (network side)."""
         self.done_at = t
         for w in self._waiters:
             self._kernel.wake(w, None)
@@ -63,7 +64,7 @@ class SendHandle:
 
     def __await__(self):
         if self.done_at is None:
-            me = self._kernel._current
+            me = self._kernel.current
             self._waiters.append(me)
             yield from park()
         elif self.done_at > self._kernel.now:
@@ -95,9 +96,9 @@ class Worker:
         self.name = name
         self.id = vid
         self.env = env
-        self._seq = 0  # events this vworker has created: the last part of the heap key
+        self.origin_seq = 0  # events this vworker has created: the last part of the heap key
         self._kernel: Kernel | None = None
-        self._coro = None
+        self.coro = None
         self._mailbox: list[Message] = []
         self._recv_filter: tuple[Any, Any] | None = None  # set while parked in recv
         self._waiting_on: str | None = None  # condition name while parked in wait
@@ -107,13 +108,17 @@ class Worker:
         self.finished = False
 
     # -------------------------------------------------- lifecycle (kernel side)
-    def _attach(self, kernel: Kernel) -> None:
+    # The kernel drives a vworker through these and through ``coro`` (its running ``run()``) and
+    # ``origin_seq`` (the events it has created: the last part of every heap key it owns).
+    def attach(self, kernel: Kernel) -> None:
+        """Called once by :meth:`Kernel.add_worker`."""
         self._kernel = kernel
 
-    def _resume(self, value: Any) -> None:
-        self._kernel._step(self, value)
+    def resume(self, value: Any) -> None:
+        """Continue ``run()`` with ``value`` as the result of the pending await (kernel side)."""
+        self._kernel.drive(self, value)
 
-    def _finished(self) -> None:
+    def mark_finished(self) -> None:
         self.finished = True
 
     async def run(self) -> None:  # pragma: no cover - subclasses implement it
@@ -188,15 +193,17 @@ class Worker:
         self._kernel.request_stop()
 
     # ------------------------------------------------- delivery (network side)
-    def _deliver(self, msg: Message) -> None:
+    def deliver(self, msg: Message) -> None:
+        """The network delivered ``msg``: wake a matching ``recv`` or keep it in the mailbox."""
         f = self._recv_filter
         if f is not None and (f[0] is None or msg.src == f[0]) and (f[1] is None or msg.tag == f[1]):
             self._recv_filter = None
-            self._kernel.schedule(self._kernel.now, PRIO_RESUME, self, self._resume, msg)
+            self._kernel.schedule(self._kernel.now, PRIO_RESUME, self, self.resume, msg)
         else:
             self._mailbox.append(msg)
 
-    def _ring(self, name: str) -> None:
+    def ring(self, name: str) -> None:
+        """A notification of condition ``name`` reached this vworker (network side)."""
         if self._waiting_on == name:
             self._waiting_on = None
             self._kernel.wake(self, None)

@@ -29,14 +29,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from agents import keyed
-from agents.kernel import PRIO_NET, Kernel, Timer
-from agents.types import NS_PER_S, VirtualTime
-from agents.worker import Message, SendHandle
+from agents.sim import keyed
+from agents.sim.kernel import PRIO_NET, Kernel, Timer
+from agents.sim.types import NS_PER_S, VirtualTime
+from agents.sim.worker import Message, SendHandle
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agents.env import Environment
-    from agents.worker import Worker
+    from agents.sim.env import Environment
+    from agents.sim.worker import Worker
 
 __all__ = [
     "DISCIPLINES", "NetworkSpec", "Network", "Transfer", "transfer_ns",
@@ -289,13 +289,13 @@ class Network:
     def _egress_done(self, item: tuple[Transfer, SendHandle]) -> None:
         tr, handle = item
         now = self.kernel.now
-        handle._complete(now)
+        handle.complete(now)
         src = self.kernel.workers[tr.src]
         self.kernel.post(now + tr.latency, PRIO_NET, src, tr.dst, "tail", (tr.src, tr.seq, now + tr.latency))
 
     def notify(self, w: "Worker", owner: int, name: str) -> None:
         if owner == w.id:
-            w._ring(name)
+            w.ring(name)
             return
         w.msg_seq += 1
         lat = self.spec.latency.sample(w.id, owner, w.msg_seq)
@@ -354,8 +354,8 @@ class Network:
         msg.delivered_at = now
         w = self.kernel.workers[tr.dst]
         self.env.on_deliver(w, tr, now)
-        w._deliver(msg)
+        w.deliver(msg)
 
     def _on_notify(self, data: tuple[int, str]) -> None:
         owner, name = data
-        self.kernel.workers[owner]._ring(name)
+        self.kernel.workers[owner].ring(name)

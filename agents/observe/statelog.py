@@ -36,10 +36,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.types import VirtualTime
+from agents.sim.types import VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agents.worker import Message, Worker
+    from agents.sim.worker import Message, Worker
 
 __all__ = ["Exchange", "KINDS", "StateLog", "StateLogWriter", "checksum", "log_model", "log_result",
            "log_version", "statelog_settings"]

@@ -23,9 +23,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from agents.env import Stats
-from agents.kernel import RemoteEvent
-from agents.network import Transfer
+from agents.sim.env import Stats
+from agents.sim.kernel import RemoteEvent
+from agents.sim.network import Transfer
 from protos.lockstep.v1 import agent_pb2 as pb
 
 __all__ = ["PROTOCOL_VERSION", "WireError", "BlobRef", "FrameWriter", "FrameReader", "encode_value", "decode_value",

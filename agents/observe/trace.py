@@ -36,11 +36,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.types import VirtualTime
+from agents.sim.types import VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agents.network import Transfer
-    from agents.worker import Worker
+    from agents.sim.network import Transfer
+    from agents.sim.worker import Worker
 
 __all__ = ["MODES", "TRACE_KIND", "Tracer", "TraceWriter", "trace_settings", "tracer_from_settings"]
 

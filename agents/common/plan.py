@@ -10,12 +10,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agents.compute import ComputeSpec
-from agents.network import (ConstantLatency, DistributionLatency, LatencyModel, MatrixLatency,
+from agents.sim.compute import ComputeSpec
+from agents.sim.network import (ConstantLatency, DistributionLatency, LatencyModel, MatrixLatency,
                             NetworkSpec)
 from agents.strategies.base import VWorkerSpec
-from agents.training import WorkloadSpec
-from agents.types import INFINITY, VirtualTime
+from agents.workloads.training import WorkloadSpec
+from agents.sim.types import INFINITY, VirtualTime
 
 __all__ = ["Plan", "latency_model", "lookahead"]
 

@@ -5,13 +5,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agents.compute import ComputeModel, ComputeSpec
-from agents.kernel import Kernel
-from agents.network import Network, NetworkSpec, Transfer
-from agents.types import VirtualTime
+from agents.sim.compute import ComputeModel, ComputeSpec
+from agents.sim.kernel import Kernel
+from agents.sim.network import Network, NetworkSpec, Transfer
+from agents.sim.types import VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agents.worker import Worker
+    from agents.sim.worker import Worker
 
 __all__ = ["Environment", "Recorder", "UPDATE_COLUMNS", "EVAL_COLUMNS", "Stats"]
 

@@ -37,7 +37,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import make_wsgi_app
 
-from agents.types import NS_PER_S, VirtualTime
+from agents.sim.types import NS_PER_S, VirtualTime
 
 __all__ = [
     "AGENT_STATES",

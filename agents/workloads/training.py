@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from agents.compute import resolve_device
+from agents.sim.compute import resolve_device
 from agents.workloads.batches import BatchStream
 from agents.workloads.data import Dataset, load_fashion_mnist
 from agents.workloads.models import build_model, evaluate, flat_params, gradient, param_bytes, set_flat_params
@@ -62,6 +62,10 @@ class Training:
     @property
     def profile_name(self) -> str:
         return f"{self.model_name}/{self.model_bytes}B/{self.device.type}"
+
+    def shard_size(self, vworker: str) -> int:
+        """Samples in ``vworker``'s shard."""
+        return len(self.shards[self._rank[vworker]])
 
     def batch_size(self, vworker: str) -> int:
         return self.spec.batch_size[self._rank[vworker]]

@@ -30,10 +30,10 @@ import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
-from agents.types import INFINITY, VirtualTime
+from agents.sim.types import INFINITY, VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agents.worker import Worker
+    from agents.sim.worker import Worker
 
 __all__ = [
     "Kernel", "RemoteEvent", "Timer", "KernelError", "ForeignAwaitableError", "WorkerCrashed",
@@ -145,7 +145,7 @@ class Kernel:
         self._stop_at: VirtualTime | None = None
         self.events_processed = 0
         self._crash: WorkerCrashed | None = None
-        self._current: "Worker | None" = None  # the vworker whose coroutine is running
+        self.current: "Worker | None" = None  # the vworker whose coroutine is running
         self._effects: dict[Callable[[Any], None], Callable[[Any, VirtualTime], VirtualTime]] = {}
         # when set (several agents, lookahead > 0): a window stops L after the earliest moment a
         # remote event posted in it lets the receiver act, the earliest an answer can be back
@@ -160,7 +160,7 @@ class Kernel:
         if not 0 <= worker.id < MAX_VWORKERS:
             raise KernelError(f"vworker id {worker.id} outside [0, {MAX_VWORKERS})")
         self.workers[worker.id] = worker
-        worker._attach(self)
+        worker.attach(self)
         self.schedule(0, PRIO_RESUME, worker, self._start, worker)
 
     def is_local(self, vworker_id: int) -> bool:
@@ -183,8 +183,8 @@ class Kernel:
         """Run ``fn(arg)`` at virtual time ``t``; the event is keyed by ``owner``'s counter."""
         if t < self.now:
             raise KernelError(f"event scheduled in the past: {t} < now {self.now} (owner {owner.name})")
-        owner._seq += 1
-        heapq.heappush(self._heap, (t, _order(priority, owner.id, owner._seq), fn, arg))
+        owner.origin_seq += 1
+        heapq.heappush(self._heap, (t, _order(priority, owner.id, owner.origin_seq), fn, arg))
 
     def timer(self, t: VirtualTime, priority: int, owner: "Worker", fn: Callable[[], None]) -> Timer:
         """Like :meth:`schedule`, but cancellable: a cancelled timer neither runs nor counts as an event."""
@@ -199,13 +199,13 @@ class Kernel:
         ``effect`` (>= t) is the earliest time it can make ``dst`` act, as the ``effect`` function
         registered for ``kind`` computes it (None: ``t``).
         """
-        owner._seq += 1
+        owner.origin_seq += 1
         if dst in self.workers:
             if t < self.now:
                 raise KernelError(f"event posted in the past: {t} < now {self.now}")
-            heapq.heappush(self._heap, (t, _order(priority, owner.id, owner._seq), self._remote_handlers[kind], data))
+            heapq.heappush(self._heap, (t, _order(priority, owner.id, owner.origin_seq), self._remote_handlers[kind], data))
         else:
-            self.outbox.append(RemoteEvent(t, priority, owner.id, owner._seq, dst, kind, data, effect))
+            self.outbox.append(RemoteEvent(t, priority, owner.id, owner.origin_seq, dst, kind, data, effect))
             if self.reply_lookahead is not None:
                 cap = (t if effect is None else effect) + self.reply_lookahead
                 if cap < self._cap:
@@ -224,7 +224,7 @@ class Kernel:
 
     def wake(self, worker: "Worker", value: Any = None, at: VirtualTime | None = None) -> None:
         """Resume a parked vworker at ``at`` (default: now) with ``value`` as the await's result."""
-        self.schedule(self.now if at is None else at, PRIO_RESUME, worker, worker._resume, value)
+        self.schedule(self.now if at is None else at, PRIO_RESUME, worker, worker.resume, value)
 
     # -------------------------------------------------------------- stopping
     def request_stop(self) -> None:
@@ -302,18 +302,18 @@ class Kernel:
                     continue
                 # the hot path, inlined: resume a vworker that slept until t
                 w = ev[3]
-                self._current = w
+                self.current = w
                 try:
-                    cmd = w._coro.send(None)
+                    cmd = w.coro.send(None)
                 except StopIteration:
-                    w._finished()
+                    w.mark_finished()
                     continue
                 except BaseException as e:  # a strategy bug: stop the run, name the vworker
                     self._fail(w, e)
                     continue
                 if type(cmd) is int and cmd >= t:
-                    w._seq += 1
-                    push(heap, (cmd, _RESUME_BITS | (w.id << _ORIGIN_SHIFT) | w._seq, None, w))
+                    w.origin_seq += 1
+                    push(heap, (cmd, _RESUME_BITS | (w.id << _ORIGIN_SHIFT) | w.origin_seq, None, w))
                 else:
                     self._suspend(w, cmd)
         finally:
@@ -327,16 +327,16 @@ class Kernel:
         coro = worker.run()
         if not isinstance(coro, Coroutine):
             raise KernelError(f"{type(worker).__name__}.run must be 'async def' (vworker {worker.name})")
-        worker._coro = coro
-        worker._resume(None)
+        worker.coro = coro
+        worker.resume(None)
 
-    def _step(self, worker: "Worker", value: Any = None) -> None:
+    def drive(self, worker: "Worker", value: Any = None) -> None:
         """Resume ``worker``'s coroutine with ``value`` until it suspends again."""
-        self._current = worker
+        self.current = worker
         try:
-            cmd = worker._coro.send(value)
+            cmd = worker.coro.send(value)
         except StopIteration:
-            worker._finished()
+            worker.mark_finished()
             return
         except BaseException as e:  # a strategy bug: stop the run, name the vworker
             self._fail(worker, e)
@@ -350,8 +350,8 @@ class Kernel:
                 if cmd >= self.now:
                     # even a zero-length sleep goes through the heap, after the events already due;
                     # fn=None marks a plain resume, which run_until drives inline
-                    worker._seq += 1
-                    heapq.heappush(self._heap, (cmd, _RESUME_BITS | (worker.id << _ORIGIN_SHIFT) | worker._seq,
+                    worker.origin_seq += 1
+                    heapq.heappush(self._heap, (cmd, _RESUME_BITS | (worker.id << _ORIGIN_SHIFT) | worker.origin_seq,
                                                 None, worker))
                     return
                 exc: BaseException = KernelError(
@@ -364,9 +364,9 @@ class Kernel:
                     "inside Worker.run use only self.sleep / self.compute / self.recv / self.wait / "
                     "await on a send handle (no asyncio, no real sleeps)")
             try:
-                cmd = worker._coro.throw(exc)
+                cmd = worker.coro.throw(exc)
             except StopIteration:
-                worker._finished()
+                worker.mark_finished()
                 return
             except BaseException as e:
                 self._fail(worker, e)

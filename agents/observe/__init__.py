@@ -1,0 +1,1 @@
+"""What both processes use to observe a run: Prometheus metrics, the Chrome trace, the state log, logging."""
