@@ -11,7 +11,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from agents.metrics import Metrics, serve
+from agents.observe.metrics import Metrics, serve
 from controller.launchers.base import LaunchSpec
 from controller.launchers.kubernetes import build_agent_pod
 from .conftest import CHART, KubeCluster, render

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agents.metrics import Metrics, serve, write_scrape_targets
+from agents.observe.metrics import Metrics, serve, write_scrape_targets
 
 from . import dashboard
 from .prom import has_finite_value, value
