@@ -13,7 +13,8 @@ controller pod's ImagePullBackOff, Unschedulable, ...), until every point has en
 a short-lived reader pod mounts the claim read-only and streams a tar archive through the API's
 exec; with an emptyDir it reads from the controller's pod while that still runs.
 
-The second module (after ``controller.launchers.kubernetes``) that imports ``kubernetes``, lazily.
+The API is reached only through ``controller.launchers.kubernetes`` (``connect``, ``exec_in_pod``), the one
+module that imports ``kubernetes``.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import base64
 import hashlib
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import yaml
 
-from controller.launchers.kubernetes import FATAL_WAITING_REASONS, INSTALL_HINT, pod_failure
+from controller.launchers.kubernetes import LauncherConfigError, connect, exec_in_pod, pod_failure
 
 __all__ = ["Point", "expand", "release_name", "sweep_main", "fetch_main", "JobState", "job_state",
            "reader_pod", "find_runs", "Cluster", "extract_tar"]
@@ -118,20 +118,10 @@ class Cluster:
     def __init__(self, namespace: str | None, kubeconfig: str | None = None, context: str | None = None,
                  helm: str | None = None):
         try:
-            import kubernetes  # noqa: PLC0415
-        except ImportError as e:
-            raise SweepError(INSTALL_HINT) from e
-        self.k8s = kubernetes
-        try:
-            api = kubernetes.config.new_client_from_config(config_file=kubeconfig, context=context)
-            _, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
-        except (kubernetes.config.ConfigException, OSError) as e:
-            raise SweepError(f"cannot load Kubernetes credentials (--kubeconfig "
-                             f"{kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'}): {e}") from e
-        self.namespace = namespace or ((active or {}).get("context") or {}).get("namespace") or "default"
-        self.core = kubernetes.client.CoreV1Api(api)
-        self.batch = kubernetes.client.BatchV1Api(api)
-        self.to_json = api.sanitize_for_serialization
+            self.core, self.batch, self.namespace = connect(kubeconfig, context, namespace)
+        except (ImportError, LauncherConfigError) as e:
+            raise SweepError(str(e)) from e
+        self.to_json = self.core.api_client.sanitize_for_serialization
         self.kubeconfig, self.context = kubeconfig, context
         self.helm_bin = helm or shutil.which("helm")
 
@@ -392,22 +382,11 @@ def extract_tar(data: bytes, dest: Path) -> list[str]:
 
 def exec_copy(cluster: Cluster, pod: str, container: str, path: str, arcname: str) -> bytes:
     """The tar of ``path`` in a running pod, through the API's exec (what ``kubectl cp`` does)."""
-    from kubernetes.stream import stream
-
-    resp = stream(cluster.core.connect_get_namespaced_pod_exec, pod, cluster.namespace, container=container,
-                  command=["python", "-c", TAR_SCRIPT, path, arcname], stdout=True, stderr=True, stdin=False,
-                  tty=False, _preload_content=False)
-    out, err = [], []
-    while resp.is_open():
-        resp.update(timeout=5)
-        if resp.peek_stdout():
-            out.append(resp.read_stdout())
-        if resp.peek_stderr():
-            err.append(resp.read_stderr())
-    resp.close()
-    if resp.returncode:
-        raise SweepError(f"reading {path} in pod {pod} failed: {''.join(err).strip()}")
-    return base64.b64decode("".join(out))
+    out, err, code = exec_in_pod(cluster.core, pod, cluster.namespace, container,
+                                 ["python", "-c", TAR_SCRIPT, path, arcname])
+    if code:
+        raise SweepError(f"reading {path} in pod {pod} failed (exit {code}): {err.strip()}")
+    return base64.b64decode(out)
 
 
 def _wait_running(cluster: Cluster, name: str, timeout_s: float) -> None:

@@ -631,3 +631,37 @@ def _api_message(e: Exception) -> str:
         return json.loads(body).get("message", body)
     except (TypeError, ValueError, AttributeError):
         return str(body)
+
+
+# --- for lockstep sweep and fetch (controller/cluster.py), which reach the API only through here ---
+def connect(kubeconfig: str | None = None, context: str | None = None,
+            namespace: str | None = None) -> tuple[Any, Any, str]:
+    """(CoreV1Api, BatchV1Api, namespace) from a kubeconfig; the namespace defaults to the context's."""
+    k8s = _import_kubernetes()
+    try:
+        api = k8s.config.new_client_from_config(config_file=kubeconfig, context=context)
+        contexts, active = k8s.config.list_kube_config_contexts(config_file=kubeconfig)
+    except (k8s.config.ConfigException, OSError) as e:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise LauncherConfigError(f"cannot load Kubernetes credentials (kubeconfig {where}, "
+                                  f"context {context or 'current'}): {e}") from e
+    ctx = next((c for c in contexts if c["name"] == context), active) if context else active
+    ns = namespace or ((ctx or {}).get("context") or {}).get("namespace") or "default"
+    return k8s.client.CoreV1Api(api), k8s.client.BatchV1Api(api), ns
+
+
+def exec_in_pod(core: Any, pod: str, namespace: str, container: str, command: list[str]) -> tuple[str, str, int]:
+    """Run ``command`` in a running pod through the API (what ``kubectl exec`` does): stdout, stderr, exit code."""
+    from kubernetes.stream import stream  # noqa: PLC0415
+
+    resp = stream(core.connect_get_namespaced_pod_exec, pod, namespace, container=container, command=command,
+                  stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False)
+    out, err = [], []
+    while resp.is_open():
+        resp.update(timeout=5)
+        if resp.peek_stdout():
+            out.append(resp.read_stdout())
+        if resp.peek_stderr():
+            err.append(resp.read_stderr())
+    resp.close()
+    return "".join(out), "".join(err), resp.returncode or 0
