@@ -86,7 +86,8 @@ COPY pyproject.toml /tmp/pyproject.toml
 RUN set -eux; \
     if [ -n "$PIP_INDEX_URL" ]; then export PIP_INDEX_URL; else unset PIP_INDEX_URL; fi; \
     python -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
-print(*p['dependencies'], *p['optional-dependencies']['kubernetes'], sep='\n')" > /tmp/requirements.txt; \
+extras = p['optional-dependencies']; \
+print(*p['dependencies'], *extras['kubernetes'], *extras['upload'], sep='\n')" > /tmp/requirements.txt; \
     pip install -r /tmp/requirements.txt
 # The source stays at /app: the Hydra app reads its config from /app/conf next to the packages.
 WORKDIR /app
