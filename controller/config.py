@@ -22,7 +22,7 @@ __all__ = ["ConfigError", "RunConfig", "validate", "config_hash", "PLACEMENTS", 
 
 PLACEMENTS = ("round_robin", "block", "ps_alone")
 PARTITIONS = ("iid", "dirichlet", "non_iid")
-LAUNCHERS = ("inprocess", "local", "kubernetes")  # ray: DESIGN §10, not built yet
+LAUNCHERS = ("inprocess", "local", "kubernetes", "ray")
 LATENCY_DISTRIBUTIONS = {"normal": ("mean", "std"), "lognormal": ("mu", "sigma"), "weibull": ("scale", "shape", "loc")}
 
 
@@ -238,6 +238,8 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
     launcher = c.get("launcher") or {}
     if launcher.get("name") not in LAUNCHERS:
         c.bad("launcher", launcher.get("name"), " | ".join(LAUNCHERS))
+    elif launcher.get("name") == "ray":
+        _launcher_ray(c, agents, device)
     controller = _controller(c)
     trace = _trace(c)
     metrics = _metrics(c)
@@ -300,6 +302,62 @@ def _controller(c: _Checker) -> dict[str, Any]:
         c.bad("controller.token_file", tf, "a path, or null")
     out["token_file"] = tf
     return out
+
+
+def _launcher_ray(c: _Checker, agents: int | None, device: Any) -> None:
+    """``launcher=ray`` (conf/launcher/ray.yaml): Ray installed, resources Ray accepts, an address it can use."""
+    from controller.launchers import ray as ray_launcher  # imports Ray only when a run starts
+
+    if not ray_launcher.available():
+        c.problems.append(f"launcher=ray needs Ray, which is not installed; accepted: {ray_launcher.INSTALL_HINT}, "
+                          "or launcher=local | inprocess | kubernetes.")
+    address = c.get("launcher.address")
+    if address is not None and (not isinstance(address, str) or (
+            address != "auto" and ray_launcher.split_address(address) is None)):
+        c.bad("launcher.address", address, "null (a private Ray cluster for the run), auto (the cluster `ray start "
+              "--head` runs on this machine), HOST:PORT of a running cluster's head, or ray://HOST:PORT")
+    c.number("launcher.cpus_per_agent", 0, lo_open=True)
+    gpus = c.get("launcher.gpus_per_agent")
+    if not (_is_num(gpus) and gpus >= 0 and (gpus <= 1 or gpus == int(gpus))):
+        c.bad("launcher.gpus_per_agent", gpus, "a number of GPUs >= 0: a fraction up to 1 (0.25 puts four agents on "
+              "one GPU) or a whole number")
+    if gpus == 0 and isinstance(device, str) and device.startswith("cuda"):
+        c.bad("launcher.gpus_per_agent", 0, f"a share of a GPU > 0 (e.g. 0.25) with device={device}: Ray hides the "
+              "GPUs from actors that reserve none")
+    c.integer("launcher.memory_per_agent", 1, optional=True)
+    for key in ("launcher.resources_per_agent", "launcher.local.resources"):
+        res = c.get(key) or {}
+        if not isinstance(res, dict) or not all(
+                isinstance(k, str) and k not in ("CPU", "GPU", "memory") and _is_num(v) and v >= 0
+                for k, v in res.items()):
+            c.bad(key, res, "a mapping from a custom resource name to an amount >= 0, e.g. {lab_node: 1} "
+                  "(CPU, GPU and memory have keys of their own)")
+    strategy = c.choice("launcher.strategy", ray_launcher.STRATEGIES)
+    if strategy == "STRICT_SPREAD" and address is None and isinstance(agents, int) and agents > 1:
+        c.bad("launcher.strategy", strategy, "PACK | SPREAD | STRICT_PACK with launcher.address=null: the private "
+              "cluster has one node, and STRICT_SPREAD needs a node per agent")
+    env = c.get("launcher.runtime_env")
+    if env is not None and not isinstance(env, dict):
+        c.bad("launcher.runtime_env", env, "null or a Ray runtime_env mapping (pip, env_vars, working_dir, ...)")
+    elif env and "LOCKSTEP_TOKEN" in (env.get("env_vars") or {}):
+        c.problems.append("launcher.runtime_env.env_vars must not hold LOCKSTEP_TOKEN: Ray shows a runtime_env to "
+                          "anyone who reads its dashboard or state API; lockstep hands the agents the token itself.")
+    ca = c.get("launcher.controller_address")
+    if ca is not None and (not isinstance(ca, str) or ray_launcher.split_address(ca) is None or ca.startswith("ray:")):
+        c.bad("launcher.controller_address", ca, "null or HOST:PORT that the agents' nodes reach")
+    ns = c.get("launcher.namespace")
+    if not isinstance(ns, str) or not ns:
+        c.bad("launcher.namespace", ns, "a Ray namespace name")
+    c.number("launcher.startup_timeout_s", 0, lo_open=True)
+    c.number("launcher.log_poll_s", 0, lo_open=True)
+    c.number("launcher.stop_grace_s", 0)
+    c.integer("launcher.local.num_cpus", 1, optional=True)
+    c.integer("launcher.local.num_gpus", 0, optional=True)
+    store = c.get("launcher.local.object_store_memory")
+    if store is not None and (isinstance(store, bool) or not isinstance(store, int)
+                              or store < ray_launcher.MIN_OBJECT_STORE_BYTES):
+        c.bad("launcher.local.object_store_memory", store,
+              f"null (Ray's default: 30 % of memory) or bytes >= {ray_launcher.MIN_OBJECT_STORE_BYTES} (Ray's minimum)")
 
 
 TRACE_MODES = ("full", "sample", "window", "off")

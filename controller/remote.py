@@ -3,7 +3,7 @@
 :class:`RemoteAgents` is what :func:`controller.run.execute` receives as its
 ``launcher``: it serves the protocol (:mod:`controller.server`), starts the
 agents through a :class:`~controller.launchers.base.Launcher` (local
-subprocesses, Kubernetes pods), waits until each has registered and built its
+subprocesses, Kubernetes pods, Ray actors), waits until each has registered and built its
 vworkers, and returns one :class:`RemoteAgent` per agent. Every wait polls
 the launcher (a dead process fails the run at once) and the agent's last
 sign of life (a silent one fails it after ``agent_timeout_s``), so a run
@@ -230,6 +230,14 @@ class RemoteAgents:
     def start_agents(self, plan: Plan, run_dir: Path) -> list[RemoteAgent]:
         s = self.settings
         token = resolve_token(s.token_file)
+        prepare = getattr(self.launcher, "prepare", None)
+        if prepare is not None:  # e.g. start a Ray cluster: before the server's threads, which forks disturb
+            self._started = True
+            try:
+                prepare(plan.n_agents)
+            except BaseException:
+                self.close(abort="the agents could not be started")
+                raise
         self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s)
         address = self.server.start()
         m = plan.settings.get("metrics") or {}
@@ -328,7 +336,11 @@ def launcher_for(rc: Any) -> RemoteAgents | None:
         from controller.launchers.kubernetes import KubernetesLauncher  # imports the kubernetes client lazily
 
         impl = KubernetesLauncher(rc.launcher)
+    elif name == "ray":
+        from controller.launchers.ray import RayLauncher  # imports Ray lazily, when the run starts its agents
+
+        impl = RayLauncher(rc.launcher)
     else:
         raise ValueError(f"launcher={name!r} is not available in this version; accepted: inprocess | local | "
-                         "kubernetes")
+                         "kubernetes | ray")
     return RemoteAgents(impl, ControllerSettings.from_dict(getattr(rc, "controller", None)), log_level=rc.log_level)

@@ -7,7 +7,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from controller.config import RunConfig
-from controller.launchers.base import AgentFailure
+from controller.launchers.base import AgentFailure, LauncherConfigError
 from controller.observe import Observer
 from controller.plot import plot_loss
 from controller.run import RunResult, execute
@@ -16,14 +16,21 @@ __all__ = ["run_session"]
 
 
 def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
-    from controller.remote import launcher_for  # launcher=inprocess|local|kubernetes (DESIGN §10)
+    from controller.remote import launcher_for  # launcher=inprocess|local|kubernetes|ray (DESIGN §10)
 
+    try:
+        launcher = launcher_for(rc)
+    except LauncherConfigError as e:  # e.g. an unreachable launcher.address: before the run writes anything
+        _invalid(e)
     bar = tqdm(total=rc.stop_updates, unit="upd", desc="lockstep", file=sys.stderr, disable=not rc.progress,
                dynamic_ncols=True, mininterval=0.5)
     observer = Observer(rc, run_dir)  # metrics endpoints, trace.json, state log (docs/observability.md)
     result = None
     try:
-        result = execute(rc, run_dir, progress=bar, launcher=launcher_for(rc), observer=observer)
+        result = execute(rc, run_dir, progress=bar, launcher=launcher, observer=observer)
+    except LauncherConfigError as e:  # what only shows when the launcher starts (a cluster that refuses, ...)
+        bar.close()
+        _invalid(e)
     except AgentFailure as e:
         bar.close()
         tail = f"\n--- last log lines of agent {e.agent} ---\n{e.log_tail}" if e.log_tail else ""
@@ -47,3 +54,8 @@ def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
           f"lockstep: outputs in {run_dir}", file=sys.stderr)
     observer.finish(s)
     return result
+
+
+def _invalid(e: LauncherConfigError) -> None:
+    print(f"lockstep: invalid configuration:\n  {e}", file=sys.stderr)
+    sys.exit(2)

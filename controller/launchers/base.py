@@ -25,6 +25,13 @@ class LaunchSpec:
                 "--agent-id", str(agent_id), "--run-id", self.run_id, "--log-level", self.log_level]
 
 
+class LauncherConfigError(ValueError):
+    """The ``launcher`` config, or the cluster it names, cannot work; permanent, not retried.
+
+    ``lockstep run`` prints it as one sentence and exits with status 2, like an invalid config.
+    """
+
+
 class AgentFailure(RuntimeError):
     """An agent died, could not start, or stopped answering. Names the agent and why."""
 
@@ -37,6 +44,9 @@ class AgentFailure(RuntimeError):
 
 
 class Launcher(Protocol):
+    # Optional: ``prepare(n_agents)``, called before the controller's gRPC server starts (e.g. to start
+    # or join a Ray cluster, whose process forks would disturb the server's threads); stop() undoes it.
+
     def start(self, spec: LaunchSpec) -> None:
         """Start ``spec.n_agents`` agents; returns once they are created (not yet registered)."""
 

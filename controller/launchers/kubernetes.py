@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from controller.launchers.base import AgentFailure, LaunchSpec
+from controller.launchers.base import AgentFailure, LauncherConfigError, LaunchSpec
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,6 @@ DEFAULT_ENV = {
     "LOCKSTEP_PROFILE_DB": "/tmp/lockstep-profile.db",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
-
-
-class LauncherConfigError(ValueError):
-    """The ``launcher`` config or the cluster state it names is wrong; permanent, not retried."""
 
 
 class KubernetesLauncherError(RuntimeError):
