@@ -115,7 +115,9 @@ class RayLauncherConfig:
         if unknown:
             raise LauncherConfigError(f"unknown launcher.{unknown[0]} for launcher=ray; accepted keys: "
                                       + ", ".join(sorted(known)))
-        local = raw.pop("local", None) or {}
+        local = dict(raw.pop("local", None) or {})
+        local["resources"] = dict(local.get("resources") or {})
+        raw["resources_per_agent"] = dict(raw.get("resources_per_agent") or {})
         return cls(**raw, local=LocalCluster(**local))
 
     def bundle(self) -> dict[str, float]:
