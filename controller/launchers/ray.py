@@ -233,12 +233,14 @@ class Connection:
 
     def _resolve_auto(self, ray: Any) -> str:
         """``auto`` as Ray resolves it ($RAY_ADDRESS, else the cluster `ray start` recorded), checked to answer."""
-        try:  # Ray's own lookup; private API, hence the fallback to letting ray.init resolve it
+        try:  # Ray's own lookup; a private API, hence the fallback to letting ray.init resolve it
             from ray._private.services import get_ray_address_from_environment  # noqa: PLC0415
-
-            found = get_ray_address_from_environment("auto", None)
-        except Exception:  # noqa: BLE001
+        except ImportError:
             return "auto"
+        try:
+            found = get_ray_address_from_environment("auto", None)
+        except ConnectionError:  # "Could not find any running Ray instance"
+            found = None
         if not found:
             raise LauncherConfigError(
                 "launcher.address=auto: no Ray cluster runs on this machine; accepted: start one with "
