@@ -346,6 +346,14 @@ class RayLauncher:
         self.prepare(spec.n_agents)
         try:
             self._start_actors(spec)
+        except LauncherConfigError:
+            self.stop()
+            raise
+        except (ValueError, TypeError, _ray().exceptions.RayError) as e:  # e.g. a runtime_env Ray cannot use
+            self.stop()
+            raise LauncherConfigError(f"Ray refused the run's placement group or agent actors: {_first_line(e)}; "
+                                      "check launcher.runtime_env, launcher.resources_per_agent and "
+                                      "launcher.namespace") from e
         except BaseException:
             self.stop()
             raise

@@ -144,9 +144,10 @@ def test_the_worker_pods_hold_every_agent_and_the_head_none(helm, values):
 
 
 def test_only_the_head_holds_the_token_and_ray_never_shows_it(helm):
-    docs = render(helm)
+    docs = render(helm, "--set", "auth.token=tok-4f1d9c2a7b")
     secret, job = docs["Secret"], docs["RayJob"]
     token = base64.b64decode(secret["data"]["token"]).decode()
+    assert token == "tok-4f1d9c2a7b"
     head, *workers = [t["spec"]["containers"][0] for t in templates(job)]
     [env] = [e for e in head["env"] if e["name"] == "LOCKSTEP_TOKEN"]
     assert env["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "token"}

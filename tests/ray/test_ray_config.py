@@ -9,22 +9,23 @@ import logging
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
 from controller.config import ConfigError, validate
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, wait_until
 
-from .conftest import ROOT, free_port, need_ray
+from .conftest import ROOT, free_port, kill_marked, marked_env, need_ray, processes_with
 
 CLI = [sys.executable, "-m", "controller.cli", "run"]
 SMALL = ["workers=4", "agents=2", "model=mlp", "compute=constant", "stop.updates=4", "progress=false"]
 
 
-def _cli(tmp_path, overrides, prelude: str = "", timeout: float = 120):
+def _cli(tmp_path, overrides, prelude: str = "", timeout: float = 120, env: dict[str, str] | None = None):
     code = f"{prelude}\nimport sys\nfrom controller.cli import main\nsys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, "run", *overrides, f"hydra.run.dir={tmp_path / 'run'}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_launcher_ray_without_ray_installed_names_the_extra_and_exits_2(tmp_path):
@@ -49,6 +50,23 @@ def test_an_unreachable_launcher_address_is_one_sentence_and_exit_2_within_secon
     assert "Traceback" not in p.stderr
     assert elapsed < 60, f"{elapsed:.0f} s: Ray itself would retry for minutes"
     assert not (tmp_path / "run" / "config.yaml").exists(), "nothing is written before the launcher is usable"
+
+
+def test_a_private_cluster_without_the_gpus_asked_for_is_refused_at_once_and_stopped(tmp_path):
+    need_ray()
+    mark = f"ray-nogpu-{uuid.uuid4().hex[:12]}"
+    p = _cli(tmp_path, ["launcher=ray", "launcher.gpus_per_agent=0.5", "launcher.local.num_gpus=0", *SMALL],
+             timeout=300, env=marked_env(mark))
+    try:
+        assert p.returncode == 2, p.stderr
+        assert ("launcher.gpus_per_agent=0.5 for 2 agents needs 1 GPU but the private Ray cluster has 0; accepted: "
+                "what launcher.local provides (launcher.local.num_gpus), or launcher.address of a cluster that has "
+                "it") in p.stderr
+        assert "Traceback" not in p.stderr
+        wait_until(lambda: not processes_with(mark), timeout=30, what="the private cluster to be stopped",
+                   on_timeout=lambda: f"left: {processes_with(mark)}")
+    finally:
+        kill_marked(mark)
 
 
 def test_a_negative_gpu_share_is_one_sentence_and_exit_2(tmp_path):
