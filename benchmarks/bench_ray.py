@@ -32,9 +32,7 @@ MARK = "LOCKSTEP_BENCH_MARK"
 
 
 def one(name: str, agents: int, updates: int, run_dir: str, address: str) -> None:
-    from hydra import compose, initialize_config_dir
-
-    from controller.config import validate
+    from controller.config import load
     from controller.remote import RemoteAgents, launcher_for
     from controller.run import execute
 
@@ -43,8 +41,7 @@ def one(name: str, agents: int, updates: int, run_dir: str, address: str) -> Non
         over.append("launcher=local")
     else:
         over += ["launcher=ray", f"launcher.address={address if name == 'ray-running' else 'null'}"]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        rc = validate(compose(config_name="config", overrides=over))
+    rc = load(over)
     pool: RemoteAgents = launcher_for(rc)
     startup = {}
     start_agents = pool.start_agents

@@ -25,7 +25,6 @@ its Ray backend), and config validation names the extra to install.
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import ipaddress
 import logging
@@ -38,18 +37,16 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from controller.config.schema import RayLauncherConfig, RayLocalClusterConfig, typed
 from controller.launchers.base import AgentFailure, LauncherConfigError, LaunchSpec
 from controller.launchers.local import log_tail
 
-__all__ = ["RayLauncher", "RayLauncherConfig", "LocalCluster", "Connection", "SweepCluster", "available",
-           "INSTALL_HINT", "STRATEGIES"]
+__all__ = ["RayLauncher", "Connection", "SweepCluster", "available", "bundle", "as_config", "INSTALL_HINT"]
 
 log = logging.getLogger("lockstep.controller")
 
 INSTALL_HINT = "pip install 'lockstep[ray]'"
-STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 HYDRA_RAY_LAUNCHER = "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
-MIN_OBJECT_STORE_BYTES = 78_643_200  # Ray refuses a smaller object store
 PROBE_TIMEOUT_S = 5.0
 
 # Ray turns 127.0.0.1 into this machine's routable address and listens on every interface unless
@@ -72,63 +69,22 @@ def _ray():
     return ray
 
 
-@dataclasses.dataclass(frozen=True)
-class LocalCluster:
-    """The private cluster started when ``launcher.address`` is null (``launcher.local``)."""
+def bundle(cfg: RayLauncherConfig) -> dict[str, float]:
+    """What one agent reserves: its placement group bundle (and the actor's own request)."""
+    b: dict[str, float] = {"CPU": float(cfg.cpus_per_agent)}
+    if cfg.gpus_per_agent:
+        b["GPU"] = float(cfg.gpus_per_agent)
+    if cfg.memory_per_agent:
+        b["memory"] = float(cfg.memory_per_agent)
+    b.update({k: float(v) for k, v in (cfg.resources_per_agent or {}).items()})
+    return b
 
-    num_cpus: int | None = None  # null: enough for every agent (agents x cpus_per_agent), at least os.cpu_count()
-    num_gpus: int | None = None  # null: the GPUs Ray finds
-    resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    object_store_memory: int | None = 200_000_000
 
-
-@dataclasses.dataclass(frozen=True)
-class RayLauncherConfig:
-    """The ``launcher`` config group for ``name: ray`` (conf/launcher/ray.yaml documents each key)."""
-
-    address: str | None = None
-    cpus_per_agent: float = 1.0
-    gpus_per_agent: float = 0.0
-    memory_per_agent: int | None = None
-    resources_per_agent: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    strategy: str = "PACK"
-    runtime_env: Mapping[str, Any] | None = None
-    controller_address: str | None = None
-    namespace: str = "lockstep"
-    startup_timeout_s: float = 600.0
-    log_poll_s: float = 1.0
-    stop_grace_s: float = 5.0
-    local: LocalCluster = dataclasses.field(default_factory=LocalCluster)
-
-    @classmethod
-    def from_node(cls, node: Any) -> "RayLauncherConfig":
-        """From the validated ``launcher`` node (a mapping or a DictConfig; None = all defaults)."""
-        if node is None:
-            return cls()
-        if not isinstance(node, Mapping):
-            from omegaconf import OmegaConf  # noqa: PLC0415
-
-            node = OmegaConf.to_container(node, resolve=True)
-        raw = {k: v for k, v in dict(node).items() if k not in ("name", "_target_")}
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise LauncherConfigError(f"unknown launcher.{unknown[0]} for launcher=ray; accepted keys: "
-                                      + ", ".join(sorted(known)))
-        local = dict(raw.pop("local", None) or {})
-        local["resources"] = dict(local.get("resources") or {})
-        raw["resources_per_agent"] = dict(raw.get("resources_per_agent") or {})
-        return cls(**raw, local=LocalCluster(**local))
-
-    def bundle(self) -> dict[str, float]:
-        """What one agent reserves: its placement group bundle (and the actor's own request)."""
-        b: dict[str, float] = {"CPU": float(self.cpus_per_agent)}
-        if self.gpus_per_agent:
-            b["GPU"] = float(self.gpus_per_agent)
-        if self.memory_per_agent:
-            b["memory"] = float(self.memory_per_agent)
-        b.update({k: float(v) for k, v in self.resources_per_agent.items()})
-        return b
+def as_config(cfg: RayLauncherConfig | Mapping[str, Any] | None) -> RayLauncherConfig:
+    """The typed ``launcher`` config from a validated config, or from a mapping (tests, tools)."""
+    if isinstance(cfg, RayLauncherConfig):
+        return cfg
+    return typed(RayLauncherConfig, {**dict(cfg or {}), "name": "ray"})
 
 
 # --- addresses ---------------------------------------------------------------------------------
@@ -168,9 +124,9 @@ def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
 class Connection:
     """Ray for one run or one sweep: a running cluster, or a private one started here and stopped by close()."""
 
-    def __init__(self, address: str | None, local: LocalCluster = LocalCluster(), *, namespace: str | None = None,
+    def __init__(self, address: str | None, local: RayLocalClusterConfig | None = None, *, namespace: str | None = None,
                  log_to_driver: bool = False, min_cpus: float = 0, init_kwargs: Mapping[str, Any] | None = None):
-        self.address, self.local, self.namespace = address, local, namespace
+        self.address, self.local, self.namespace = address, local or RayLocalClusterConfig(), namespace
         self.log_to_driver, self.min_cpus = log_to_driver, min_cpus
         self.init_kwargs = dict(init_kwargs or {})
         self.owned = False  # this connection started the cluster (and stops it)
@@ -302,8 +258,8 @@ def _first_line(e: BaseException) -> str:
 class RayLauncher:
     """Runs each agent as a Ray actor; see the module docstring. ``cfg`` is the ``launcher`` config node."""
 
-    def __init__(self, cfg: Any = None):
-        self.cfg = RayLauncherConfig.from_node(cfg)
+    def __init__(self, cfg: RayLauncherConfig | Mapping[str, Any] | None = None):
+        self.cfg = as_config(cfg)
         if not available():
             raise LauncherConfigError(f"launcher=ray needs Ray, which is not installed: {INSTALL_HINT}")
         if self.cfg.address not in (None, "auto"):
@@ -365,15 +321,15 @@ class RayLauncher:
         from agents.hosted import HostedAgent  # noqa: PLC0415
 
         ray, cfg = _ray(), self.cfg
-        bundle = cfg.bundle()
+        bundle_ = bundle(cfg)
         if self.conn.owned:
-            self._check_private_cluster_fits(ray, bundle, spec.n_agents)
+            self._check_private_cluster_fits(ray, bundle_, spec.n_agents)
         controller = self._dial = self.controller_address(spec, ray)
         log_dir = Path(spec.run_dir) / "agents"
         log_dir.mkdir(parents=True, exist_ok=True)
         self.logs = [log_dir / f"agent-{i}.log" for i in range(spec.n_agents)]
         self._run_label = _name(spec.run_id)
-        self.pg = placement_group([bundle] * spec.n_agents, strategy=cfg.strategy,
+        self.pg = placement_group([bundle_] * spec.n_agents, strategy=cfg.strategy.value,
                                   name=f"lockstep-{self._run_label}")
         self._started_at = time.monotonic()
         token = ray.put(spec.token)  # by reference: see the module docstring
@@ -389,7 +345,7 @@ class RayLauncher:
         self._log_thread = threading.Thread(target=self._copy_logs, name="ray-agent-logs", daemon=True)
         self._log_thread.start()
         log.info("created %d agent actors (placement group %s, strategy %s, %s per agent)", spec.n_agents,
-                 f"lockstep-{self._run_label}", cfg.strategy, bundle)
+                 f"lockstep-{self._run_label}", cfg.strategy.value, bundle_)
 
     def actor_options(self, spec: LaunchSpec, agent_id: int) -> dict[str, Any]:
         """The options of agent ``agent_id``'s actor (without its placement), all visible in Ray's state API."""
@@ -403,7 +359,7 @@ class RayLauncher:
         if cfg.memory_per_agent:
             opts["memory"] = cfg.memory_per_agent
         if cfg.resources_per_agent:
-            opts["resources"] = dict(cfg.resources_per_agent)
+            opts["resources"] = {k: float(v) for k, v in cfg.resources_per_agent.items()}
         env = dict(cfg.runtime_env or {})
         env_vars = {**dict(env.get("env_vars") or {}), **spec.extra_env}
         if env_vars:
@@ -422,15 +378,15 @@ class RayLauncher:
             return f"{ray.util.get_node_ip_address()}:{port}"
         return spec.controller_address
 
-    def _check_private_cluster_fits(self, ray: Any, bundle: dict[str, float], n: int) -> None:
+    def _check_private_cluster_fits(self, ray: Any, want: dict[str, float], n: int) -> None:
         """A private cluster gets no new nodes: what it cannot hold now never runs."""
         have = ray.cluster_resources()
-        for res, amount in bundle.items():
+        for res, amount in want.items():
             if have.get(res, 0.0) + 1e-9 < amount * n:
                 key = {"CPU": "cpus_per_agent", "GPU": "gpus_per_agent", "memory": "memory_per_agent"}.get(
                     res, f"resources_per_agent.{res}")
                 raise LauncherConfigError(
-                    f"launcher.{key}={bundle[res]:g} for {n} agents needs {amount * n:g} {res} but the private Ray "
+                    f"launcher.{key}={want[res]:g} for {n} agents needs {amount * n:g} {res} but the private Ray "
                     f"cluster has {have.get(res, 0.0):g}; accepted: what launcher.local provides (launcher.local."
                     f"{'num_gpus' if res == 'GPU' else 'resources' if key.startswith('resources') else 'num_cpus'}"
                     "), or launcher.address of a cluster that has it")
@@ -471,8 +427,8 @@ class RayLauncher:
         if waited > self.cfg.startup_timeout_s:
             n = len(self.runs)
             raise AgentFailure(
-                "all", f"the Ray placement group lockstep-{self._run_label} ({n} bundles of {self.cfg.bundle()}, "
-                       f"strategy {self.cfg.strategy}) is still {table.get('state', 'PENDING')} after {waited:.0f} s "
+                "all", f"the Ray placement group lockstep-{self._run_label} ({n} bundles of {bundle(self.cfg)}, "
+                       f"strategy {self.cfg.strategy.value}) is still {table.get('state', 'PENDING')} after {waited:.0f} s "
                        f"(launcher.startup_timeout_s); the cluster has {_resources(ray.available_resources())} free "
                        f"of {_resources(ray.cluster_resources())}")
 
@@ -657,9 +613,10 @@ class SweepCluster(_sweep_callback_base()):  # type: ignore[misc]
 
         init = dict(OmegaConf.to_container(launcher.ray.init, resolve=True) or {})
         address = init.pop("address", None) or os.environ.get("RAY_ADDRESS") or None
-        local = LocalCluster(num_cpus=init.pop("num_cpus", None), num_gpus=init.pop("num_gpus", None),
-                             resources=init.pop("resources", None) or {},
-                             object_store_memory=init.pop("object_store_memory", LocalCluster.object_store_memory))
+        local = RayLocalClusterConfig(num_cpus=init.pop("num_cpus", None), num_gpus=init.pop("num_gpus", None),
+                                      resources=init.pop("resources", None),
+                                      object_store_memory=init.pop("object_store_memory",
+                                                                   RayLocalClusterConfig.object_store_memory))
         if address is not None:
             init.pop("include_dashboard", None)
         log_to_driver = bool(init.pop("log_to_driver", True))

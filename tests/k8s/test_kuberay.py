@@ -16,8 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from controller.config import validate
-from tests.helpers import compose_cfg
+from controller.config import load
 
 from .conftest import CHART
 
@@ -116,13 +115,14 @@ def test_the_entrypoint_is_a_lockstep_run_on_ray_that_the_config_accepts(helm, v
     argv = shlex.split(job["spec"]["entrypoint"])
     assert argv[:4] == ["lockstep", "run", "launcher=ray", "launcher.address=auto"]
     overrides = [a for a in argv[2:] if not a.startswith("hydra.")]
-    rc = validate(compose_cfg(overrides), check_data=False)
+    rc = load(overrides, check_data=False)
     v = yaml.safe_load((values or KUBERAY / "values.yaml").read_text())
     want = {**yaml.safe_load((KUBERAY / "values.yaml").read_text())["agents"], **(v.get("agents") or {})}
     assert rc.agents == want["count"]
-    assert (rc.launcher["cpus_per_agent"], rc.launcher["gpus_per_agent"], rc.launcher["strategy"]) == (
+    assert (rc.launcher.name, rc.launcher.address) == ("ray", "auto")
+    assert (rc.launcher.cpus_per_agent, rc.launcher.gpus_per_agent, rc.launcher.strategy.value) == (
         want["cpusPerAgent"], want["gpusPerAgent"], want["strategy"])
-    assert rc.controller["host"] == "0.0.0.0", "the workers dial the head pod's IP"
+    assert rc.controller.host == "0.0.0.0", "the workers dial the head pod's IP"
     assert "hydra.run.dir=/results/exp1" in argv
 
 

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import validate
+from controller.config import load
 from controller.launchers.base import AgentFailure
 from controller.plan import make_plan
 from controller.remote import ControllerSettings, RemoteAgents
 from controller.run import execute
 from tests.distributed.conftest import FAST, agents_env, assert_same_outputs, run as run_local
-from tests.helpers import compose_cfg, wait_until
+from tests.helpers import wait_until
 
 from .conftest import ROOT, is_loopback, kill_marked, listening, marked_env, need_ray, processes_with
 
@@ -41,8 +41,7 @@ def ray_pool(address: str, **launcher) -> tuple[RemoteAgents, "RayLauncher"]:  #
 
 def run_ray(tmp: Path, overrides: list[str], address: str, **launcher):
     pool, _ = ray_pool(address, **launcher)
-    rc = validate(compose_cfg(FAST + overrides))
-    return execute(rc, Path(tmp), launcher=pool)
+    return execute(load(FAST + overrides), Path(tmp), launcher=pool)
 
 
 @pytest.mark.parametrize("strategy", ["ps_sync", "ps_async"])
@@ -66,7 +65,7 @@ def test_fractional_gpus_and_custom_resources_reserve_a_bundle_per_agent(tmp_pat
     import ray
     from ray.util import placement_group_table
 
-    rc = validate(compose_cfg(FAST + COMMON + ["agents=2"]))
+    rc = load(FAST + COMMON + ["agents=2"])
     pool, impl = ray_pool(ray_cluster, gpus_per_agent=0.5, resources_per_agent={"lockstep_slot": 1},
                           cpus_per_agent=0.5, strategy="STRICT_PACK")
     try:
@@ -100,7 +99,7 @@ def test_a_shared_cluster_is_left_running_with_the_runs_actors_and_placement_gro
     from controller.launchers.ray import Connection
 
     pool, _ = ray_pool(ray_cluster)
-    r = execute(validate(compose_cfg(FAST + COMMON + ["agents=2"])), tmp_path / "run", launcher=pool)
+    r = execute(load(FAST + COMMON + ["agents=2"]), tmp_path / "run", launcher=pool)
     assert not ray.is_initialized(), "the controller disconnects from a cluster it did not start"
     conn = Connection(ray_cluster).open()  # the cluster still answers
     try:
