@@ -20,6 +20,8 @@ import threading
 from collections import deque
 from typing import Any
 
+from agents.observe.logs import LEVELS, LOG_FORMAT
+
 __all__ = ["HostedAgent"]
 
 log = logging.getLogger("lockstep.agent")
@@ -59,10 +61,11 @@ class HostedAgent:
     """One agent hosted in someone else's process; see the module docstring."""
 
     def __init__(self, agent_id: int, log_level: str = "INFO", max_log_lines: int = 100_000):
+        if log_level not in LEVELS:
+            raise ValueError(f"log level {log_level!r} is not one of {' | '.join(LEVELS)}")
         self.agent_id = agent_id
         self._log = _Buffer(max_log_lines)
-        self._log.setFormatter(logging.Formatter(
-            f"%(asctime)s agent-{agent_id} %(levelname)s %(name)s: %(message)s"))
+        self._log.setFormatter(logging.Formatter(f"[agent-{agent_id}]{LOG_FORMAT}"))  # as a subprocess agent's
         root = logging.getLogger()
         root.addHandler(self._log)
         root.setLevel(log_level)

@@ -126,13 +126,14 @@ def test_a_hosted_agent_keeps_its_log_lines_until_taken_and_counts_what_it_dropp
     try:
         a = HostedAgent(3, "INFO", max_log_lines=3)
         logging.getLogger("lockstep.agent").info("one")
-        assert a.take_log()[-1].endswith("agent-3 INFO lockstep.agent: one")
+        line = a.take_log()[-1]
+        assert line.startswith("[agent-3][") and line.endswith("[lockstep.agent][INFO] one")
         assert a.take_log() == []
         for i in range(5):
             logging.getLogger("agents.core").warning("line %d", i)
         lines = a.take_log()
         assert lines[0] == "... 2 earlier log lines dropped (the launcher did not collect them in time)"
-        assert [ln.rsplit(": ", 1)[1] for ln in lines[1:]] == ["line 2", "line 3", "line 4"]
+        assert [ln.rsplit("] ", 1)[1] for ln in lines[1:]] == ["line 2", "line 3", "line 4"]
         assert a.where()["pid"] > 0
     finally:
         root.handlers[:], root.level = before[0], before[1]

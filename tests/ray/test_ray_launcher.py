@@ -57,7 +57,7 @@ def test_ray_actors_give_the_same_outputs_as_local_agent_processes(tmp_path, ray
     # each actor's log, collected into the run directory
     for i in range(2):
         text = (d / "agents" / f"agent-{i}.log").read_text()
-        assert f"agent-{i} INFO lockstep.agent: registered with" in text and "hosting" in text
+        assert f"[agent-{i}]" in text and "[lockstep.agent][INFO] registered with" in text and "hosting" in text
         assert "run finished; exiting" in text
 
 
