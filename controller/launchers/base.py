@@ -26,10 +26,8 @@ class LaunchSpec:
 
 
 class LauncherConfigError(ValueError):
-    """The ``launcher`` config, or the cluster it names, cannot work; permanent, not retried.
-
-    ``lockstep run`` prints it as one sentence and exits with status 2, like an invalid config.
-    """
+    """The launcher's settings, or the cluster state they name, are wrong: permanent, reported like a config
+    error (one sentence, exit status 2). Every launcher raises it for what the user must fix."""
 
 
 class AgentFailure(RuntimeError):
@@ -44,9 +42,6 @@ class AgentFailure(RuntimeError):
 
 
 class Launcher(Protocol):
-    # Optional: ``prepare(n_agents)``, called before the controller's gRPC server starts (e.g. to start
-    # or join a Ray cluster, whose process forks would disturb the server's threads); stop() undoes it.
-
     def start(self, spec: LaunchSpec) -> None:
         """Start ``spec.n_agents`` agents; returns once they are created (not yet registered)."""
 
