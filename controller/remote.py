@@ -3,7 +3,7 @@
 :class:`RemoteAgents` is what :func:`controller.run.execute` receives as its
 ``launcher``: it serves the protocol (:mod:`controller.server`), starts the
 agents through a :class:`~controller.launchers.base.Launcher` (local
-subprocesses, Kubernetes pods), waits until each has registered and built its
+subprocesses, Kubernetes pods, Ray actors), waits until each has registered and built its
 vworkers, and returns one :class:`RemoteAgent` per agent. Every wait polls
 the launcher (a dead process fails the run at once) and the agent's last
 sign of life (a silent one fails it after ``agent_timeout_s``), so a run
@@ -27,7 +27,7 @@ from agents.sim.kernel import RemoteEvent
 from agents.common.plan import Plan
 from controller.config import RunConfig
 from controller.config.schema import (InprocessLauncherConfig, KubernetesLauncherConfig,
-                                      LocalLauncherConfig)
+                                      LocalLauncherConfig, RayLauncherConfig)
 from controller.launchers.base import AgentFailure, LaunchSpec
 from controller.server import AgentSession, ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb
@@ -239,6 +239,14 @@ class RemoteAgents:
     def start_agents(self, plan: Plan, run_dir: Path) -> list[RemoteAgent]:
         s = self.settings
         token = resolve_token(s.token_file)
+        prepare = getattr(self.launcher, "prepare", None)
+        if prepare is not None:  # e.g. start a Ray cluster: before the server's threads, which forks disturb
+            self._started = True
+            try:
+                prepare(plan.n_agents)
+            except BaseException:
+                self.close(abort="the agents could not be started")
+                raise
         self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s)
         address = self.server.start()
         m = plan.metrics
@@ -337,7 +345,11 @@ def launcher_for(rc: RunConfig) -> RemoteAgents | None:
         from controller.launchers.kubernetes import KubernetesLauncher  # imports the kubernetes client lazily
 
         impl = KubernetesLauncher(cfg)
+    elif isinstance(cfg, RayLauncherConfig):
+        from controller.launchers.ray import RayLauncher  # imports Ray lazily, when the run starts its agents
+
+        impl = RayLauncher(cfg)
     else:
         raise ValueError(f"launcher={cfg.name!r} is not available in this version; accepted: inprocess | local | "
-                         "kubernetes")
+                         "kubernetes | ray")
     return RemoteAgents(impl, rc.controller, log_level=rc.log_level)

@@ -29,7 +29,8 @@ __all__ = [
     "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig", "ControllerConfig",
     "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
     "StrategyConfig", "ModelConfig", "LauncherConfig", "InprocessLauncherConfig", "LocalLauncherConfig",
-    "KubernetesLauncherConfig", "TokenSecretConfig", "LockstepConfig", "GROUP_SCHEMAS", "register_configs",
+    "KubernetesLauncherConfig", "TokenSecretConfig", "RayLauncherConfig", "RayLocalClusterConfig", "RayStrategy",
+    "LockstepConfig", "GROUP_SCHEMAS", "register_configs",
     "help_of",
 ]
 
@@ -112,6 +113,15 @@ class PullPolicy(str, Enum):
     Always = "Always"
     IfNotPresent = "IfNotPresent"
     Never = "Never"
+
+
+class RayStrategy(str, Enum):
+    """A Ray placement group strategy."""
+
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
 
 
 # ----------------------------------------------------------- plain sections
@@ -319,7 +329,7 @@ class MLPConfig(ModelConfig):
 class LauncherConfig:
     """``launcher=``: where the agents run (DESIGN §10, docs/distributed.md)."""
 
-    name: str = doc(MISSING, "inprocess | local | kubernetes")
+    name: str = doc(MISSING, "inprocess | local | kubernetes | ray")
 
 
 @dataclass
@@ -367,6 +377,51 @@ class KubernetesLauncherConfig(LauncherConfig):
     token_secret: TokenSecretConfig = doc(help="an existing Secret holding the token", factory=TokenSecretConfig)
 
 
+RAY_MIN_OBJECT_STORE_BYTES = 78_643_200  # Ray refuses a smaller object store
+
+
+@dataclass
+class RayLocalClusterConfig:
+    """The private Ray cluster ``launcher=ray`` starts when ``launcher.address`` is null (docs/ray.md)."""
+
+    num_cpus: Optional[int] = doc(None, "CPUs it offers; null = enough for every agent (agents x cpus_per_agent), "
+                                        "at least this machine's count", lo=1)
+    num_gpus: Optional[int] = doc(None, "GPUs it offers; null = those Ray finds", lo=0)
+    resources: Any = doc(None, "custom resources it offers, e.g. {lab_node: 8}; null = none")
+    object_store_memory: Optional[int] = doc(200_000_000, "bytes of Ray's object store (lockstep moves tensors over "
+                                                          "gRPC, so little is needed); null = Ray's default, 30 % of "
+                                                          "memory", lo=RAY_MIN_OBJECT_STORE_BYTES)
+
+
+@dataclass
+class RayLauncherConfig(LauncherConfig):
+    """``launcher=ray``: every agent a Ray actor (controller/launchers/ray.py, docs/ray.md)."""
+
+    name: str = "ray"
+    address: Optional[str] = doc(None, "the Ray cluster: null = a private one for the run on 127.0.0.1, stopped "
+                                       "after it; auto = the cluster `ray start --head` runs on this machine; "
+                                       "HOST:PORT of a running cluster's head; ray://HOST:PORT (Ray Client). "
+                                       "conf/launcher/ray.yaml defaults it to $RAY_ADDRESS")
+    cpus_per_agent: float = doc(1.0, "CPUs each agent reserves (its placement group bundle)", lo=0, lo_open=True)
+    gpus_per_agent: float = doc(0.0, "GPUs each agent reserves: a fraction up to 1 shares a GPU (0.25: four agents "
+                                     "on one), above 1 a whole number", lo=0)
+    memory_per_agent: Optional[int] = doc(None, "bytes of memory Ray reserves per agent; null = none", lo=1)
+    resources_per_agent: Any = doc(None, "custom resources per agent, e.g. {lab_node: 1}; null = none")
+    strategy: RayStrategy = doc(RayStrategy.PACK, "placement group strategy: PACK (few nodes) | SPREAD | "
+                                                  "STRICT_PACK (one node) | STRICT_SPREAD (a node per agent)")
+    runtime_env: Any = doc(None, "a Ray runtime_env for the agent actors (pip, env_vars, working_dir, ...); null = "
+                                 "none; Ray shows it to anyone reading its dashboard, so never the token")
+    controller_address: Optional[str] = doc(None, "HOST:PORT the agents dial; null = controller.host:port (with "
+                                                  "controller.host=0.0.0.0, this machine's address as Ray knows it)")
+    namespace: str = doc("lockstep", "Ray namespace of the actors, named lockstep-<run id>-agent-<N>")
+    startup_timeout_s: float = doc(600.0, "seconds the placement group may stay unplaced (an autoscaler adding "
+                                          "nodes) before the run fails", lo=0, lo_open=True)
+    log_poll_s: float = doc(1.0, "agent log lines are copied into RUN_DIR/agents/agent-N.log this often (seconds)",
+                            lo=0, lo_open=True)
+    stop_grace_s: float = doc(5.0, "seconds agents get to finish after the run before their actors are killed", lo=0)
+    local: RayLocalClusterConfig = doc(help="the private cluster (address null)", factory=RayLocalClusterConfig)
+
+
 # -------------------------------------------------------------- the whole run
 @dataclass
 class LockstepConfig:
@@ -409,7 +464,7 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
                  "base_gossip": GossipConfig, "base_fedavg": FedAvgConfig, "base_fedasync": FedAsyncConfig},
     "model": {"base_model": ModelConfig, "base_mlp": MLPConfig},
     "launcher": {"base_inprocess": InprocessLauncherConfig, "base_local": LocalLauncherConfig,
-                 "base_kubernetes": KubernetesLauncherConfig},
+                 "base_kubernetes": KubernetesLauncherConfig, "base_ray": RayLauncherConfig},
 }
 """The schema of each group option: ``conf/<group>/<option>.yaml`` names one of these first in its defaults."""
 

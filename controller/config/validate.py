@@ -436,10 +436,12 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     compute = _compute(c.compute, good_workers, c.seed, p)
     launcher = c.launcher
     if not isinstance(launcher, S.LauncherConfig):
-        p.bad("launcher", _plain(launcher).get("name"), "inprocess | local | kubernetes")
+        p.bad("launcher", _plain(launcher).get("name"), "inprocess | local | kubernetes | ray")
     elif isinstance(launcher, S.KubernetesLauncherConfig) and importlib.util.find_spec("kubernetes") is None:
         p.add("launcher=kubernetes needs the Kubernetes client, which is not installed: "
               "pip install 'lockstep[kubernetes]'.")
+    elif isinstance(launcher, S.RayLauncherConfig):
+        _ray_launcher(launcher, c, p)
     ctl = c.controller
     if ctl.agent_timeout_s < 2 * ctl.heartbeat_s:
         p.bad("controller.agent_timeout_s", ctl.agent_timeout_s,
@@ -491,6 +493,47 @@ def _seconds(value: Any) -> float:
 
 
 # ---------------------------------------------------------------- sections
+def _ray_launcher(r: S.RayLauncherConfig, c: S.LockstepConfig, p: _Problems) -> None:
+    """``launcher=ray`` (docs/ray.md): Ray installed, resources Ray accepts, an address it can use."""
+    from controller.launchers import ray as ray_launcher  # imports Ray only when a run starts its agents
+
+    if not ray_launcher.available():
+        p.add(f"launcher=ray needs Ray, which is not installed; accepted: {ray_launcher.INSTALL_HINT}, "
+              "or launcher=local | inprocess | kubernetes.")
+    if r.address is not None and r.address != "auto" and ray_launcher.split_address(r.address) is None:
+        p.bad("launcher.address", r.address, "null (a private Ray cluster for the run), auto (the cluster `ray start "
+              "--head` runs on this machine), HOST:PORT of a running cluster's head, or ray://HOST:PORT")
+    g = r.gpus_per_agent
+    if g > 1 and g != int(g):
+        p.bad("launcher.gpus_per_agent", g, "a number of GPUs >= 0: a fraction up to 1 (0.25 puts four agents on one "
+              "GPU) or a whole number")
+    if g == 0 and (c.device == "cuda" or c.device.startswith("cuda:")):
+        p.bad("launcher.gpus_per_agent", g, f"a share of a GPU > 0 (e.g. 0.25) with device={c.device}: Ray hides the "
+              "GPUs from actors that reserve none")
+    for key, res in (("launcher.resources_per_agent", r.resources_per_agent),
+                     ("launcher.local.resources", r.local.resources)):
+        if res is not None and not (isinstance(res, dict) and all(
+                isinstance(k, str) and k not in ("CPU", "GPU", "memory") and _is_num(v) and v >= 0
+                for k, v in res.items())):
+            p.bad(key, res, "null or a mapping from a custom resource name to an amount >= 0, e.g. {lab_node: 1} "
+                  "(CPU, GPU and memory have keys of their own)")
+    if r.strategy == S.RayStrategy.STRICT_SPREAD and r.address is None and c.agents > 1:
+        p.bad("launcher.strategy", r.strategy, "PACK | SPREAD | STRICT_PACK with launcher.address=null: the private "
+              "cluster has one node, and STRICT_SPREAD needs a node per agent")
+    if r.runtime_env is not None and not isinstance(r.runtime_env, dict):
+        p.bad("launcher.runtime_env", r.runtime_env, "null or a Ray runtime_env mapping (pip, env_vars, working_dir, "
+              "...)")
+    elif r.runtime_env and "LOCKSTEP_TOKEN" in (r.runtime_env.get("env_vars") or {}):
+        p.add("launcher.runtime_env.env_vars must not hold LOCKSTEP_TOKEN: Ray shows a runtime_env to anyone who "
+              "reads its dashboard or state API; lockstep hands the agents the token itself.")
+    ca = r.controller_address
+    if ca is not None and (ray_launcher.split_address(ca) is None or ca.startswith("ray:")):
+        p.bad("launcher.controller_address", ca, "null or HOST:PORT that the agents' nodes reach")
+    if not r.namespace:
+        p.bad("launcher.namespace", r.namespace, "a Ray namespace name")
+
+
+
 def _trace(t: S.TraceConfig, p: _Problems) -> TraceSettings:
     window = None
     w = t.window
