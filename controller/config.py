@@ -23,6 +23,8 @@ __all__ = ["ConfigError", "RunConfig", "validate", "config_hash", "PLACEMENTS", 
 PLACEMENTS = ("round_robin", "block", "ps_alone")
 PARTITIONS = ("iid", "dirichlet", "non_iid")
 LAUNCHERS = ("inprocess", "local", "kubernetes")  # ray: DESIGN §10, not built yet
+NETWORK_MODELS = ("ideal", "tcp")
+COLLECTIVES = ("ideal", "gloo")
 LATENCY_DISTRIBUTIONS = {"normal": ("mean", "std"), "lognormal": ("mu", "sigma"), "weibull": ("scale", "shape", "loc")}
 
 
@@ -233,6 +235,9 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
         c.bad("model", model, "mlp | cnn | resnet, or a config with _target_ naming an nn.Module class")
         model = None
 
+    collective = strategy_settings.get("collective")
+    if collective is not None and collective not in COLLECTIVES:
+        c.bad("strategy.collective", collective, " | ".join(COLLECTIVES))
     network = _network(c, workers)
     compute = _compute(c, workers)
     launcher = c.get("launcher") or {}
@@ -355,8 +360,49 @@ def _network(c: _Checker, workers: int | None) -> dict[str, Any]:
     eff = c.number("network.efficiency", 0, lo_open=True, hi=1)
     bw = _bandwidth(c, "network.bandwidth", workers)
     bw_in = bw if c.get("network.bandwidth_in") is None else _bandwidth(c, "network.bandwidth_in", workers)
+    model = "ideal" if c.get("network.model") is None else c.choice("network.model", NETWORK_MODELS)
+    if model == "tcp" and eff is not None and eff != 1.0:
+        c.bad("network.efficiency", eff, "1.0 with network.model=tcp, which derives the goodput from "
+              "network.tcp.mtu, header_bytes and frame_bytes")
     return {"latency": _latency(c), "bandwidth": bw, "bandwidth_in": bw_in, "efficiency": eff,
-            "egress": egress, "ingress": ingress}
+            "egress": egress, "ingress": ingress, "model": model, "tcp": _tcp(c) if model == "tcp" else None}
+
+
+def _tcp(c: _Checker) -> dict[str, Any] | None:
+    """``network.tcp``: the tcp transport's physical parameters (agents/sim/transport.TcpSpec), in bytes and ns."""
+    from agents.sim.tcp import TcpSpec
+
+    d = TcpSpec()
+    out: dict[str, Any] = {}
+    for key in ("mtu", "header_bytes", "frame_bytes", "initial_window", "gso_max_bytes", "nic_burst_bytes",
+                "clock_hz", "tsq_limit_bytes"):
+        full = f"network.tcp.{key}"
+        if c.get(full) is None:
+            out[key] = getattr(d, key)
+        else:
+            lo = 1 if key in ("mtu", "initial_window", "gso_max_bytes", "nic_burst_bytes", "clock_hz") else 0
+            out[key] = c.integer(full, lo)
+    for key in ("rto_min", "host_latency", "host_jitter"):
+        full = f"network.tcp.{key}"
+        v = c.get(full)
+        out[key + "_ns"] = getattr(d, key + "_ns") if v is None else (
+            None if c.duration(full) is None else int(round(c.duration(full) * 1e9)))
+    for key in ("slow_start_after_idle", "hystart_delay", "hystart_ack_train"):
+        v = c.get(f"network.tcp.{key}")
+        if v is None:
+            out[key] = getattr(d, key)
+        elif isinstance(v, bool):
+            out[key] = v
+        else:
+            c.bad(f"network.tcp.{key}", v, "true | false")
+    if any(v is None for v in out.values()):
+        return None
+    try:
+        TcpSpec(**out)
+    except ValueError as e:
+        c.problems.append(f"network.tcp is not valid: {e}.")
+        return None
+    return out
 
 
 BANDWIDTH_DISTRIBUTIONS = {"weibull": ("scale", "shape", "loc"), "normal": ("mean", "std"),

@@ -76,7 +76,8 @@ def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:
     in_bw = out_bw if net["bandwidth_in"] is net["bandwidth"] else per_vworker_bandwidth(net["bandwidth_in"], vworkers,
                                                                                           rc.seed)
     network = {"latency": latency, "bandwidth_out": [b * eff for b in out_bw],
-               "bandwidth_in": [b * eff for b in in_bw], "egress": net["egress"], "ingress": net["ingress"]}
+               "bandwidth_in": [b * eff for b in in_bw], "egress": net["egress"], "ingress": net["ingress"],
+               "tcp": net.get("tcp")}
     comp = dict(rc.compute)
     speed_workers = comp.pop("speed_workers", None)
     speed = []

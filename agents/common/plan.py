@@ -13,6 +13,7 @@ from typing import Any
 from agents.sim.compute import ComputeSpec
 from agents.sim.network import (ConstantLatency, DistributionLatency, LatencyModel, MatrixLatency,
                             NetworkSpec)
+from agents.sim.tcp import TcpSpec
 from agents.strategies.base import VWorkerSpec
 from agents.workloads.training import WorkloadSpec
 from agents.sim.types import INFINITY, VirtualTime
@@ -44,8 +45,9 @@ class Plan:
 
     def network_spec(self) -> NetworkSpec:
         n = self.network
+        tcp = TcpSpec(**n["tcp"]) if n.get("tcp") else None
         return NetworkSpec(latency_model(n["latency"], self.seed), tuple(n["bandwidth_out"]),
-                           tuple(n["bandwidth_in"]), n["egress"], n["ingress"])
+                           tuple(n["bandwidth_in"]), n["egress"], n["ingress"], tcp)
 
     def compute_spec(self) -> ComputeSpec:
         c = dict(self.compute)

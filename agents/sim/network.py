@@ -36,6 +36,7 @@ from agents.sim.worker import Message, SendHandle
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.env import Environment
+    from agents.sim.tcp import TcpSpec
     from agents.sim.worker import Worker
 
 __all__ = [
@@ -147,10 +148,11 @@ class NetworkSpec:
     """The resolved network of a run: plain numbers, identical on every agent."""
 
     latency: LatencyModel
-    bandwidth_out: tuple[float, ...]  # bytes/s per vworker id, efficiency already applied
+    bandwidth_out: tuple[float, ...]  # bytes/s per vworker id (ideal: efficiency applied; tcp: the line rate)
     bandwidth_in: tuple[float, ...]
     egress: str = "fair"
     ingress: str = "fair"
+    tcp: "TcpSpec | None" = None  # set: the ``tcp`` transport model (agents/sim/tcp.py) moves the bytes
 
     def __post_init__(self) -> None:
         for side in (self.egress, self.ingress):
