@@ -14,7 +14,7 @@ from controller.run import execute
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
-FAST = ["model=mlp", "compute=constant", "eval.every=0", "progress=false", "launcher=inprocess"]
+FAST = ["model=mlp", "compute=constant", "network=ideal", "eval.every=0", "progress=false", "launcher=inprocess"]
 
 
 def agents_env() -> dict[str, str]:
