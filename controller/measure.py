@@ -263,7 +263,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rate-mbit", type=float, default=None,
                     help="line rate B to record (default: from the p2p goodput)")
     ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--collect", default=None, metavar="RANK0.json",
+                    help="turn rank 0's --outfile of a run started elsewhere (pods) into a record of --scenario")
+    ap.add_argument("--worker", action="store_true", help="run one rank (MASTER_ADDR/MASTER_PORT set): a pod's command")
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
@@ -271,6 +273,19 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     if a.worker:
         return worker_main(a)
+    if a.collect:
+        if a.scenario not in ("p2p", "fanin", "ring", "ps_sync", "ps_async") or a.rate_mbit is None:
+            print("lockstep measure: --collect needs --scenario (p2p | fanin | ring | ps_sync | ps_async) and "
+                  "--rate-mbit (the NICs' line rate).", file=sys.stderr)
+            return 2
+        r0 = json.loads(Path(a.collect).read_text())
+        r0.setdefault("world", a.world or (2 if a.scenario == "p2p" else a.workers + (a.scenario != "ring")))
+        rec = _record(a.scenario, 1 if a.scenario == "p2p" else a.workers, a.latency_ms or 0.0, a.rate_mbit,
+                      a.model_bytes, a.compute_ms, a.steps, a.warmup, r0)
+        rec["source"] = "lockstep measure --collect"
+        with open(a.out, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        return 0
     scens = a.scenarios.split(",")
     bad = [s for s in scens if s not in ("p2p", "fanin", "ring", "ps_sync", "ps_async")]
     for name, v, lo in (("--workers", a.workers, 1), ("--model-bytes", a.model_bytes, 4), ("--steps", a.steps, 1),

@@ -4,9 +4,7 @@
 
 * ``profiled`` — median of k timed runs of the same (kind, function, input
   shapes, dtype, device kind), measured once and kept in a profile database on
-  disk (the ahead-of-time idea of Tianshu), reused by later runs; a kind given a
-  duration (``compute.gradient=0.02``) takes it instead (``lockstep validate``
-  pins the gradient to a measured run's compute time and profiles the rest);
+  disk (the ahead-of-time idea of Tianshu), reused by later runs;
 * ``measured`` — the wall-clock time of this very call (the 2019 hybrid
   simulator); the run is marked non-reproducible;
 * ``constant`` — one configured duration per kind (gradient, update, aggregate);
@@ -202,8 +200,6 @@ class ComputeModel:
             except KeyError:
                 raise KeyError(f"compute=constant has no duration for kind {kind!r}; "
                                f"set compute.{kind}=<seconds> (known: {sorted(self.spec.constant_s)})") from None
-        if m == "profiled" and kind in self.spec.constant_s:  # a kind pinned to a duration
-            return self.spec.constant_s[kind]
         if m == "measured":
             return wall_s
         if m == "distribution":

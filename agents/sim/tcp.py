@@ -14,7 +14,7 @@ stations, this model moves what a Linux host really hands to its NIC: TSO/GSO pa
   ``w`` counts every segment's TCP/IP header and Ethernet framing, so the goodput of a
   bulk transfer is ``(MTU − header) / (MTU + frame)`` of the line rate (1448/1538 = 94.1 %).
 * **TCP** (Linux 6.x defaults, loss-free network): initial window 10 segments, slow start
-  on ACKs while cwnd-limited, HyStart's delay detection, CUBIC's growth without a loss (at most 5 % per RTT),
+  on ACKs while cwnd-limited, HyStart, CUBIC's growth without a loss (at most 5 % per RTT),
   the RTT estimator and retransmission timeout (min 200 ms), restart after idle (cwnd halved
   per RTO of idle, ``tcp_slow_start_after_idle``), the application-limited decay, TSO
   autosizing and TSQ. One ACK per received packet.
@@ -64,9 +64,9 @@ class TcpSpec:
     clock_hz: int = 250             # the kernel's jiffy clock (CONFIG_HZ), the RTO's resolution
     slow_start_after_idle: bool = True
     hystart_delay: bool = True       # leave slow start when the round's minimum RTT rises (HyStart)
-    hystart_ack_train: bool = False  # ... or on an ACK train of half the minimum RTT (off: see docs/engine.md)
+    hystart_ack_train: bool = True   # ... or on an ACK train of half the minimum RTT (Linux: both)
     tsq_limit_bytes: int = 4 * 1024 * 1024  # net.ipv4.tcp_limit_output_bytes
-    host_latency_ns: int = 200_000  # application-visible delay of a delivered message
+    host_latency_ns: int = 257_000  # application-visible delay of a delivered message (calibrated)
     host_jitter_ns: int = 0         # mean of a keyed exponential extra delay per message
 
     @property
