@@ -62,7 +62,8 @@ def main():
             rec = realrun.run_one(args, verbose=False)
             extra = f" ups={rec['updates_per_s']:.2f}" if rec.get("updates_per_s") else ""
             print(f"[{i + 1}/{len(pts)}] {p['scenario']:8s} K={p['workers']} L={p['latency_ms']} B={p['rate_mbit']} "
-                  f"M={p['model_bytes']} C={C} median {rec['median_s'] * 1e3:.1f} ms{extra} cpu {rec['cpu_busy_frac']:.2f} "
+                  f"M={p['model_bytes']} C={C} median {rec['median_s'] * 1e3:.1f} ms{extra} "
+                  f"cpu {rec['cpu_busy_frac']:.2f} "
                   f"load-before {la} took {time.time() - ts:.0f}s waited {ts - t0:.0f}s", flush=True)
         except KeyboardInterrupt:
             raise

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Microbenchmarks on the realrun testbed, instrumented (how benchmarks/data/lab/*.jsonl were measured).
+"""Instrumented microbenchmarks on the realrun testbed (how benchmarks/data/lab/*.jsonl were measured).
 
   python lab.py --scenario p2p_gaps --hosts 2 --latency-ms 10 --rate-mbit 1000 --args '{"M": 1000000, ...}' --out f.jsonl
 
@@ -232,7 +232,8 @@ def orchestrate(a):
             dumps.append(subprocess.Popen(["ip", "netns", "exec", topo.host_ns(h), "tcpdump", "-i", "eth0", "-s", "120",
                                            "-j", "adapter_unsynced", "--time-stamp-precision=nano", "-w",
                                            os.path.join(os.path.abspath(a.pcap_dir), f"h{h}.pcap")],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=realrun._pdeathsig))
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          preexec_fn=realrun._pdeathsig))
         time.sleep(0.5 if dumps else 0)
         procs = []
         for r in range(a.hosts):

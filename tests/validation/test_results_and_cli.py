@@ -20,7 +20,8 @@ def write(tmp_path, *recs, raw=None):
 
 
 @pytest.mark.parametrize("rec, sentence", [
-    ({k: v for k, v in GOOD.items() if k != "B_mbit"}, "line 1: the field 'B_mbit' is missing; accepted: a number > 0."),
+    ({k: v for k, v in GOOD.items() if k != "B_mbit"},
+     "line 1: the field 'B_mbit' is missing; accepted: a number > 0."),
     ({**GOOD, "scenario": "allgather"},
      "line 1: scenario='allgather' is not valid; accepted: ring | ps_sync | ps_async | p2p | fanin."),
     ({**GOOD, "L_ms": -1.0}, "line 1: L_ms=-1.0 is not valid; accepted: a number >= 0."),
