@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from agents.core import AgentCore
-from agents.sim.env import Stats
+from agents.sim.env import EvalRow, RowKey, Stats, UpdateRow
 from agents.common.plan import Plan
 from agents.sim.types import NS_PER_S
 from controller.clock import Window, run_windows
@@ -68,8 +68,8 @@ class _Collector:
         self.updates: list[tuple] = []
         self.evals: list[tuple] = []
         self.stats = Stats()
-        self.last_update: tuple | None = None
-        self.last_eval: tuple | None = None
+        self.last_update: UpdateRow | None = None
+        self.last_eval: EvalRow | None = None
         self.samples = 0
         self.n_updates = 0
         self.windows = 0
@@ -97,30 +97,31 @@ class _Collector:
             if not buf:
                 continue
             buf.sort(key=lambda kr: kr[0])
-            cut = len(buf) if before is None else next((i for i, kr in enumerate(buf) if kr[0][0] >= before), len(buf))
-            ready = [row for key, row in buf[:cut] if self.stop_time is None or key[0] <= self.stop_time]
+            cut = len(buf) if before is None else next((i for i, (key, _) in enumerate(buf) if key.time >= before),
+                                                       len(buf))
+            ready = [row for key, row in buf[:cut] if self.stop_time is None or key.time <= self.stop_time]
             del buf[:cut]
             if ready:
                 write(ready)
 
-    def _write_updates(self, rows: list[tuple]) -> None:
+    def _write_updates(self, rows: list[UpdateRow]) -> None:
         self.out.write_updates(rows)
         for r in rows:
             self.n_updates += 1
-            self.samples += r[6]
-            self.max_time = max(self.max_time, r[0])
+            self.samples += r.samples
+            self.max_time = max(self.max_time, r.virtual_time_ns)
             if self.metrics is not None:
-                self.metrics.record_update(r[0], r[4], r[5])
-        self.last_update = rows[-1]
+                self.metrics.record_update(r.virtual_time_ns, r.loss, r.staleness)
+        last = self.last_update = rows[-1]
         if self.progress is not None:
             self.progress.update(len(rows))
-            self.progress.set_postfix_str(f"virtual {rows[-1][1]:.3f}s loss {rows[-1][4]:.4f}", refresh=False)
+            self.progress.set_postfix_str(f"virtual {last.virtual_time_s:.3f}s loss {last.loss:.4f}", refresh=False)
 
-    def _write_evals(self, rows: list[tuple]) -> None:
+    def _write_evals(self, rows: list[EvalRow]) -> None:
         self.out.write_evals(rows)
         self.last_eval = rows[-1]
         if self.metrics is not None:
-            self.metrics.set_accuracy(rows[-1][5])
+            self.metrics.set_accuracy(self.last_eval.test_accuracy)
 
 
 def build_inprocess(plan: Plan, observer: Any = None) -> list[InProcessAgent]:
@@ -180,11 +181,11 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             if p is not None:
                 params = p
                 # the observer's last look: evaluate the final model if no eval row has it yet
-                last_it = col.last_update[3] if col.last_update else 0
-                if col.last_eval is None or col.last_eval[3] != last_it:
+                last_it = col.last_update.iteration if col.last_update else 0
+                if col.last_eval is None or col.last_eval.iteration != last_it:
                     row = h.final_eval(end_ns, last_it)
                     if row is not None:
-                        col.evals.append(((end_ns, 1 << 62, 0), row))
+                        col.evals.append((RowKey(end_ns, 1 << 62, 0), EvalRow(*row)))
                         col.stop_time = None
                         col.flush(None)
             i = h.info()
@@ -229,9 +230,9 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "updates": col.n_updates,
         "samples": col.samples,
         "throughput_samples_per_s": col.samples / vt_s if vt_s > 0 else 0.0,
-        "final_loss": col.last_update[4] if col.last_update else None,
-        "test_accuracy": col.last_eval[5] if col.last_eval else None,
-        "test_loss": col.last_eval[4] if col.last_eval else None,
+        "final_loss": col.last_update.loss if col.last_update else None,
+        "test_accuracy": col.last_eval.test_accuracy if col.last_eval else None,
+        "test_loss": col.last_eval.test_loss if col.last_eval else None,
         "wall_time_s": wall,
         "speed_ratio": vt_s / wall if wall > 0 else 0.0,
         "model_bytes": plan_model_bytes(plan, training),
@@ -261,4 +262,4 @@ def plan_model_bytes(plan: Plan, training: Any) -> int:
         return training.model_bytes
     from agents.workloads.models import build_model, param_bytes
 
-    return param_bytes(build_model(plan.workload["model"], plan.seed))
+    return param_bytes(build_model(plan.workload.model, plan.seed))

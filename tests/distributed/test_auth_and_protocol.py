@@ -26,9 +26,9 @@ TOKEN = "s3cret-token"
 
 @pytest.fixture
 def plan() -> Plan:
-    from controller.config import validate
+    from controller.config import load
 
-    rc = validate(compose_cfg(FAST + ["workers=2", "agents=2", "stop.updates=2"]), check_data=False)
+    rc = load(FAST + ["workers=2", "agents=2", "stop.updates=2"], check_data=False)
     return make_plan(rc, run_id="test-run")
 
 
