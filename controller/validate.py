@@ -59,7 +59,9 @@ def _overrides_for(p: Point) -> list[str]:
 
 def _applicable(p: Point, overrides: list[str]) -> list[str]:
     """The overrides that apply to ``p``'s strategy: ``strategy.collective=gloo`` concerns the ring, not a PS."""
-    base = _compose(_overrides_for(p))
+    from controller.config import compose_config
+
+    base = compose_config(_overrides_for(p))
     keep = []
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
@@ -69,23 +71,13 @@ def _applicable(p: Point, overrides: list[str]) -> list[str]:
     return keep
 
 
-def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    from controller.cli import CONF_DIR
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
-
-
 def emulate(p: Point, overrides: list[str], workdir: Path | None = None) -> float:
     """The emulated value of ``p``: median step (s), updates/s, or median transfer time (s)."""
-    from controller.config import validate
+    from controller.config import load
     from controller.outputs import read_csv
     from controller.run import execute
 
-    cfg = _compose(_overrides_for(p) + _applicable(p, overrides))
-    rc = validate(cfg)
+    rc = load(_overrides_for(p) + _applicable(p, overrides))
     with tempfile.TemporaryDirectory(prefix="lockstep-validate-", dir=workdir) as d:
         execute(rc, Path(d))
         rows = read_csv(Path(d) / "metrics.csv")
@@ -197,12 +189,12 @@ def main(argv: list[str]) -> int:
     except ResultsError as e:
         print(f"lockstep validate: {e}", file=sys.stderr)
         return 2
-    from controller.config import ConfigError, validate
+    from controller.config import ConfigError, load
 
     logging.getLogger().setLevel(logging.WARNING)
     try:
         for p in points:  # a bad override fails before any emulation
-            validate(_compose(_overrides_for(p) + _applicable(p, a.overrides)), check_data=False)
+            load(_overrides_for(p) + _applicable(p, a.overrides), check_data=False)
         rows = validate_points(points, a.overrides, log=None if a.json else lambda s: print(s, file=sys.stderr))
     except ConfigError as e:
         print("lockstep validate: invalid configuration:\n  " + "\n  ".join(e.problems), file=sys.stderr)
