@@ -124,7 +124,8 @@ class AgentCore:
     def info(self) -> dict[str, Any]:
         c = self.env.compute
         device = str(self.training.device) if self.training is not None else None
-        return {"profile_misses": c.profile_misses, "reproducible": c.reproducible, "device": device}
+        return {"profile_misses": c.profile_misses, "profile_fallbacks": c.profile_fallbacks,
+                "reproducible": c.reproducible, "device": device}
 
     def final_eval(self, t: VirtualTime, iteration: int) -> tuple | None:
         """Observer: evaluate the result vworker's model at the end; an eval row, or None."""

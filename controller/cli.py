@@ -11,6 +11,9 @@ USAGE = """usage: lockstep <command> [args]
 
 commands:
   run [overrides...]        run an experiment (Hydra: key=value overrides, --multirun to sweep)
+  sweep [--kubernetes] [overrides...]   a Hydra sweep; --kubernetes: one Helm release per point
+  fetch RELEASE [DIR] | --sweep NAME [DIR]  copy run directories out of a cluster's results volume
+  profile --name NAME [overrides...]   measure this machine's compute calls into a device profile
   plot RUN_OR_SWEEP_DIR...  draw loss/accuracy vs virtual time and iterations (and throughput for sweeps)
   agent --controller HOST:PORT --agent-id N   an agent process (started by launchers)
   inspect RUN --at T [--worker W]             what a vworker was doing and holding at virtual time T
@@ -28,6 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "run":
         return _run(rest)
+    if cmd == "sweep":
+        from controller.cluster import sweep_main
+
+        return sweep_main(rest)
+    if cmd == "fetch":
+        from controller.cluster import fetch_main
+
+        return fetch_main(rest)
+    if cmd == "profile":
+        from controller.config.profiles import profile_main
+
+        return profile_main(rest)
     if cmd == "plot":
         from controller.plotcli import main as plot_main
 

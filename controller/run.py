@@ -63,8 +63,12 @@ class RunResult:
 class _Collector:
     """Merges the rows agents report, in the global key order, and streams them to disk."""
 
-    def __init__(self, out: RunDir, progress: Any, metrics: Any, observer: Any = None):
+    def __init__(self, out: RunDir, progress: Any, metrics: Any, observer: Any = None,
+                 partial: Any = None, partial_every_s: float = 0.0):
         self.out, self.progress, self.metrics, self.observer = out, progress, metrics, observer
+        # partial(): the summary so far, rewritten every partial_every_s wall seconds (0: never)
+        self.partial, self.partial_every_s = partial, partial_every_s
+        self._partial_at = time.monotonic()
         self.updates: list[tuple] = []
         self.evals: list[tuple] = []
         self.stats = Stats()
@@ -90,6 +94,11 @@ class _Collector:
         if self.metrics is not None:
             self.metrics.observe_window(w.start, w.barrier_wall_s)
         self.flush(w.next_start)
+        if self.partial is not None and self.partial_every_s > 0:
+            now = time.monotonic()
+            if now - self._partial_at >= self.partial_every_s:
+                self._partial_at = now
+                self.partial()
 
     def flush(self, before: int | None) -> None:
         """Write rows whose time is final (< ``before``; None = all), never past the stop time."""
@@ -163,7 +172,23 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                 if observer is not None and getattr(h, "metrics_address", ""):
                     observer.add_agent_endpoint(h.agent_id, h.metrics_address)
     out = RunDir(run_dir)
-    col = _Collector(out, progress, metrics, observer)
+    col = _Collector(out, progress, metrics, observer,
+                     partial_every_s=rc.outputs.summary_every_s)
+
+    def partial() -> None:
+        """summary.json so far ("complete": false): what a run that dies or is still going has reached."""
+        wall = time.perf_counter() - wall0
+        vt_s = col.max_time / NS_PER_S
+        write_json_atomic(run_dir / "summary.json", {
+            "complete": False, "run_id": plan.run_id, "strategy": rc.strategy_name, "workers": rc.workers,
+            "agents": rc.agents, "seed": rc.seed, "config_hash": config_hash(rc.raw),
+            "virtual_time_ns": col.max_time, "virtual_time_s": vt_s, "updates": col.n_updates,
+            "samples": col.samples, "throughput_samples_per_s": col.samples / vt_s if vt_s > 0 else 0.0,
+            "final_loss": col.last_update[4] if col.last_update else None,
+            "test_accuracy": col.last_eval[5] if col.last_eval else None,
+            "test_loss": col.last_eval[4] if col.last_eval else None,
+            "wall_time_s": wall, "speed_ratio": vt_s / wall if wall > 0 else 0.0, "windows": col.windows})
+    col.partial = partial
     should_abort = getattr(launcher, "check", None)
     stop = None
     if observer is not None:
@@ -175,7 +200,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         # agents report stop.virtual_time as their stop time from the start, so stop is None only when
         # the run ran out of events
         end_ns = stop if stop is not None else col.max_time
-        params, info = None, {"profile_misses": 0, "reproducible": True}
+        params, info = None, {"profile_misses": 0, "profile_fallbacks": 0, "reproducible": True}
         for h in handles:
             p = h.result_params()
             if p is not None:
@@ -190,12 +215,17 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                         col.flush(None)
             i = h.info()
             info["profile_misses"] += i.get("profile_misses", 0)
+            info["profile_fallbacks"] += i.get("profile_fallbacks", 0)
             info["reproducible"] = info["reproducible"] and i.get("reproducible", True)
             if i.get("device"):
                 info.setdefault("devices", set()).add(i["device"])
             if observer is not None and getattr(h, "metrics_address", ""):
                 observer.add_agent_exposition(h.agent_id, h.metrics_text())
     except BaseException as e:
+        try:  # what the run reached, for a run that failed (metrics.csv has every row)
+            partial()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            log.warning("could not write the partial summary.json", exc_info=True)
         if hasattr(launcher, "close"):  # stop remote agents at once, telling them why
             launcher.close(abort=f"{type(e).__name__}: {e}")
         raise
@@ -219,6 +249,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     training = next((h.core.training for h in handles if getattr(h, "core", None) is not None
                      and h.core.training is not None), None)
     summary = {
+        "complete": True,
         "run_id": plan.run_id,
         "strategy": rc.strategy_name,
         "workers": rc.workers,
@@ -238,6 +269,11 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "model_bytes": plan_model_bytes(plan, training),
         "reproducible": info["reproducible"],
         "profile_misses": info["profile_misses"],
+        "compute_profile": plan.compute.profile_name or None,
+        "profile_fallbacks": info["profile_fallbacks"],
+        # the same virtual times on any host: no duration came from this host's clock
+        "portable": info["reproducible"] and (plan.compute.model != "profiled" or (
+            bool(plan.compute.profile_name) and info["profile_fallbacks"] == 0)),
         "device": ",".join(sorted(info.get("devices", ()))) or None,
         "stopped_by": ("no_more_events" if stop is None else
                        "virtual_time" if stop == plan.stop_virtual_time_ns else "updates"),

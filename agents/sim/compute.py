@@ -155,6 +155,10 @@ class ComputeSpec:
     straggle_factor: float = 1.0  # slowdown of a straggling call
     device: str = "cpu"
     seed: int = 0
+    # profiled with a named device profile (conf/profiles/<name>.json): the emulated machine's durations by
+    # signature, carried by the plan so every agent and host uses the same ones ("" / {}: time this host)
+    profile_name: str = ""
+    profile: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (the plan travels to agents as JSON)."""
@@ -183,6 +187,7 @@ class ComputeModel:
         self._device: str | None = None
         self._flops: dict[str, float] = {}
         self.profile_misses = 0
+        self.profile_fallbacks = 0  # calls a named device profile lacked, timed on this host instead
         self.reproducible = spec.model != "measured"
 
     @property
@@ -224,6 +229,11 @@ class ComputeModel:
             return flops / self.spec.peak_flops
         # profiled
         sig = signature(kind, fn, args)
+        if self.spec.profile_name:
+            named = self.spec.profile.get(sig)
+            if named is not None:
+                return named
+            self.profile_fallbacks += 1
         got = self.db.get(self.device, sig)
         if got is None:
             # not profiled ahead of time: this call's own time becomes the profile (counted)
@@ -266,14 +276,32 @@ class ComputeModel:
         ``make_args`` returns fresh arguments for each run when ``fn`` mutates its inputs.
         """
         sig = signature(kind, fn, args)
+        named = self.spec.profile.get(sig) if self.spec.profile_name else None
+        if named is not None:
+            return named
         got = self.db.get(self.device, sig)
         if got is not None:
             return got
+        clock = _profile_clock(self.spec.device)
         times = []
         for i in range(warmup + self.spec.profile_runs):
             a = make_args() if make_args else args
-            t0 = time.perf_counter()
+            t0 = clock()
             fn(*a)
             if i >= warmup:
-                times.append(time.perf_counter() - t0)
+                times.append(clock() - t0)
         return self.db.put(self.device, sig, statistics.median(times))
+
+
+def _profile_clock(device: str) -> Callable[[], float]:
+    """The clock ahead-of-time profiles read: this thread's CPU time for a single-threaded CPU agent.
+
+    On a busy machine a call's wall time includes the time other processes held the core; its CPU time
+    does not, so a profile made on a shared host still says how long the call takes on this CPU. A GPU
+    runs asynchronously (and several torch threads run in parallel): those are timed on the wall clock.
+    """
+    import torch
+
+    if device == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter

@@ -28,19 +28,18 @@ class RingWorker(TrainingWorker):
         super().__init__(name, vid, env)
         self.ring = list(ring)
 
+    async def allreduce(self, vec, tag: str, extras: list[float]):
+        """The ring's sum of ``vec`` (and ``extras``) with the configured collective: ideal or gloo."""
+        if self.setting("collective", "ideal") == "gloo":
+            return await gloo_ring_allreduce(self, vec, self.ring, tag, extras)
+        return await ring_allreduce(self, vec, self.ring, tag, extras, self.setting("segment"))
+
     async def run(self) -> None:
         self.make_model()
         k, version = len(self.ring), 0
-        segment = self.setting("segment")
-        gloo = self.setting("collective", "ideal") == "gloo"
         while True:
             loss, grad, samples = await self.gradient(self.flat())
-            if gloo:
-                total, (loss_sum, n), sent = await gloo_ring_allreduce(self, grad, self.ring, f"r{version}",
-                                                                     [loss, samples])
-            else:
-                total, (loss_sum, n), sent = await ring_allreduce(self, grad, self.ring, f"r{version}",
-                                                                [loss, samples], segment)
+            total, (loss_sum, n), sent = await self.allreduce(grad, f"r{version}", [loss, samples])
             await self.apply(total / k)
             version += 1
             if self.name == self.ring[0] and self.updated(version, loss_sum / k, 0, int(n), sent):

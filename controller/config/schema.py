@@ -25,10 +25,10 @@ from agents.common.net import LOOPBACK
 from agents.common.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = [
-    "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "NetworkModel", "Collective", "ComputeModelName",
-    "Distribution", "TcpConfig", "MicrobenchConfig", "FlatConfig",
+    "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "NetworkModel", "Collective",
+    "ComputeModelName", "Distribution", "TcpConfig", "MicrobenchConfig", "FlatConfig",
     "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig", "ControllerConfig",
-    "MetricsConfig", "TraceConfig", "StatelogConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
+    "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
     "StrategyConfig", "ModelConfig", "LauncherConfig", "InprocessLauncherConfig", "LocalLauncherConfig",
     "KubernetesLauncherConfig", "TokenSecretConfig", "LockstepConfig", "GROUP_SCHEMAS", "register_configs",
     "help_of",
@@ -191,6 +191,16 @@ class StatelogConfig:
 
 
 @dataclass
+class OutputsConfig:
+    """The run directory's files besides the CSVs (docs/kubernetes.md, "Results that survive")."""
+
+    summary_every_s: float = doc(30.0, "rewrite summary.json (\"complete\": false) this often while the run goes, "
+                                       "wall seconds; 0 = only at the end", lo=0)
+    upload: Optional[str] = doc(None, "at the end copy the run directory to this fsspec URL (s3://bucket/prefix, "
+                                      "gs://..., file:///...); null = none")
+
+
+@dataclass
 class TcpConfig:
     """``network.tcp``: the tcp transport's physical parameters (agents/sim/tcp.py, docs/engine.md)."""
 
@@ -249,6 +259,11 @@ class ComputeConfig:
     gradient: Any = doc(None, "seconds per gradient (constant; a fixed kind of distribution)", unit="duration", lo=0)
     update: Any = doc(None, "seconds per optimizer step (constant; a fixed kind of distribution)", unit="duration", lo=0)
     aggregate: Any = doc(None, "seconds per aggregation (constant; a fixed kind of distribution)", unit="duration", lo=0)
+    profile: Optional[str] = doc(None, "profiled: the emulated machine, a device profile (conf/profiles/<name>.json, "
+                                       "or a path to one; made by `lockstep profile`); its durations travel with "
+                                       "the plan, so virtual times are the same on every host; calls it lacks are "
+                                       "timed on this host (summary.json: profile_fallbacks, portable). null = time "
+                                       "this host")
     runs: int = doc(5, "profiled: timed runs per signature (the median is kept)", lo=1)
     db: Optional[str] = doc(None, "profiled: the profile database (default ~/.cache/lockstep/profiles.json)")
     distribution: Distribution = doc(Distribution.lognormal, "distribution: lognormal | normal | weibull | "
@@ -434,6 +449,7 @@ class LockstepConfig:
     metrics: MetricsConfig = doc(help="Prometheus endpoints", factory=MetricsConfig)
     trace: TraceConfig = doc(help="trace.json", factory=TraceConfig)
     statelog: StatelogConfig = doc(help="statelog.jsonl", factory=StatelogConfig)
+    outputs: OutputsConfig = doc(help="summary.json while running, uploads", factory=OutputsConfig)
     progress: bool = doc(True, "progress bar on stderr")
     log_level: LogLevel = doc(LogLevel.INFO, "DEBUG | INFO | WARNING | ERROR")
 

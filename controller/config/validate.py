@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib.util
 import json
 import math
 import typing
@@ -94,6 +95,8 @@ class ComputeSettings:
     peak_flops: float
     profile_db: str
     profile_runs: int
+    profile_name: str
+    profile: dict[str, float]
     speed_workers: tuple[float, ...] | None
     stragglers: dict[str, float]
     straggle_p: float
@@ -152,13 +155,14 @@ class RunConfig:
     trace: TraceSettings
     metrics: MetricsSettings
     statelog: S.StatelogConfig
+    outputs: S.OutputsConfig
     progress: bool
     log_level: str
 
 
 def config_hash(raw: dict[str, Any]) -> str:
-    """A short stable hash of the resolved config (without run_id and hydra)."""
-    d = {k: v for k, v in raw.items() if k not in ("run_id", "hydra")}
+    """A short stable hash of the resolved config (without run_id, hydra and where outputs go)."""
+    d = {k: v for k, v in raw.items() if k not in ("run_id", "hydra", "outputs")}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -255,11 +259,13 @@ def _within(v: float, meta: dict[str, Any]) -> bool:
 
 
 class _Problems:
-    def __init__(self) -> None:
+    def __init__(self, written: dict[str, str] | None = None) -> None:
         self.items: list[str] = []
+        self.written = written or {}  # key -> the value as the user typed it on the command line
 
     def bad(self, key: str, value: Any, accepted: str) -> None:
-        self.items.append(f"{key}={_show(value)} is not valid; accepted: {accepted}.")
+        shown = self.written.get(key, _show(value))
+        self.items.append(f"{key}={shown} is not valid; accepted: {accepted}.")
 
     def add(self, sentence: str) -> None:
         self.items.append(sentence)
@@ -353,15 +359,18 @@ class _open:
 
 
 # --------------------------------------------------------------- validate
-def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
-    """Check every key of a composed config; raise ConfigError listing each problem, else a RunConfig."""
+def validate(cfg: DictConfig | dict, check_data: bool = True, written: dict[str, str] | None = None) -> RunConfig:
+    """Check every key of a composed config; raise ConfigError listing each problem, else a RunConfig.
+
+    ``written`` (key -> text) lets a sentence quote a command-line value as the user typed it.
+    """
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
     cfg = cfg.copy()
     with _open(cfg):
         cfg.pop("hydra", None)
     raw = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    p = _Problems()
+    p = _Problems(written)
     _unknown_keys(cfg, "", p)
     missing = sorted(OmegaConf.missing_keys(cfg))
     for key in missing:
@@ -430,6 +439,9 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     launcher = c.launcher
     if not isinstance(launcher, S.LauncherConfig):
         p.bad("launcher", _plain(launcher).get("name"), "inprocess | local | kubernetes")
+    elif isinstance(launcher, S.KubernetesLauncherConfig) and importlib.util.find_spec("kubernetes") is None:
+        p.add("launcher=kubernetes needs the Kubernetes client, which is not installed: "
+              "pip install 'lockstep[kubernetes]'.")
     ctl = c.controller
     if ctl.agent_timeout_s < 2 * ctl.heartbeat_s:
         p.bad("controller.agent_timeout_s", ctl.agent_timeout_s,
@@ -438,6 +450,9 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         p.bad("controller.host", ctl.host, "an address to listen on, e.g. 127.0.0.1 or 0.0.0.0")
     trace = _trace(c.trace, p)
     metrics = _metrics(c, p)
+    if c.outputs.upload is not None and "://" not in c.outputs.upload:
+        p.bad("outputs.upload", c.outputs.upload, "null or an fsspec URL such as s3://bucket/prefix, gs://bucket/prefix "
+              "or file:///path")
 
     if not p.items and model is not None:
         _check_model(p, model, c.seed)
@@ -457,7 +472,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         stop_virtual_time_ns=None if stop_vt is None else seconds_to_ns(stop_vt), eval_every=c.eval.every,
         eval_samples=c.eval.samples, data_root=c.data.root, partition=partition, partition_kw=partition_kw,
         network=network, compute=compute, launcher=launcher, controller=ctl, trace=trace, metrics=metrics,
-        statelog=c.statelog, progress=c.progress, log_level=c.log_level.value)
+        statelog=c.statelog, outputs=c.outputs, progress=c.progress, log_level=c.log_level.value)
 
 
 def _plain(node: Any) -> dict[str, Any]:
@@ -659,9 +674,24 @@ def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -
     return ComputeSettings(
         model=model, constant_s=constant_s, dist=c.distribution.value, dist_params=tuple(c.params),
         dist_kinds=tuple(c.kinds), peak_flops=c.peak_flops, profile_db=c.db or "", profile_runs=c.runs,
+        **_device_profile(p, c.profile if model == "profiled" else None),
         speed_workers=_speed(p, c.speed, workers, seed), stragglers=_stragglers(p, c.stragglers),
         straggle_p=straggle.probability, straggle_factor=straggle.factor if straggle.probability > 0 else 1.0,
         jitter=c.jitter)
+
+
+def _device_profile(p: _Problems, name: str | None) -> dict[str, Any]:
+    """``compute.profile``: a shipped name (conf/profiles/<name>.json) or a path, read whole into the plan."""
+    if not name:
+        return {"profile_name": "", "profile": {}}
+    from controller.config.profiles import ProfileError, read_profile
+
+    try:
+        prof = read_profile(name)
+    except ProfileError as e:
+        p.add(str(e))
+        return {"profile_name": "", "profile": {}}
+    return {"profile_name": prof.name, "profile": dict(prof.signatures)}
 
 
 def _speed(p: _Problems, speed: Any, workers: int | None, seed: int) -> tuple[float, ...] | None:

@@ -7,14 +7,13 @@ from pathlib import Path
 import torch
 
 from controller.config import load
-from tests.helpers import compose_cfg, wait_until  # noqa: F401  (also used by test modules)
+from tests.helpers import FAST, compose_cfg, wait_until  # noqa: F401  (also used by test modules)
 from controller.launchers.local import LocalLauncher
 from controller.remote import ControllerSettings, RemoteAgents
 from controller.run import execute
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
-FAST = ["model=mlp", "compute=constant", "network=ideal", "eval.every=0", "progress=false", "launcher=inprocess"]
 
 
 def agents_env() -> dict[str, str]:
