@@ -175,7 +175,9 @@ def worker_main(a: argparse.Namespace) -> int:
                 last[w] = t_u
             t_end = min(last.values())
             meas = [u for u in updates if u[2] >= a.warmup and u[0] <= t_end]
-            res["updates_per_s"] = (len(meas) - 1) / (meas[-1][0] - meas[0][0]) if len(meas) > 1 else None
+            if len(meas) < 3:  # uneven workers left too short a common window: every update after warm-up
+                meas = [u for u in updates if u[2] >= a.warmup]
+            res["updates_per_s"] = (len(meas) - 1) / (meas[-1][0] - meas[0][0])
         else:
             params, grad = torch.empty(numel), torch.ones(numel)
             dist.recv(params, 0, tag=rank)
