@@ -78,7 +78,7 @@ def network_spec(net: NetworkSettings, vworkers: list[VWorkerSpec], seed: int) -
     in_bw = out_bw if net.bandwidth_in is None else per_vworker_bandwidth(net.bandwidth_in, vworkers, seed)
     eff = net.efficiency
     return NetworkSpec(latency_model(net.latency, len(vworkers), seed), tuple(b * eff for b in out_bw),
-                       tuple(b * eff for b in in_bw), net.egress, net.ingress)
+                       tuple(b * eff for b in in_bw), net.egress, net.ingress, net.tcp)
 
 
 def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str, seed: int) -> ComputeSpec:

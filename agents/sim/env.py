@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agents.sim.compute import ComputeModel, ComputeSpec
 from agents.sim.kernel import Kernel
 from agents.sim.network import Network, NetworkSpec, Transfer
+from agents.sim.tcp import TcpNetwork
 from agents.sim.types import VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -142,7 +143,8 @@ class Environment:
         self.tracer = tracer  # agents.observe.trace.Tracer, or None
         self.statelog = statelog  # agents.observe.statelog.StatelogSpec, or None
         self.compute = ComputeModel(compute)
-        self.network = Network(kernel, network, self)
+        self.network: Network | TcpNetwork = (TcpNetwork(kernel, network, self) if network.tcp is not None
+                                              else Network(kernel, network, self))
 
     def resolve(self, dst: str | int) -> int:
         if isinstance(dst, int):

@@ -25,7 +25,8 @@ from agents.common.net import LOOPBACK
 from agents.common.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = [
-    "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "ComputeModelName", "Distribution",
+    "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "NetworkModel", "Collective",
+    "ComputeModelName", "Distribution", "TcpConfig", "MicrobenchConfig", "FlatConfig",
     "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig", "ControllerConfig",
     "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
     "StrategyConfig", "ModelConfig", "LauncherConfig", "InprocessLauncherConfig", "LocalLauncherConfig",
@@ -78,6 +79,16 @@ class Discipline(str, Enum):
     fifo = "fifo"
     fair = "fair"
     unlimited = "unlimited"
+
+
+class NetworkModel(str, Enum):
+    ideal = "ideal"
+    tcp = "tcp"
+
+
+class Collective(str, Enum):
+    ideal = "ideal"
+    gloo = "gloo"
 
 
 class ComputeModelName(str, Enum):
@@ -199,6 +210,31 @@ class OutputsConfig:
                                       "gs://..., file:///...); null = none")
 
 
+@dataclass
+class TcpConfig:
+    """``network.tcp``: the tcp transport's physical parameters (agents/sim/tcp.py, docs/engine.md)."""
+
+    mtu: int = doc(1500, "IP bytes of a full segment", lo=68)
+    header_bytes: int = doc(52, "IPv4 20 + TCP 20 + timestamp option 12 bytes per segment", lo=0)
+    frame_bytes: int = doc(38, "Ethernet header 14, FCS 4, preamble 8 and inter-frame gap 12 bytes per frame", lo=0)
+    initial_window: int = doc(10, "segments of a new or restarted connection (RFC 6928)", lo=1)
+    gso_max_bytes: int = doc(65536, "the largest TSO/GSO packet a host hands its NIC", lo=1)
+    nic_burst_bytes: int = doc(72887, "wire bytes the NIC takes ahead of the line rate (a token bucket; the "
+                                      "calibration testbed's tbf burst)", lo=1)
+    rto_min: Any = doc("200ms", "floor of the retransmission timeout, which also times restart after idle",
+                       unit="duration", lo=0)
+    clock_hz: int = doc(250, "the kernel's jiffy clock (CONFIG_HZ), the RTO's resolution", lo=1)
+    tsq_limit_bytes: int = doc(4194304, "TSQ's cap per connection (net.ipv4.tcp_limit_output_bytes)", lo=0)
+    slow_start_after_idle: bool = doc(True, "restart after idle and decay of unused windows "
+                                            "(net.ipv4.tcp_slow_start_after_idle)")
+    hystart_delay: bool = doc(True, "HyStart: leave slow start when a round's minimum RTT rises")
+    hystart_ack_train: bool = doc(True, "HyStart: leave slow start on a train of ACKs half an RTT long")
+    host_latency: Any = doc("257us", "a delivered message reaches its application this much after its last byte "
+                                     "(fitted by lockstep calibrate)", unit="duration", lo=0)
+    host_jitter: Any = doc("0us", "mean of a keyed exponential extra delay per delivered message", unit="duration",
+                           lo=0)
+
+
 # ------------------------------------------------------------------ groups
 @dataclass
 class NetworkConfig:
@@ -214,6 +250,9 @@ class NetworkConfig:
     egress: Optional[Discipline] = doc(None, "the discipline of the egress side; null = discipline")
     ingress: Optional[Discipline] = doc(None, "the discipline of the ingress side; null = discipline")
     efficiency: float = doc(1.0, "goodput / line rate, in (0, 1] (TCP over Ethernet: about 0.94)", lo=0, lo_open=True, hi=1)
+    model: NetworkModel = doc(NetworkModel.ideal, "ideal: the closed-form stations (Eq. 7, 8, 11 exactly) | tcp: "
+                                                  "Linux TCP over Ethernet, bandwidth the line rate (docs/engine.md)")
+    tcp: TcpConfig = doc(help="the tcp model's parameters (used with model: tcp)", factory=TcpConfig)
 
 
 @dataclass
@@ -275,6 +314,8 @@ class SSPConfig(ShardedPSConfig):
 class RingConfig(StrategyConfig):
     segment: Any = doc(None, "bytes per segment (each sent after a receiver-ready message, like gloo); null = "
                              "whole chunks")
+    collective: Collective = doc(Collective.ideal, "ideal: whole chunks (Eq. 11 exactly) | gloo: gloo's ring (1 MiB "
+                                                   "segments, two in flight, receiver-ready notifications)")
 
 
 @dataclass
@@ -314,6 +355,13 @@ class FedAsyncConfig(StrategyConfig):
 
 
 @dataclass
+class MicrobenchConfig(StrategyConfig):
+    kind: str = doc("p2p", "p2p: w0 -> w1 transfer time | fanin: w1..wK -> w0 at once, until the last arrives",
+                    choices=("p2p", "fanin"))
+    gap: float = doc(0.05, "seconds between repetitions", lo=0)
+
+
+@dataclass
 class ModelConfig:
     """``model=``: any ``nn.Module`` by ``_target_``; other keys are constructor arguments."""
 
@@ -323,6 +371,11 @@ class ModelConfig:
 @dataclass
 class MLPConfig(ModelConfig):
     hidden: List[int] = doc(help="widths of the hidden layers", factory=lambda: [200])
+
+
+@dataclass
+class FlatConfig(ModelConfig):
+    bytes: Any = doc(1000000, "bytes of the one float32 tensor (rounded down to whole floats), or a size like 10MB")
 
 
 @dataclass
@@ -461,8 +514,9 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "compute": {"base_compute": ComputeConfig},
     "strategy": {"base_strategy": StrategyConfig, "base_sharded_ps": ShardedPSConfig, "base_ssp": SSPConfig,
                  "base_ring": RingConfig, "base_hierarchical": HierarchicalConfig, "base_local_sgd": LocalSGDConfig,
-                 "base_gossip": GossipConfig, "base_fedavg": FedAvgConfig, "base_fedasync": FedAsyncConfig},
-    "model": {"base_model": ModelConfig, "base_mlp": MLPConfig},
+                 "base_gossip": GossipConfig, "base_fedavg": FedAvgConfig, "base_fedasync": FedAsyncConfig,
+                 "base_microbench": MicrobenchConfig},
+    "model": {"base_model": ModelConfig, "base_mlp": MLPConfig, "base_flat": FlatConfig},
     "launcher": {"base_inprocess": InprocessLauncherConfig, "base_local": LocalLauncherConfig,
                  "base_kubernetes": KubernetesLauncherConfig, "base_ray": RayLauncherConfig},
 }

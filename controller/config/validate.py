@@ -25,6 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from agents.common.units import UnitError, parse_duration, parse_rate
 from agents.sim import keyed
 from agents.sim.compute import KINDS
+from agents.sim.tcp import TcpSpec
 from agents.sim.types import seconds_to_ns
 from controller.config import schema as S
 
@@ -79,6 +80,7 @@ class NetworkSettings:
     efficiency: float
     egress: str
     ingress: str
+    tcp: TcpSpec | None = None  # network.model=tcp: the transport's parameters
 
 
 @dataclass(frozen=True)
@@ -307,7 +309,7 @@ def _check_fields(obj: Any, prefix: str, p: _Problems) -> None:
 
 
 BUILT_IN_TARGETS = frozenset({
-    *("agents.workloads.models." + m for m in ("MLP", "ThesisCNN", "SmallResNet")),
+    *("agents.workloads.models." + m for m in ("MLP", "ThesisCNN", "SmallResNet", "Flat")),
 })
 
 
@@ -573,9 +575,34 @@ def _network(n: S.NetworkConfig, workers: int | None, p: _Problems) -> NetworkSe
     disc = n.discipline.value
     bw = _bandwidth(p, "network.bandwidth", n.bandwidth, workers)
     bw_in = None if n.bandwidth_in is None else _bandwidth(p, "network.bandwidth_in", n.bandwidth_in, workers)
+    tcp = None
+    if n.model == S.NetworkModel.tcp:
+        if n.efficiency != 1.0:
+            p.bad("network.efficiency", n.efficiency, "1.0 with network.model=tcp, which derives the goodput from "
+                  "network.tcp.mtu, header_bytes and frame_bytes")
+        tcp = _tcp(n.tcp, p)
     return NetworkSettings(latency=_latency(p, n.latency), bandwidth=bw, bandwidth_in=bw_in,
                            efficiency=n.efficiency, egress=n.egress.value if n.egress else disc,
-                           ingress=n.ingress.value if n.ingress else disc)
+                           ingress=n.ingress.value if n.ingress else disc, tcp=tcp)
+
+
+def _tcp(t: S.TcpConfig, p: _Problems) -> TcpSpec | None:
+    """``network.tcp`` as the engine's TcpSpec (durations in ns); None when a value is bad (reported)."""
+    ns = {}
+    for key in ("rto_min", "host_latency", "host_jitter"):
+        s = _duration(p, f"network.tcp.{key}", getattr(t, key))
+        if s is None:
+            return None
+        ns[key + "_ns"] = int(round(s * 1e9))
+    try:
+        return TcpSpec(mtu=t.mtu, header_bytes=t.header_bytes, frame_bytes=t.frame_bytes,
+                       initial_window=t.initial_window, gso_max_bytes=t.gso_max_bytes,
+                       nic_burst_bytes=t.nic_burst_bytes, clock_hz=t.clock_hz, tsq_limit_bytes=t.tsq_limit_bytes,
+                       slow_start_after_idle=t.slow_start_after_idle, hystart_delay=t.hystart_delay,
+                       hystart_ack_train=t.hystart_ack_train, **ns)
+    except ValueError as e:
+        p.add(f"network.tcp is not valid: {e}.")
+        return None
 
 
 def _rate(p: _Problems, key: str, v: Any) -> float | None:
