@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from agents.sim.compute import KINDS, MODELS
+from agents.sim.executor import BATCH_MODES
 from agents.sim.network import DISCIPLINES
 from agents.common.units import UnitError, parse_duration, parse_rate
 
@@ -22,6 +23,7 @@ __all__ = ["ConfigError", "RunConfig", "validate", "config_hash", "PLACEMENTS", 
 
 PLACEMENTS = ("round_robin", "block", "ps_alone")
 PARTITIONS = ("iid", "dirichlet", "non_iid")
+WINDOWS = ("direct", "hub")  # who carries the windows between agent processes (docs/distributed.md)
 LAUNCHERS = ("inprocess", "local", "kubernetes")  # ray: DESIGN §10, not built yet
 LATENCY_DISTRIBUTIONS = {"normal": ("mean", "std"), "lognormal": ("mu", "sigma"), "weibull": ("scale", "shape", "loc")}
 
@@ -295,6 +297,10 @@ def _controller(c: _Checker) -> dict[str, Any]:
     hb, to = out.get("heartbeat_s"), out.get("agent_timeout_s")
     if hb is not None and to is not None and to < 2 * hb:
         c.bad("controller.agent_timeout_s", to, f"at least twice controller.heartbeat_s ({hb:g} s)")
+    windows = c.get("controller.windows", "direct")
+    if windows not in WINDOWS:
+        c.bad("controller.windows", windows, " | ".join(WINDOWS))
+    out["windows"] = windows
     tf = c.get("controller.token_file")
     if tf is not None and not isinstance(tf, str):
         c.bad("controller.token_file", tf, "a path, or null")
@@ -456,6 +462,13 @@ def _compute(c: _Checker, workers: int | None) -> dict[str, Any]:
     out["straggle_p"] = c.number("compute.straggle.probability", 0, hi=1) or 0.0 if straggle else 0.0
     out["straggle_factor"] = c.number("compute.straggle.factor", 0, lo_open=True) or 1.0 if straggle else 1.0
     out["jitter"] = c.number("compute.jitter", 0) or 0.0
+    # deferred, batched execution (DESIGN §4.2, agents/sim/executor.py)
+    out["batch"] = c.choice("compute.batch", BATCH_MODES) or "off"
+    out["max_batch"] = c.integer("compute.max_batch", 1) or 64
+    overlap = c.get("compute.overlap", False)
+    if not isinstance(overlap, bool):
+        c.bad("compute.overlap", overlap, "true | false")
+    out["overlap"] = overlap is True
     return out
 
 

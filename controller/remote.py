@@ -85,17 +85,21 @@ class RemoteAgent:
                     raise self.fail(f"sent nothing for {silent:.1f} s while the controller waited for its {what} "
                                     f"(controller.agent_timeout_s={self.timeout_s:g})") from None
                 continue
-            if item[0] == "closed":
-                # prefer the launcher's account (exit status) when the process died: give it a moment to show
-                deadline, nap = time.monotonic() + 1.0, threading.Event()
-                while time.monotonic() < deadline:
-                    self._poll()
-                    nap.wait(0.02)
-                raise self.fail(item[1])
-            msg, blobs = item[1], item[2]
-            if msg.WhichOneof("body") == "failure":
-                raise self.fail(f"reported an error: {msg.failure.error}")
-            return msg, blobs
+            return self.interpret(item)
+
+    def interpret(self, item: tuple) -> tuple[pb.AgentFrame, dict]:
+        """A frame taken from the session's inbox; raises AgentFailure when it says the agent closed or failed."""
+        if item[0] == "closed":
+            # prefer the launcher's account (exit status) when the process died: give it a moment to show
+            deadline, nap = time.monotonic() + 1.0, threading.Event()
+            while time.monotonic() < deadline:
+                self._poll()
+                nap.wait(0.02)
+            raise self.fail(item[1])
+        msg, blobs = item[1], item[2]
+        if msg.WhichOneof("body") == "failure":
+            raise self.fail(f"reported an error: {msg.failure.error}")
+        return msg, blobs
 
     # ------------------------------------------------------------- handle
     def next_time(self) -> int:
@@ -210,8 +214,9 @@ class RemoteAgents:
     """
 
     def __init__(self, launcher: Any, settings: ControllerSettings = ControllerSettings(),
-                 log_level: str = "INFO", extra_env: dict[str, str] | None = None):
+                 log_level: str = "INFO", extra_env: dict[str, str] | None = None, windows: str = "direct"):
         self.launcher, self.settings, self.log_level = launcher, settings, log_level
+        self.windows = windows  # direct: the agents carry the windows (controller/mesh.py); hub: through here
         self.extra_env = dict(extra_env or {})
         self.server: ControllerServer | None = None
         self.handles: list[RemoteAgent] = []
@@ -331,4 +336,6 @@ def launcher_for(rc: Any) -> RemoteAgents | None:
     else:
         raise ValueError(f"launcher={name!r} is not available in this version; accepted: inprocess | local | "
                          "kubernetes")
-    return RemoteAgents(impl, ControllerSettings.from_dict(getattr(rc, "controller", None)), log_level=rc.log_level)
+    ctl = getattr(rc, "controller", None) or {}
+    return RemoteAgents(impl, ControllerSettings.from_dict(ctl), log_level=rc.log_level,
+                        windows=ctl.get("windows", "direct"))

@@ -156,6 +156,9 @@ class ComputeSpec:
     straggle_factor: float = 1.0  # slowdown of a straggling call
     device: str = "cpu"
     seed: int = 0
+    batch: str = "off"  # off | loop | vmap | auto: deferred, batched execution (agents.sim.executor)
+    max_batch: int = 64
+    overlap: bool = False  # run deferred tasks early on a background thread
 
 
 class ComputeModel:
@@ -180,7 +183,25 @@ class ComputeModel:
     def duration(self, w: "Worker", kind: str, fn: Callable[..., Any], args: tuple,
                  wall_s: float, cost: float | None) -> VirtualTime:
         """Virtual duration (ns) of a call that took ``wall_s`` for real."""
-        base = self._base_seconds(w, kind, fn, args, wall_s, cost)
+        return self._scaled(w, self._base_seconds(w, kind, fn, args, wall_s, cost))
+
+    def ahead(self, w: "Worker", kind: str, fn: Callable[..., Any], args: tuple,
+              cost: float | None) -> VirtualTime | None:
+        """The virtual duration of a call not yet run, or None when it needs the call's wall time
+        (``measured``, a profile miss, FLOPs not counted yet): such a call runs eagerly."""
+        m = self.spec.model
+        if m == "measured":
+            return None
+        if m == "profiled":
+            base = self.db.get(self.device, signature(kind, fn, args))
+            if base is None:
+                return None
+            return self._scaled(w, base)
+        if m == "analytic" and cost is None and signature(kind, fn, args) not in self._flops:
+            return None
+        return self._scaled(w, self._base_seconds(w, kind, fn, args, 0.0, cost))
+
+    def _scaled(self, w: "Worker", base: float) -> VirtualTime:
         factor = self.spec.speed[w.id] if self.spec.speed else 1.0
         factor *= self.spec.stragglers.get(w.id, 1.0)
         if self.spec.straggle_p > 0 and keyed.uniform(self.spec.seed, "straggle", w.id, w.compute_seq) \

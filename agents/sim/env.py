@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agents.sim.compute import ComputeModel, ComputeSpec
+from agents.sim.executor import Executor, ExecutorSpec
 from agents.sim.kernel import Kernel
 from agents.sim.network import Network, NetworkSpec, Transfer
 from agents.sim.types import VirtualTime
@@ -97,7 +98,7 @@ class Environment:
 
     def __init__(self, kernel: Kernel, names: list[str], network: NetworkSpec, compute: ComputeSpec,
                  recorder: Recorder | None = None, workload: Any = None, seed: int = 0,
-                 settings: dict[str, Any] | None = None, tracer: Any = None):
+                 settings: dict[str, Any] | None = None, tracer: Any = None, threads: int = 1):
         self.kernel = kernel
         self.names = names
         self.ids = {n: i for i, n in enumerate(names)}
@@ -108,6 +109,11 @@ class Environment:
         self.stats = Stats()
         self.tracer = tracer
         self.compute = ComputeModel(compute)
+        # deferred, batched compute (DESIGN §4.2); ``measured`` needs each call's own wall time
+        self.executor: Executor | None = None
+        if compute.batch != "off" and compute.model != "measured":
+            self.executor = Executor(ExecutorSpec(compute.batch, compute.max_batch, compute.overlap),
+                                     threads=threads)
         self.network = Network(kernel, network, self)
 
     def resolve(self, dst: str | int) -> int:
