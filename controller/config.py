@@ -227,6 +227,12 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
         partition_kw = {"alpha": alpha}
     elif partition == "non_iid":
         partition_kw = {"major": c.number("data.major", 0, lo_open=True, hi=1)}
+    if c.get("data.per_client") is not None:  # shards of this many samples, drawn per client (may overlap)
+        per_client = c.integer("data.per_client", 1)
+        if partition != "iid":
+            c.bad("data.per_client", c.get("data.per_client"), "null unless data.partition=iid")
+        else:
+            partition_kw = {"per_client": per_client}
     data_root = c.get("data.root")
 
     # model
@@ -463,12 +469,12 @@ def _compute(c: _Checker, workers: int | None) -> dict[str, Any]:
     out["straggle_factor"] = c.number("compute.straggle.factor", 0, lo_open=True) or 1.0 if straggle else 1.0
     out["jitter"] = c.number("compute.jitter", 0) or 0.0
     # deferred, batched execution (DESIGN §4.2, agents/sim/executor.py)
-    out["batch"] = c.choice("compute.batch", BATCH_MODES) or "off"
+    out["batch"] = c.choice("compute.batch", BATCH_MODES) or "loop"
     out["max_batch"] = c.integer("compute.max_batch", 1) or 64
-    overlap = c.get("compute.overlap", False)
-    if not isinstance(overlap, bool):
-        c.bad("compute.overlap", overlap, "true | false")
-    out["overlap"] = overlap is True
+    overlap = c.get("compute.overlap", "auto")
+    if not isinstance(overlap, bool) and overlap != "auto":
+        c.bad("compute.overlap", overlap, "auto (on with at least 2 usable CPUs) | true | false")
+    out["overlap"] = overlap
     return out
 
 
@@ -567,15 +573,21 @@ def _check_data(c: _Checker, root: str | None, partition: str, kw: dict[str, Any
     except ValueError as e:
         c.problems.append(f"data.root={root!r}: {e}")
         return
-    if len(holders) > len(data.train_y):
-        c.bad("workers", workers, f"at most the {len(data.train_y)} training samples")
+    if kw.get("per_client") is not None:
+        if kw["per_client"] > len(data.train_y):
+            c.bad("data.per_client", kw["per_client"], f"at most the {len(data.train_y)} training samples")
+            return
+    elif len(holders) > len(data.train_y):
+        c.bad("workers", workers, f"at most the {len(data.train_y)} training samples, or set data.per_client "
+              "(samples drawn for each client, shards may overlap)")
         return
     scheme = {"non_iid": "two_class_non_iid"}.get(partition, partition)
     shards = make_partition(scheme, data.train_y.numpy(), len(holders), seed, **kw)
+    sizes = getattr(shards, "sizes", None) or [len(s) for s in shards]
     bsizes = batch_size if len(batch_size) == len(holders) else [batch_size[0]] * len(holders)
-    for name, shard, b in zip(holders, shards, bsizes):
-        if b > len(shard):
+    for name, size, b in zip(holders, sizes, bsizes):
+        if b > size:
             c.problems.append(f"batch_size={b} is larger than the shard of vworker {name} "
-                              f"({len(shard)} samples with data.partition={partition} over {len(holders)} "
-                              f"workers); accepted: a batch_size <= {len(shard)}, or fewer workers.")
+                              f"({size} samples with data.partition={partition} over {len(holders)} "
+                              f"workers); accepted: a batch_size <= {size}, or fewer workers.")
             return

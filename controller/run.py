@@ -272,8 +272,7 @@ def compute_batch_summary(compute: dict[str, Any], executors: list[dict | None])
     ``auto`` probe's figures and choices of each agent, and whether floats equal eager execution."""
     mode = compute.get("batch", "off")
     ran = [e for e in executors if e]
-    out: dict[str, Any] = {"mode": mode, "overlap": bool(compute.get("overlap", False)),
-                           "deferred": bool(ran)}
+    out: dict[str, Any] = {"mode": mode, "overlap": any(e["overlap"] for e in ran), "deferred": bool(ran)}
     if ran:
         for k in ("tasks", "batches", "vmap_batches", "vmap_tasks"):
             out[k] = sum(e[k] for e in ran)

@@ -156,9 +156,9 @@ class ComputeSpec:
     straggle_factor: float = 1.0  # slowdown of a straggling call
     device: str = "cpu"
     seed: int = 0
-    batch: str = "off"  # off | loop | vmap | auto: deferred, batched execution (agents.sim.executor)
+    batch: str = "loop"  # off | loop | vmap | auto: deferred, batched execution (agents.sim.executor)
     max_batch: int = 64
-    overlap: bool = False  # run deferred tasks early on a background thread
+    overlap: bool | str = "auto"  # run deferred tasks early on a background thread (auto: with >= 2 CPUs)
 
 
 class ComputeModel:

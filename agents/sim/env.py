@@ -14,12 +14,22 @@ from agents.sim.types import VirtualTime
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.worker import Worker
 
-__all__ = ["Environment", "Recorder", "UPDATE_COLUMNS", "EVAL_COLUMNS", "Stats"]
+__all__ = ["usable_cpus", "Environment", "Recorder", "UPDATE_COLUMNS", "EVAL_COLUMNS", "Stats"]
 
 UPDATE_COLUMNS = ("virtual_time_ns", "virtual_time_s", "vworker", "iteration", "loss", "staleness",
                   "samples", "bytes", "wall_time_s")
 EVAL_COLUMNS = ("virtual_time_ns", "virtual_time_s", "vworker", "iteration", "test_loss", "test_accuracy",
                 "wall_time_s")
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 @dataclass
@@ -112,7 +122,10 @@ class Environment:
         # deferred, batched compute (DESIGN §4.2); ``measured`` needs each call's own wall time
         self.executor: Executor | None = None
         if compute.batch != "off" and compute.model != "measured":
-            self.executor = Executor(ExecutorSpec(compute.batch, compute.max_batch, compute.overlap),
+            overlap = compute.overlap
+            if overlap == "auto":  # a background thread only pays with a core to run on
+                overlap = usable_cpus() >= 2
+            self.executor = Executor(ExecutorSpec(compute.batch, compute.max_batch, bool(overlap)),
                                      threads=threads)
         self.network = Network(kernel, network, self)
 

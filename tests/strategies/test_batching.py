@@ -115,8 +115,11 @@ def test_summary_reports_peak_memory(tmp_path):
     assert len(mem["agents_rss_bytes"]) == 1
 
 
-def test_default_compute_batch_is_off_and_not_deferred(tmp_path):
-    r = run_dist(tmp_path, ["strategy=ps_async", "workers=2", "stop.updates=2"])
-    assert r.summary["compute_batch"] == {"mode": "off", "overlap": False, "deferred": False,
-                                          "eager_identical": True}
-    assert torch.is_tensor(r.params)
+def test_the_default_defers_as_a_loop_and_off_runs_eagerly(tmp_path):
+    r = run_dist(tmp_path / "default", ["strategy=ps_async", "workers=2", "stop.updates=2"])
+    cb = r.summary["compute_batch"]
+    assert (cb["mode"], cb["deferred"], cb["eager_identical"], cb["vmap_tasks"]) == ("loop", True, True, 0)
+    off = run_dist(tmp_path / "off", ["strategy=ps_async", "workers=2", "stop.updates=2", "compute.batch=off"])
+    assert off.summary["compute_batch"] == {"mode": "off", "overlap": False, "deferred": False,
+                                            "eager_identical": True}
+    assert torch.equal(r.params, off.params)
