@@ -28,10 +28,31 @@ ROOT = Path(__file__).resolve().parents[2]
     ("stop.updates=null", r"stop.updates and stop.virtual_time are both null"),
     ("model._target_=torch.nn.NotAModule", r"model._target_='torch.nn.NotAModule' is not usable"),
     ("agents=500", r"agents=500 is not valid; accepted: at most the number of vworkers \(65\)"),
+    ("compute.batch=fast", r"compute.batch='fast' is not valid; accepted: off \| loop \| vmap \| auto"),
+    ("compute.max_batch=0", r"compute.max_batch=0 is not valid; accepted: an integer >= 1"),
+    ("compute.overlap=sometimes", r"compute.overlap='sometimes' is not valid; accepted: auto \(on with at least 2"),
+    ("controller.windows=ring", r"controller.windows='ring' is not valid; accepted: direct \| hub"),
+    ("workers=70000", r"workers=70000 is not valid; accepted: at most the 60000 training samples, or set "
+                      r"data.per_client"),
+    ("data.per_client=32", None),  # valid with data.partition=iid: no error
 ])
 def test_bad_value_names_key_and_accepted_values(override, expected):
+    if expected is None:
+        validate(compose_cfg([override]))
+        return
     with pytest.raises(ConfigError, match=expected):
         validate(compose_cfg([override]))
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["data.partition=dirichlet", "data.per_client=8"], r"data.per_client=8 is not valid; accepted: null unless "
+                                                        r"data.partition=iid"),
+    (["data.per_client=70000"], r"data.per_client=70000 is not valid; accepted: at most the 60000 training"),
+    (["data.per_client=8", "batch_size=16"], r"batch_size=16 is larger than the shard of vworker w0 \(8 samples"),
+])
+def test_per_client_shards_are_checked(overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        validate(compose_cfg(overrides))
 
 
 def test_constant_compute_without_a_duration_names_the_key():
