@@ -41,6 +41,7 @@ class Window:
     stop_time: VirtualTime | None
     barrier_wall_s: float
     next_start: VirtualTime  # lower bound of every later event (rows before it are final)
+    count: int = 1  # windows this report covers (direct windows report several at once)
 
 
 def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookahead: VirtualTime,

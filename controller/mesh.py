@@ -48,6 +48,7 @@ def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s
     frontier = [0] * n
     stop: VirtualTime | None = None
     windows = [0] * n
+    counted = 0
     results: dict[int, tuple] = {}
     t_last = time.perf_counter()
     while len(results) < n:
@@ -79,7 +80,9 @@ def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s
             if r.stop_time is not None:
                 stop = r.stop_time if stop is None else min(stop, r.stop_time)
             now = time.perf_counter()
-            on_window(Window(min(frontier), [r], stop, now - t_last, min(frontier)))
+            # windows are counted once: by how far the furthest agent's reports have come
+            count, counted = max(windows) - counted, max(windows)
+            on_window(Window(min(frontier), [r], stop, now - t_last, min(frontier), count))
             t_last = now
         if not progressed:
             for h in handles:
@@ -95,6 +98,8 @@ def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s
     if len(outcomes) != 1:
         raise handles[0].fail(f"the agents ended the direct windows differently: {sorted(results.items())}")
     end_stop, n_windows = outcomes.pop()
+    if n_windows != counted:
+        raise handles[0].fail(f"the agents reported {counted} windows in their progress but {n_windows} at the end")
     return end_stop, int(n_windows)
 
 

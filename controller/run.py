@@ -78,7 +78,7 @@ class _Collector:
         self.stop_time: int | None = None
 
     def on_window(self, w: Window) -> None:
-        self.windows += 1
+        self.windows += w.count
         self.barrier_s += w.barrier_wall_s
         for r in w.reached:
             self.updates.extend(r.updates)
@@ -88,7 +88,7 @@ class _Collector:
                 self.observer.on_events(r.events)
         self.stop_time = w.stop_time
         if self.metrics is not None:
-            self.metrics.observe_window(w.start, w.barrier_wall_s)
+            self.metrics.observe_window(w.start, w.barrier_wall_s, w.count)
         self.flush(w.next_start)
 
     def flush(self, before: int | None) -> None:
@@ -173,7 +173,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
 
             t_loop = time.perf_counter()
             stop, n_windows = run_direct(handles, col.on_window, should_abort=should_abort)
-            col.windows, col.barrier_s = n_windows, time.perf_counter() - t_loop
+            col.barrier_s = time.perf_counter() - t_loop
         else:
             stop = run_windows(handles, plan.placement, plan.lookahead(), col.on_window, should_abort=should_abort)
         col.stop_time = stop
