@@ -1,6 +1,7 @@
 """Deferred, batched compute (DESIGN §4.2, agents/sim/executor.py): compute.batch=auto against off.
 
-Two points, each a fresh process per run, interleaved (off, auto, off, auto, ...), best of REPEATS:
+Two points, each a fresh process per run, interleaved (off, loop, auto, off, ...), best of REPEATS (``loop``:
+deferred and overlapped without vmap, to tell the two gains apart):
 
 * 64 workers, model=mlp, ps_async, UPDATES updates, in-process (target: auto >= 1.5x faster than off);
 * the default experiment (the thesis CNN), the same updates (target: auto no slower than off).
@@ -30,8 +31,10 @@ def main() -> None:
     for name, over in points.items():
         fresh_runs({"warm": common + over + ["compute.batch=auto", "stop.updates=2"]}, 1)  # the probe, once
         res = fresh_runs({"off": common + over + ["compute.batch=off"],
+                          "loop": common + over + ["compute.batch=loop"],
                           "auto": common + over + ["compute.batch=auto"]}, repeats)
         off = min(res["off"], key=lambda s: s["wall_time_s"])
+        loop = min(res["loop"], key=lambda s: s["wall_time_s"])
         auto = min(res["auto"], key=lambda s: s["wall_time_s"])
         cb = auto["compute_batch"]
         share = cb["vmap_tasks"] / cb["tasks"] if cb["tasks"] else 0.0
@@ -39,7 +42,9 @@ def main() -> None:
               f"off {off['wall_time_s']:.2f} s (loop {off['wall_barrier_s']:.2f} s), auto "
               f"{auto['wall_time_s']:.2f} s (loop {auto['wall_barrier_s']:.2f} s): auto is "
               f"{off['wall_time_s'] / auto['wall_time_s']:.2f}x faster (window loop "
-              f"{off['wall_barrier_s'] / auto['wall_barrier_s']:.2f}x); batches: mean {cb['mean_batch']:.2f}, "
+              f"{off['wall_barrier_s'] / auto['wall_barrier_s']:.2f}x); loop (deferred, overlapped, no vmap) "
+              f"{loop['wall_time_s']:.2f} s: {off['wall_time_s'] / loop['wall_time_s']:.2f}x; auto's batches: mean "
+              f"{cb['mean_batch']:.2f}, "
               f"largest {cb['largest_batch']}, {share:.0%} of tasks by vmap, overlap {cb['overlap']}; "
               f"load average {load_average()}")
 

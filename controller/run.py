@@ -281,6 +281,7 @@ def compute_batch_summary(compute: dict[str, Any], executors: list[dict | None])
         out["mean_batch"] = out["tasks"] / out["batches"] if out["batches"] else 0.0
         if mode == "auto":
             out["probes"] = [e["probes"] for e in ran]
+            out["switched_to_loop"] = [e.get("switched_to_loop", []) for e in ran]
     # vmap sums in another order than one call at a time: the last bits of the floats differ
     out["eager_identical"] = not any(e["vmap_tasks"] for e in ran)
     return out

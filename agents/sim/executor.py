@@ -37,7 +37,6 @@ change fails the owner with :class:`TaskArgumentMutated`, naming it.
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ log = logging.getLogger(__name__)
 
 BATCH_MODES = ("off", "loop", "vmap", "auto")
 _NEVER = 1 << 62  # auto: a batch key whose batches never use the batch rule
+_LEARN = 16  # auto with overlap: batches of a key looked at before deciding whether waiting for batches pays
 
 
 class TaskArgumentMutated(KernelError):
@@ -90,7 +90,7 @@ class ExecutorSpec:
     batch: str = "off"
     max_batch: int = 64
     overlap: bool = False
-    probe_runs: int = 3
+    probe_runs: int = 5
     margin: float = 0.1  # auto: the batch rule must beat the loop by this share to be chosen
 
 
@@ -165,6 +165,11 @@ class Executor:
         self._open: dict[Any, list[Task]] = {}  # batch key -> unstarted tasks not yet in a closed batch
         self._ready: list[_Batch] = []  # closed batches for the background thread, in closing order
         self._from: dict[Any, int] = {}  # auto: batch key -> smallest batch size that uses the batch rule
+        # auto with overlap: (batches, tasks, tasks in batches that used the rule) of each key's first batches,
+        # and the keys whose batches turned out too small for the rule: their tasks start at once instead
+        self._seen: dict[Any, list[int]] = {}
+        self._looping: set[Any] = set()
+        self.switched: list[str] = []
         self.probes: dict[str, dict[str, Any]] = {}  # auto: what the probe measured, per signature
         self.wall_s: dict[str, float] = {}  # wall seconds per kind, drained by the agent each window
         self.tasks = self.batches = self.ruled_batches = self.ruled_tasks = 0
@@ -190,6 +195,9 @@ class Executor:
               now: VirtualTime) -> Task:
         """Record a call of ``owner``; its value is taken with :meth:`result` when ``owner`` resumes."""
         key = self.key_of(fn, args) if not kwargs else None
+        if key is not None and (key in self._looping or (self.spec.batch == "auto" and
+                                                         self._from.get(key, _NEVER) == _NEVER)):
+            key = None  # auto: a call the rule never pays for (or the probe never saw) starts at once
         task = Task(owner, kind, fn, args, kwargs, key, now)
         with self._cv:
             self.tasks += 1
@@ -214,6 +222,8 @@ class Executor:
         b = _Batch(tasks, rule)
         for t in tasks:
             t.batch = b
+        if key is not None:
+            self._learn(key, b)
         if self._thread is not None:
             self._ready.append(b)
             self._cv.notify_all()
@@ -245,6 +255,21 @@ class Executor:
             raise task.error
         value, task.value, task.args, task.kwargs, task.versions = task.value, None, (), {}, []
         return value
+
+    def _learn(self, key: Any, b: _Batch) -> None:
+        """``auto`` with overlap: after ``_LEARN`` batches of a key, give up waiting for batches when most
+        of its tasks ran in batches too small for the rule anyway — they are better started at once on
+        the background thread. The batches' sizes follow from virtual time alone, so the switch comes at
+        the same task on every rerun."""
+        if self.spec.batch != "auto" or self._thread is None or key in self._looping:
+            return
+        seen = self._seen.setdefault(key, [0, 0, 0])
+        seen[0] += 1
+        seen[1] += len(b.tasks)
+        seen[2] += len(b.tasks) if b.rule is not None else 0
+        if seen[0] >= _LEARN and seen[2] < 0.5 * seen[1]:
+            self._looping.add(key)
+            self.switched.append(f"after {seen[0]} batches ({seen[1]} tasks, {seen[2]} by the rule)")
 
     def _run(self, b: _Batch) -> None:
         """Run a batch (state 1, set by the caller) and mark it done."""
@@ -320,8 +345,8 @@ class Executor:
               sizes: Iterable[int], db: "ProfileDB | None" = None, device: str = "") -> None:
         """``auto``: time the loop and the batch rule of ``fn`` at each batch size; keep the choice.
 
-        For each size n the median of ``probe_runs`` timed runs of each (interleaved, after one
-        warm-up) is taken, or read from the profile database ``db`` when an earlier run stored it
+        For each size n the fastest of ``probe_runs`` timed runs of each (interleaved, after one
+        warm-up: on a shared machine the minimum is the figure least disturbed by others) is taken, or read from the profile database ``db`` when an earlier run stored it
         (so reruns on the device choose alike). Batches of a size at which the batch rule was not at
         least ``margin`` faster, or smaller than the largest such size, run as a loop.
         """
@@ -364,12 +389,12 @@ class Executor:
             if i:
                 loop_t.append(t1 - t0)
                 rule_t.append(t2 - t1)
-        return statistics.median(loop_t), statistics.median(rule_t)
+        return min(loop_t), min(rule_t)
 
     def info(self) -> dict[str, Any]:
         """What ran and how (for summary.json): tasks, batches, the probe's figures and choices."""
         with self._cv:
             return {"mode": self.spec.batch, "overlap": self.spec.overlap, "max_batch": self.spec.max_batch,
                     "tasks": self.tasks, "batches": self.batches, "largest_batch": self.largest,
-                    "vmap_batches": self.ruled_batches, "vmap_tasks": self.ruled_tasks,
+                    "vmap_batches": self.ruled_batches, "vmap_tasks": self.ruled_tasks, "switched_to_loop": self.switched,
                     "wait_s": self.waited_s, "probes": dict(self.probes)}

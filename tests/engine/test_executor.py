@@ -158,3 +158,21 @@ def test_measured_compute_is_never_deferred():
     env = Environment(k, ["w0"], NetworkSpec(ConstantLatency(0), (1e9,), (1e9,)),
                       ComputeSpec(model="measured", batch="vmap"))
     assert env.executor is None
+
+
+def test_auto_with_overlap_stops_waiting_for_batches_that_stay_too_small_and_reruns_alike():
+    outcomes = []
+    for _ in range(2):
+        s = Summer()
+        # 20 workers, each gradient (1 ms) alone in virtual time: batches of one, never the rule's size
+        k, env, objs = build(_computers(s.one, [i * 2_000_000 for i in range(20)]), batch="auto", overlap=True)
+        ex = env.executor
+        ex._time = lambda fn, rule, calls: (1.0, 0.5 if len(calls) >= 4 else 2.0)
+        ex.probe("sig", s.one, lambda n: [(torch.full((3,), 0.0),)] * n, [2, 4, 8])
+        k.run_until()
+        ex.close()
+        info = ex.info()
+        assert s.batches == [] and s.calls == 20
+        assert info["switched_to_loop"] == ["after 16 batches (16 tasks, 0 by the rule)"]
+        outcomes.append([objs[f"w{i}"].results for i in range(20)])
+    assert outcomes[0] == outcomes[1]
