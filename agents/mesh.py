@@ -172,8 +172,8 @@ def connect(me: int, peer: PeerAddress, timeout_s: float) -> socket.socket:
 class _Reader:
     """Reassembles one peer's frames from a non-blocking socket."""
 
-    def __init__(self, agent: int, sock: socket.socket):
-        self.agent, self.sock = agent, sock
+    def __init__(self, agent: int, sock: socket.socket, alloc: Callable[[int], Any] = bytearray):
+        self.agent, self.sock, self.alloc = agent, sock, alloc
         self.head = bytearray()
         self.need = _PREFIX.size
         self.phase = 0  # 0: prefix, 1: report + blob table, 2: blob bytes
@@ -235,7 +235,7 @@ class _Reader:
             bid, n = _BLOB.unpack_from(self.head, off + i * _BLOB.size)
             if not 0 <= n <= _MAX_BLOB:
                 raise MeshError(f"agent {self.agent} announced a tensor of {n} bytes")
-            self.blobs.append((bid, bytearray(n)))
+            self.blobs.append((bid, self.alloc(n)))
         self.bi = self.got = 0
         self.phase = 2
         self._blob_done()
@@ -252,7 +252,9 @@ class _Reader:
 class MeshLinks:
     """This agent's streams to every other agent and the exchange of one window's reports."""
 
-    def __init__(self, me: int, socks: dict[int, socket.socket]):
+    def __init__(self, me: int, socks: dict[int, socket.socket], alloc: Callable[[int], Any] = bytearray):
+        """``alloc(n)``: a writable buffer of n bytes for a received tensor (pinned host memory on a GPU
+        agent, so the tensor built on it copies to the device asynchronously)."""
         self.me = me
         self.socks = socks
         self.sel = selectors.DefaultSelector()
@@ -261,17 +263,18 @@ class MeshLinks:
             s.setblocking(False)
             if s.family != socket.AF_UNIX:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.readers[a] = _Reader(a, s)
+            self.readers[a] = _Reader(a, s, alloc)
             self.sel.register(s, selectors.EVENT_READ, a)
         self._writing: set[int] = set()
         self.closed = False
 
     @classmethod
-    def open(cls, me: int, listener: MeshListener, peers: list[PeerAddress], timeout_s: float) -> "MeshLinks":
+    def open(cls, me: int, listener: MeshListener, peers: list[PeerAddress], timeout_s: float,
+             alloc: Callable[[int], Any] = bytearray) -> "MeshLinks":
         """Connect to every higher agent, accept every lower one (one stream per pair)."""
         socks = {p.agent: connect(me, p, timeout_s) for p in peers if p.agent > me}
         socks.update(listener.accept({p.agent for p in peers if p.agent < me}, timeout_s))
-        return cls(me, socks)
+        return cls(me, socks, alloc)
 
     def exchange(self, out: dict[int, list], expect: set[int],
                  should_stop: Callable[[], bool] | None = None) -> dict[int, tuple[Any, dict[int, bytearray]]]:
@@ -484,6 +487,16 @@ class MeshLoop:
         return out
 
 
+def host_buffer(core: Any) -> Callable[[int], Any]:
+    """Where received tensor bytes go: pinned host memory when the agent computes on a GPU."""
+    training = getattr(core, "training", None)
+    if training is None or training.device.type != "cuda":
+        return bytearray
+    import torch
+
+    return lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True).numpy()
+
+
 # ---------------------------------------------------------- the agent side
 class MeshSession:
     """An agent's side of direct windows: the calls ``mesh_open`` and ``mesh_run`` (agents/agent.py).
@@ -542,7 +555,7 @@ class MeshSession:
             if self.listener is None:
                 raise MeshError("mesh_run before mesh_open")
             self.links = MeshLinks.open(core.agent_id, self.listener,
-                                        [p for p in peers if p.agent != core.agent_id], timeout_s)
+                                        [p for p in peers if p.agent != core.agent_id], timeout_s, host_buffer(core))
             if self._stopping:
                 raise MeshError("direct windows stopped")
             loop_ = MeshLoop(core, self.links, plan.placement, plan.n_agents, plan.lookahead(), list(next_times),

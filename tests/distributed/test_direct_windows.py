@@ -147,3 +147,33 @@ def test_a_garbled_report_is_refused_with_the_senders_name():
     y.socks[0].sendall(b"\x05\x00\x00\x00\x00\x00\x00\x00" + b"\xff" * 5)
     with pytest.raises(MeshError, match="agent 1 sent a malformed report"):
         x.exchange({}, {1})
+
+
+def test_received_tensors_land_in_the_buffers_the_agent_asks_for():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    made: list[int] = []
+
+    def alloc(n):
+        made.append(n)
+        return bytearray(n)
+
+    x, y = MeshLinks(0, {1: a}, alloc), MeshLinks(1, {0: b})
+    t = torch.arange(100_000, dtype=torch.float32)
+    sender = threading.Thread(target=y.exchange, args=({0: _frame(mpb.MeshReport(window=0),
+                                                                  [memoryview(t.numpy()).cast("B")])}, set()))
+    sender.start()
+    (rep, blobs), = x.exchange({}, {1}).values()
+    sender.join(30)
+    assert made == [400_000] and torch.equal(torch.frombuffer(blobs[1], dtype=torch.float32), t)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
+def test_a_gpu_agent_receives_tensors_in_pinned_memory():
+    from agents.mesh import host_buffer
+
+    class Core:
+        class training:
+            device = torch.device("cuda")
+
+    buf = host_buffer(Core())(1024)
+    assert torch.frombuffer(buf, dtype=torch.uint8).is_pinned()
