@@ -140,14 +140,15 @@ class Task:
         self.error: BaseException | None = None
 
     def check(self) -> None:
-        """Raise :class:`TaskArgumentMutated` when a tensor argument changed since issue."""
+        """Raise :class:`TaskArgumentMutated` when a tensor argument changed since issue (before the task
+        ran) or since the task ran (after it ran; what the task itself changed does not count)."""
         for i, (t, v) in enumerate(self.versions):
             if t._version != v:
                 raise TaskArgumentMutated(
                     f"vworker {self.owner.name}: a tensor argument ({_describe(t)}, #{i}) of its {self.kind} task "
-                    f"issued at {self.issued_at} ns was changed in place before the task ran; with deferred compute "
-                    f"(compute.batch) a compute call's arguments must stay unchanged until its vworker resumes — "
-                    f"pass a copy (tensor.clone()), or run with compute.batch=off")
+                    f"issued at {self.issued_at} ns was changed in place before the vworker resumed; with deferred "
+                    f"compute (compute.batch) a compute call's arguments must stay unchanged until its vworker "
+                    f"resumes — pass a copy (tensor.clone()), or run with compute.batch=off")
 
 
 class Executor:
@@ -251,6 +252,13 @@ class Executor:
                     self.waited_s += time.perf_counter() - t0
             if run_here:
                 self._run(b)
+        if task.error is None:
+            try:
+                # a change after the task ran early (on the background thread) is found here, so a change
+                # between issue and resume fails the run whichever thread was first
+                task.check()
+            except TaskArgumentMutated as e:
+                task.error = e
         if task.error is not None:
             raise task.error
         value, task.value, task.args, task.kwargs, task.versions = task.value, None, (), {}, []
@@ -296,6 +304,8 @@ class Executor:
                     t.value = t.fn(*t.args, **t.kwargs)
                 except BaseException as e:  # noqa: BLE001 - the owner sees it when it resumes
                     t.error = e
+        for t in ok:  # what the task changed itself is no one else's change
+            t.versions = [(x, x._version) for x, _ in t.versions]
         wall = time.perf_counter() - t0
         with self._cv:
             share = wall / len(tasks)
