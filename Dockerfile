@@ -69,7 +69,7 @@ COPY agents ./agents
 COPY controller ./controller
 RUN set -eux; \
     if [ -n "$PIP_INDEX_URL" ]; then export PIP_INDEX_URL; else unset PIP_INDEX_URL; fi; \
-    pip install --find-links /tmp/wheels -e ".[kubernetes]"; \
+    pip install --find-links /tmp/wheels -e ".[kubernetes,upload]"; \
     python -c "import torch, controller.launchers.kubernetes; print('torch', torch.__version__)"; \
     find /opt/venv /app -name '__pycache__' -prune -exec rm -rf {} +
 

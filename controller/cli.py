@@ -7,21 +7,13 @@ from pathlib import Path
 
 __all__ = ["main"]
 
-def _conf_dir() -> str:
-    """conf/ of the source tree, or the copy a regular install ships as the ``conf`` package."""
-    source_tree = Path(__file__).resolve().parent.parent / "conf"
-    if (source_tree / "config.yaml").is_file():
-        return str(source_tree)
-    import conf
-
-    return str(Path(conf.__file__).resolve().parent)
-
-
-CONF_DIR = _conf_dir()
 USAGE = """usage: lockstep <command> [args]
 
 commands:
   run [overrides...]        run an experiment (Hydra: key=value overrides, --multirun to sweep)
+  sweep [--kubernetes] [overrides...]   a Hydra sweep; --kubernetes: one Helm release per point
+  fetch RELEASE [DIR] | --sweep NAME [DIR]  copy run directories out of a cluster's results volume
+  profile --name NAME [overrides...]   measure this machine's compute calls into a device profile
   plot RUN_OR_SWEEP_DIR...  draw loss/accuracy vs virtual time and iterations (and throughput for sweeps)
   agent --controller HOST:PORT --agent-id N   an agent process (started by launchers)
   inspect RUN --at T [--worker W]             what a vworker was doing and holding at virtual time T
@@ -36,6 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "run":
         return _run(rest)
+    if cmd == "sweep":
+        from controller.cluster import sweep_main
+
+        return sweep_main(rest)
+    if cmd == "fetch":
+        from controller.cluster import fetch_main
+
+        return fetch_main(rest)
+    if cmd == "profile":
+        from controller.config.profiles import profile_main
+
+        return profile_main(rest)
     if cmd == "plot":
         from controller.plotcli import main as plot_main
 
@@ -52,10 +56,42 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _run(overrides: list[str]) -> int:
+_HYDRA_FLAGS = {"--multirun", "-m", "--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--resolve",
+                "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+                "--experimental-rerun", "--version", "--run", "-r", "--shell-completion", "-sc"}
+
+
+def _invalid(problems: list[str]) -> None:
+    print("lockstep: invalid configuration:", file=sys.stderr)
+    for p in problems:
+        print(f"  {p}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _preflight(args: list[str]) -> None:
+    """Validate the run, or every job of a sweep, before Hydra starts anything (exit 2 with every problem)."""
+    from controller.config import ConfigError, check_sweep, load, sweep_jobs
+
+    overrides = [a for a in args if not a.startswith("-")]
+    if any(a.startswith("-") and a.split("=")[0] not in _HYDRA_FLAGS for a in args):
+        return  # an option only Hydra knows: let it answer
+    try:
+        if "--multirun" in args or "-m" in args:
+            check_sweep(sweep_jobs(overrides))
+        elif not any(a in args for a in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")):
+            load(overrides)
+    except ConfigError as e:
+        _invalid(e.problems)
+
+
+def _run(args: list[str]) -> int:
     import hydra
 
-    sys.argv = ["lockstep run", *overrides]
+    from controller.config import CONF_DIR, register_configs
+
+    register_configs()
+    _preflight(args)
+    sys.argv = ["lockstep run", *args]
     hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(_task)()
     return 0
 
@@ -67,11 +103,8 @@ def _task(cfg) -> dict:
 
     try:
         rc = validate(cfg)
-    except ConfigError as e:
-        print("lockstep: invalid configuration:", file=sys.stderr)
-        for p in e.problems:
-            print(f"  {p}", file=sys.stderr)
-        sys.exit(2)
+    except ConfigError as e:  # (the preflight has checked it; a sweeper of another kind may not have)
+        _invalid(e.problems)
     logging.getLogger().setLevel(rc.log_level)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     from controller.session import run_session

@@ -22,8 +22,12 @@ from typing import Any, Callable
 
 from agents.common import wire
 from agents.core import Reached
+from agents.sim.env import EvalRow, RowKey, UpdateRow
 from agents.sim.kernel import RemoteEvent
 from agents.common.plan import Plan
+from controller.config import RunConfig
+from controller.config.schema import (InprocessLauncherConfig, KubernetesLauncherConfig,
+                                      LocalLauncherConfig)
 from controller.launchers.base import AgentFailure, LaunchSpec
 from controller.server import AgentSession, ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb
@@ -147,8 +151,13 @@ class RemoteAgent:
                                                for x in rs):
                 raise self.fail(f"sent a malformed Reached: {name} must be a list of (key, row) tuples")
         self._set_times("Reached", r.next_time, r.horizon)
+        try:
+            updates = [(RowKey(*k), UpdateRow(*row)) for k, row in rows[0]]
+            evals = [(RowKey(*k), EvalRow(*row)) for k, row in rows[1]]
+        except TypeError as e:
+            raise self.fail(f"sent a malformed Reached: a row of the wrong length ({e})") from None
         return Reached(r.next_time, outbound, r.stop_time if r.HasField("stop_time") else None,
-                       r.horizon, rows[0], rows[1], rows[2], stats)
+                       r.horizon, updates, evals, rows[2], stats)
 
     def _check_events(self, events: list[RemoteEvent]) -> None:
         placement = self.plan.placement
@@ -214,9 +223,8 @@ class RemoteAgents:
     """
 
     def __init__(self, launcher: Any, settings: ControllerSettings = ControllerSettings(),
-                 log_level: str = "INFO", extra_env: dict[str, str] | None = None, windows: str = "direct"):
+                 log_level: str = "INFO", extra_env: dict[str, str] | None = None):
         self.launcher, self.settings, self.log_level = launcher, settings, log_level
-        self.windows = windows  # direct: the agents carry the windows (controller/mesh.py); hub: through here
         self.extra_env = dict(extra_env or {})
         self.server: ControllerServer | None = None
         self.handles: list[RemoteAgent] = []
@@ -237,10 +245,10 @@ class RemoteAgents:
         token = resolve_token(s.token_file)
         self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s)
         address = self.server.start()
-        m = plan.settings.get("metrics") or {}
+        m = plan.metrics
         spec = LaunchSpec(run_id=plan.run_id, n_agents=plan.n_agents, controller_address=address, token=token,
                           run_dir=Path(run_dir), log_level=self.log_level, extra_env=self.extra_env,
-                          metrics_port=int(m.get("port") or 0) if m.get("serve") else 0)
+                          metrics_port=m.port if m.serve else 0)
         try:
             self._started = True
             self.launcher.start(spec)
@@ -320,22 +328,20 @@ class RemoteAgents:
             self.server = None
 
 
-def launcher_for(rc: Any) -> RemoteAgents | None:
+def launcher_for(rc: RunConfig) -> RemoteAgents | None:
     """The ``launcher=`` of a validated config: None for inprocess, else RemoteAgents over it."""
-    name = (rc.launcher or {}).get("name", "inprocess")
-    if name == "inprocess":
+    cfg = rc.launcher
+    if isinstance(cfg, InprocessLauncherConfig):
         return None
-    if name == "local":
+    if isinstance(cfg, LocalLauncherConfig):
         from controller.launchers.local import LocalLauncher
 
-        impl: Any = LocalLauncher(rc.launcher)
-    elif name == "kubernetes":
+        impl: Any = LocalLauncher(cfg)
+    elif isinstance(cfg, KubernetesLauncherConfig):
         from controller.launchers.kubernetes import KubernetesLauncher  # imports the kubernetes client lazily
 
-        impl = KubernetesLauncher(rc.launcher)
+        impl = KubernetesLauncher(cfg)
     else:
-        raise ValueError(f"launcher={name!r} is not available in this version; accepted: inprocess | local | "
+        raise ValueError(f"launcher={cfg.name!r} is not available in this version; accepted: inprocess | local | "
                          "kubernetes")
-    ctl = getattr(rc, "controller", None) or {}
-    return RemoteAgents(impl, ControllerSettings.from_dict(ctl), log_level=rc.log_level,
-                        windows=ctl.get("windows", "direct"))
+    return RemoteAgents(impl, rc.controller, log_level=rc.log_level)

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from agents.core import AgentCore
-from agents.sim.env import Stats
+from agents.sim.env import EvalRow, RowKey, Stats, UpdateRow
 from agents.common.plan import Plan
 from agents.sim.types import NS_PER_S
 from controller.clock import Window, run_windows
@@ -63,13 +63,17 @@ class RunResult:
 class _Collector:
     """Merges the rows agents report, in the global key order, and streams them to disk."""
 
-    def __init__(self, out: RunDir, progress: Any, metrics: Any, observer: Any = None):
+    def __init__(self, out: RunDir, progress: Any, metrics: Any, observer: Any = None,
+                 partial: Any = None, partial_every_s: float = 0.0):
         self.out, self.progress, self.metrics, self.observer = out, progress, metrics, observer
+        # partial(): the summary so far, rewritten every partial_every_s wall seconds (0: never)
+        self.partial, self.partial_every_s = partial, partial_every_s
+        self._partial_at = time.monotonic()
         self.updates: list[tuple] = []
         self.evals: list[tuple] = []
         self.stats = Stats()
-        self.last_update: tuple | None = None
-        self.last_eval: tuple | None = None
+        self.last_update: UpdateRow | None = None
+        self.last_eval: EvalRow | None = None
         self.samples = 0
         self.n_updates = 0
         self.windows = 0
@@ -90,6 +94,11 @@ class _Collector:
         if self.metrics is not None:
             self.metrics.observe_window(w.start, w.barrier_wall_s, w.count)
         self.flush(w.next_start)
+        if self.partial is not None and self.partial_every_s > 0:
+            now = time.monotonic()
+            if now - self._partial_at >= self.partial_every_s:
+                self._partial_at = now
+                self.partial()
 
     def flush(self, before: int | None) -> None:
         """Write rows whose time is final (< ``before``; None = all), never past the stop time."""
@@ -97,30 +106,31 @@ class _Collector:
             if not buf:
                 continue
             buf.sort(key=lambda kr: kr[0])
-            cut = len(buf) if before is None else next((i for i, kr in enumerate(buf) if kr[0][0] >= before), len(buf))
-            ready = [row for key, row in buf[:cut] if self.stop_time is None or key[0] <= self.stop_time]
+            cut = len(buf) if before is None else next((i for i, (key, _) in enumerate(buf) if key.time >= before),
+                                                       len(buf))
+            ready = [row for key, row in buf[:cut] if self.stop_time is None or key.time <= self.stop_time]
             del buf[:cut]
             if ready:
                 write(ready)
 
-    def _write_updates(self, rows: list[tuple]) -> None:
+    def _write_updates(self, rows: list[UpdateRow]) -> None:
         self.out.write_updates(rows)
         for r in rows:
             self.n_updates += 1
-            self.samples += r[6]
-            self.max_time = max(self.max_time, r[0])
+            self.samples += r.samples
+            self.max_time = max(self.max_time, r.virtual_time_ns)
             if self.metrics is not None:
-                self.metrics.record_update(r[0], r[4], r[5])
-        self.last_update = rows[-1]
+                self.metrics.record_update(r.virtual_time_ns, r.loss, r.staleness)
+        last = self.last_update = rows[-1]
         if self.progress is not None:
             self.progress.update(len(rows))
-            self.progress.set_postfix_str(f"virtual {rows[-1][1]:.3f}s loss {rows[-1][4]:.4f}", refresh=False)
+            self.progress.set_postfix_str(f"virtual {last.virtual_time_s:.3f}s loss {last.loss:.4f}", refresh=False)
 
-    def _write_evals(self, rows: list[tuple]) -> None:
+    def _write_evals(self, rows: list[EvalRow]) -> None:
         self.out.write_evals(rows)
         self.last_eval = rows[-1]
         if self.metrics is not None:
-            self.metrics.set_accuracy(rows[-1][5])
+            self.metrics.set_accuracy(self.last_eval.test_accuracy)
 
 
 def build_inprocess(plan: Plan, observer: Any = None) -> list[InProcessAgent]:
@@ -162,13 +172,29 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                 if observer is not None and getattr(h, "metrics_address", ""):
                     observer.add_agent_endpoint(h.agent_id, h.metrics_address)
     out = RunDir(run_dir)
-    col = _Collector(out, progress, metrics, observer)
+    col = _Collector(out, progress, metrics, observer,
+                     partial_every_s=rc.outputs.summary_every_s)
+
+    def partial() -> None:
+        """summary.json so far ("complete": false): what a run that dies or is still going has reached."""
+        wall = time.perf_counter() - wall0
+        vt_s = col.max_time / NS_PER_S
+        write_json_atomic(run_dir / "summary.json", {
+            "complete": False, "run_id": plan.run_id, "strategy": rc.strategy_name, "workers": rc.workers,
+            "agents": rc.agents, "seed": rc.seed, "config_hash": config_hash(rc.raw),
+            "virtual_time_ns": col.max_time, "virtual_time_s": vt_s, "updates": col.n_updates,
+            "samples": col.samples, "throughput_samples_per_s": col.samples / vt_s if vt_s > 0 else 0.0,
+            "final_loss": col.last_update[4] if col.last_update else None,
+            "test_accuracy": col.last_eval[5] if col.last_eval else None,
+            "test_loss": col.last_eval[4] if col.last_eval else None,
+            "wall_time_s": wall, "speed_ratio": vt_s / wall if wall > 0 else 0.0, "windows": col.windows})
+    col.partial = partial
     should_abort = getattr(launcher, "check", None)
     stop = None
     if observer is not None:
         observer.running()
     try:
-        if plan.n_agents > 1 and getattr(launcher, "windows", "hub") == "direct":
+        if plan.n_agents > 1 and launcher is not None and rc.controller.windows.value == "direct":
             from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
 
             t_loop = time.perf_counter()
@@ -181,21 +207,22 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         # agents report stop.virtual_time as their stop time from the start, so stop is None only when
         # the run ran out of events
         end_ns = stop if stop is not None else col.max_time
-        params, info = None, {"profile_misses": 0, "reproducible": True}
+        params, info = None, {"profile_misses": 0, "profile_fallbacks": 0, "reproducible": True}
         for h in handles:
             p = h.result_params()
             if p is not None:
                 params = p
                 # the observer's last look: evaluate the final model if no eval row has it yet
-                last_it = col.last_update[3] if col.last_update else 0
-                if col.last_eval is None or col.last_eval[3] != last_it:
+                last_it = col.last_update.iteration if col.last_update else 0
+                if col.last_eval is None or col.last_eval.iteration != last_it:
                     row = h.final_eval(end_ns, last_it)
                     if row is not None:
-                        col.evals.append(((end_ns, 1 << 62, 0), row))
+                        col.evals.append((RowKey(end_ns, 1 << 62, 0), EvalRow(*row)))
                         col.stop_time = None
                         col.flush(None)
             i = h.info()
             info["profile_misses"] += i.get("profile_misses", 0)
+            info["profile_fallbacks"] += i.get("profile_fallbacks", 0)
             info["reproducible"] = info["reproducible"] and i.get("reproducible", True)
             if i.get("device"):
                 info.setdefault("devices", set()).add(i["device"])
@@ -204,6 +231,10 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             if observer is not None and getattr(h, "metrics_address", ""):
                 observer.add_agent_exposition(h.agent_id, h.metrics_text())
     except BaseException as e:
+        try:  # what the run reached, for a run that failed (metrics.csv has every row)
+            partial()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            log.warning("could not write the partial summary.json", exc_info=True)
         if hasattr(launcher, "close"):  # stop remote agents at once, telling them why
             launcher.close(abort=f"{type(e).__name__}: {e}")
         raise
@@ -227,6 +258,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     training = next((h.core.training for h in handles if getattr(h, "core", None) is not None
                      and h.core.training is not None), None)
     summary = {
+        "complete": True,
         "run_id": plan.run_id,
         "strategy": rc.strategy_name,
         "workers": rc.workers,
@@ -238,14 +270,19 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "updates": col.n_updates,
         "samples": col.samples,
         "throughput_samples_per_s": col.samples / vt_s if vt_s > 0 else 0.0,
-        "final_loss": col.last_update[4] if col.last_update else None,
-        "test_accuracy": col.last_eval[5] if col.last_eval else None,
-        "test_loss": col.last_eval[4] if col.last_eval else None,
+        "final_loss": col.last_update.loss if col.last_update else None,
+        "test_accuracy": col.last_eval.test_accuracy if col.last_eval else None,
+        "test_loss": col.last_eval.test_loss if col.last_eval else None,
         "wall_time_s": wall,
         "speed_ratio": vt_s / wall if wall > 0 else 0.0,
         "model_bytes": plan_model_bytes(plan, training),
         "reproducible": info["reproducible"],
         "profile_misses": info["profile_misses"],
+        "compute_profile": plan.compute.profile_name or None,
+        "profile_fallbacks": info["profile_fallbacks"],
+        # the same virtual times on any host: no duration came from this host's clock
+        "portable": info["reproducible"] and (plan.compute.model != "profiled" or (
+            bool(plan.compute.profile_name) and info["profile_fallbacks"] == 0)),
         "device": ",".join(sorted(info.get("devices", ()))) or None,
         "stopped_by": ("no_more_events" if stop is None else
                        "virtual_time" if stop == plan.stop_virtual_time_ns else "updates"),
@@ -267,10 +304,10 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     return RunResult(summary, run_dir, params, col.stats)
 
 
-def compute_batch_summary(compute: dict[str, Any], executors: list[dict | None]) -> dict[str, Any]:
+def compute_batch_summary(compute: Any, executors: list[dict | None]) -> dict[str, Any]:
     """How compute calls ran (DESIGN §4.2): the mode, tasks and batches summed over agents, the
     ``auto`` probe's figures and choices of each agent, and whether floats equal eager execution."""
-    mode = compute.get("batch", "off")
+    mode = compute.batch
     ran = [e for e in executors if e]
     out: dict[str, Any] = {"mode": mode, "overlap": any(e["overlap"] for e in ran), "deferred": bool(ran)}
     if ran:
@@ -305,4 +342,4 @@ def plan_model_bytes(plan: Plan, training: Any) -> int:
         return training.model_bytes
     from agents.workloads.models import build_model, param_bytes
 
-    return param_bytes(build_model(plan.workload["model"], plan.seed))
+    return param_bytes(build_model(plan.workload.model, plan.seed))

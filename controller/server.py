@@ -19,12 +19,12 @@ import queue
 import secrets
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from agents.common import wire
+from controller.config.schema import ControllerConfig
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 
@@ -33,22 +33,8 @@ __all__ = ["ControllerServer", "AgentSession", "ControllerSettings"]
 log = logging.getLogger("lockstep.controller")
 
 
-@dataclass(frozen=True)
-class ControllerSettings:
-    """The ``controller:`` section of the config (see conf/config.yaml); the server reads the first four."""
-
-    host: str = "127.0.0.1"
-    port: int = 0
-    max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES
-    heartbeat_s: float = 1.0
-    agent_timeout_s: float = 30.0
-    startup_timeout_s: float = 120.0
-    token_file: str | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "ControllerSettings":
-        d = dict(d or {})
-        return cls(**{f: d[f] for f in cls.__dataclass_fields__ if f in d})
+ControllerSettings = ControllerConfig
+"""The ``controller:`` section of the config (its schema, with the one set of defaults); the server reads it."""
 
 
 class AgentSession:

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import validate
+from controller.config import load
 from controller.plan import make_plan
 from controller.run import build_inprocess, execute
-from tests.helpers import compose_cfg
+from tests import helpers
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
-FAST = ["model=mlp", "compute=constant", "eval.every=0", "eval.samples=200", "progress=false",
-        "launcher=inprocess", "network.latency=1ms"]
+# the one base list (tests/helpers.py), plus what strategy tests want: a small test set for the final
+# evaluation and a latency every message pays, so exchanges interleave as on a real network
+FAST = [*helpers.FAST, "eval.samples=200", "network.latency=1ms"]
 
 
 class Ran:
@@ -39,7 +39,7 @@ class Ran:
 
 
 def run_config(tmp: Path, overrides: list[str], fast: bool = True) -> Ran:
-    rc = validate(compose_cfg((FAST if fast else []) + overrides))
+    rc = load((FAST if fast else []) + overrides)
     handles = build_inprocess(make_plan(rc))
     return Ran(execute(rc, Path(tmp), handles=handles), handles)
 

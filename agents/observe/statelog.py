@@ -36,22 +36,27 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agents.common.files import atomic_file
 from agents.sim.types import VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.worker import Message, Worker
 
 __all__ = ["Exchange", "KINDS", "StateLog", "StateLogWriter", "checksum", "log_model", "log_result",
-           "log_version", "statelog_settings"]
+           "log_version", "StatelogSpec"]
 
 KINDS = ("state.model", "state.result", "state.version")
 LOG_NAME = "statelog.jsonl"
 SNAPSHOT_DIR = "snapshots"
 
 
-def statelog_settings(enabled: bool = True, checksum: bool = True, snapshot_every: int = 0) -> dict[str, Any]:
-    """The plain-data settings an agent receives in ``plan.settings["statelog"]``."""
-    return {"enabled": bool(enabled), "checksum": bool(checksum), "snapshot_every": int(snapshot_every)}
+@dataclass(frozen=True)
+class StatelogSpec:
+    """What an agent records for statelog.jsonl (``Plan.statelog``); disabled unless the observer asks."""
+
+    enabled: bool = False
+    checksum: bool = True
+    snapshot_every: int = 0
 
 
 def checksum(tensor: Any) -> str:
@@ -63,9 +68,9 @@ def checksum(tensor: Any) -> str:
     return f"{zlib.crc32(memoryview(arr).cast('B')):08x}"
 
 
-def _settings(w: "Worker") -> dict[str, Any] | None:
-    s = w.env.settings.get("statelog")
-    return s if s and s.get("enabled") else None
+def _settings(w: "Worker") -> StatelogSpec | None:
+    s = w.env.statelog
+    return s if s is not None and s.enabled else None
 
 
 def log_model(w: "Worker", msg: "Message", version: int) -> None:
@@ -95,9 +100,9 @@ def log_version(server: "Worker", version: int, params: Any) -> None:
     if callable(params):
         params = params()
     fields: dict[str, Any] = {"version": int(version)}
-    if s.get("checksum", True):
+    if s.checksum:
         fields["crc"] = checksum(params)
-    every = s.get("snapshot_every") or 0
+    every = s.snapshot_every
     if every and version % every == 0:
         fields["params"] = params.detach().cpu().clone()
     server.env.recorder.event(server, "state.version", **fields)
@@ -119,7 +124,7 @@ class StateLogWriter:
 
             d = self.run_dir / SNAPSHOT_DIR
             d.mkdir(exist_ok=True)
-            torch.save({"version": fields["version"], "virtual_time_ns": key[0], "vworker": vworker,
+            torch.save({"version": fields["version"], "virtual_time_ns": key.time, "vworker": vworker,
                         "params": params}, d / f"{vworker}-v{fields['version']:08d}.pt")
             self.snapshots += 1
             fields = {k: v for k, v in fields.items() if k != "params"}
@@ -129,13 +134,11 @@ class StateLogWriter:
         """Write the log sorted by (time, vworker id, record counter), leaving out rows past ``stop_time``."""
         self.rows.sort(key=lambda r: r[0])
         path = self.run_dir / LOG_NAME
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w") as f:
+        with atomic_file(path) as f:
             for key, kind, name, fields in self.rows:
-                if stop_time is None or key[0] <= stop_time:
-                    f.write(json.dumps({"t": key[0], "vworker": name, "kind": kind.removeprefix("state."),
+                if stop_time is None or key.time <= stop_time:
+                    f.write(json.dumps({"t": key.time, "vworker": name, "kind": kind.removeprefix("state."),
                                         **fields}, separators=(",", ":")) + "\n")
-        os.replace(tmp, path)
         return path
 
 

@@ -23,10 +23,11 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from agents.common.files import write_atomic
 from agents.sim import keyed
 from agents.sim.types import NS_PER_S, VirtualTime
 
@@ -129,9 +130,7 @@ class ProfileDB:
             existing = data.get(device, {}).get(sig)
             if existing is None:
                 data.setdefault(device, {})[sig] = seconds
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-                tmp.replace(self.path)
+                write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True))
                 existing = seconds
             self._cache = data
         return existing
@@ -159,6 +158,25 @@ class ComputeSpec:
     batch: str = "loop"  # off | loop | vmap | auto: deferred, batched execution (agents.sim.executor)
     max_batch: int = 64
     overlap: bool | str = "auto"  # run deferred tasks early on a background thread (auto: with >= 2 CPUs)
+    # profiled with a named device profile (conf/profiles/<name>.json): the emulated machine's durations by
+    # signature, carried by the plan so every agent and host uses the same ones ("" / {}: time this host)
+    profile_name: str = ""
+    profile: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (the plan travels to agents as JSON)."""
+        d = asdict(self)
+        d["stragglers"] = {str(k): v for k, v in self.stragglers.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ComputeSpec":
+        d = dict(d)
+        d["stragglers"] = {int(k): float(v) for k, v in d.get("stragglers", {}).items()}
+        for key in ("dist_params", "dist_kinds", "speed"):
+            if key in d:
+                d[key] = tuple(d[key])
+        return cls(**d)
 
 
 class ComputeModel:
@@ -172,6 +190,7 @@ class ComputeModel:
         self._device: str | None = None
         self._flops: dict[str, float] = {}
         self.profile_misses = 0
+        self.profile_fallbacks = 0  # calls a named device profile lacked, timed on this host instead
         self.reproducible = spec.model != "measured"
 
     @property
@@ -192,10 +211,17 @@ class ComputeModel:
         m = self.spec.model
         if m == "measured":
             return None
-        if m == "profiled":
-            base = self.db.get(self.device, signature(kind, fn, args))
+        if m == "profiled":  # as _base_seconds, without timing this call
+            sig = signature(kind, fn, args)
+            if self.spec.profile_name:
+                named = self.spec.profile.get(sig)
+                if named is not None:
+                    return self._scaled(w, named)
+            base = self.db.get(self.device, sig)
             if base is None:
-                return None
+                return None  # eager: _base_seconds counts the fallback and the miss
+            if self.spec.profile_name:
+                self.profile_fallbacks += 1
             return self._scaled(w, base)
         if m == "analytic" and cost is None and signature(kind, fn, args) not in self._flops:
             return None
@@ -231,6 +257,11 @@ class ComputeModel:
             return flops / self.spec.peak_flops
         # profiled
         sig = signature(kind, fn, args)
+        if self.spec.profile_name:
+            named = self.spec.profile.get(sig)
+            if named is not None:
+                return named
+            self.profile_fallbacks += 1
         got = self.db.get(self.device, sig)
         if got is None:
             # not profiled ahead of time: this call's own time becomes the profile (counted)
@@ -273,14 +304,32 @@ class ComputeModel:
         ``make_args`` returns fresh arguments for each run when ``fn`` mutates its inputs.
         """
         sig = signature(kind, fn, args)
+        named = self.spec.profile.get(sig) if self.spec.profile_name else None
+        if named is not None:
+            return named
         got = self.db.get(self.device, sig)
         if got is not None:
             return got
+        clock = _profile_clock(self.spec.device)
         times = []
         for i in range(warmup + self.spec.profile_runs):
             a = make_args() if make_args else args
-            t0 = time.perf_counter()
+            t0 = clock()
             fn(*a)
             if i >= warmup:
-                times.append(time.perf_counter() - t0)
+                times.append(clock() - t0)
         return self.db.put(self.device, sig, statistics.median(times))
+
+
+def _profile_clock(device: str) -> Callable[[], float]:
+    """The clock ahead-of-time profiles read: this thread's CPU time for a single-threaded CPU agent.
+
+    On a busy machine a call's wall time includes the time other processes held the core; its CPU time
+    does not, so a profile made on a shared host still says how long the call takes on this CPU. A GPU
+    runs asynchronously (and several torch threads run in parallel): those are timed on the wall clock.
+    """
+    import torch
+
+    if device == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter

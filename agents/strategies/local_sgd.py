@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
+from agents.strategies.base import Strategy, VWorkerSpec
 from agents.strategies.collective import ring_allreduce
+from agents.strategies.ring_allreduce import RingWorker
 
 __all__ = ["LocalSGD", "LocalWorker"]
 
 
-class LocalWorker(TrainingWorker):
-    def __init__(self, name: str, vid: int, env: Any, ring: list[str]):
-        super().__init__(name, vid, env)
-        self.ring = list(ring)
+class LocalWorker(RingWorker):
+    """A ring member that takes ``local_steps`` steps alone between all-reduces of the models."""
 
     async def run(self) -> None:
         self.make_model()

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from controller.launchers.base import AgentFailure, LaunchSpec
+from controller.config.schema import KubernetesLauncherConfig
+from controller.launchers.base import AgentFailure, LaunchSpec, LauncherConfigError
 
 log = logging.getLogger(__name__)
 
@@ -53,75 +54,8 @@ DEFAULT_ENV = {
 }
 
 
-class LauncherConfigError(ValueError):
-    """The ``launcher`` config or the cluster state it names is wrong; permanent, not retried."""
-
-
 class KubernetesLauncherError(RuntimeError):
     """The Kubernetes API refused or failed a request the launcher needs."""
-
-
-@dataclasses.dataclass(frozen=True)
-class KubernetesLauncherConfig:
-    """The ``launcher`` config group for ``name: kubernetes`` (conf/launcher/kubernetes.yaml documents each key)."""
-
-    namespace: str | None = None
-    kubeconfig: str | None = None
-    context: str | None = None
-    image: str | None = None
-    image_pull_policy: str | None = "IfNotPresent"
-    controller_address: str | None = None
-    pod_template_file: str | None = None
-    owner_pod: str | None = None
-    instance: str | None = None
-    startup_timeout_s: float = 600.0
-    unschedulable_grace_s: float = 0.0
-    api_error_grace_s: float = 60.0
-    check_interval_s: float = 1.0
-    delete_grace_period_s: int = 10
-    token_secret_name: str | None = None
-    token_secret_key: str = "token"
-
-    @classmethod
-    def from_node(cls, node: Any) -> "KubernetesLauncherConfig":
-        """Build from the ``launcher`` node: an OmegaConf DictConfig, a mapping, or None (all defaults)."""
-        if node is None:
-            return cls()
-        if not isinstance(node, Mapping):
-            try:
-                from omegaconf import DictConfig, OmegaConf
-            except ImportError:  # pragma: no cover - omegaconf is a core dependency
-                DictConfig = None
-            if DictConfig is not None and isinstance(node, DictConfig):
-                node = OmegaConf.to_container(node, resolve=True)
-            else:
-                raise LauncherConfigError(
-                    f"launcher config must be a mapping, got {type(node).__name__}")
-        raw = dict(node)
-        raw.pop("name", None)
-        raw.pop("_target_", None)
-        secret = raw.pop("token_secret", None) or {}
-        if not isinstance(secret, Mapping):
-            raise LauncherConfigError(
-                "launcher.token_secret must be a mapping {name: SECRET, key: KEY}, "
-                f"got {secret!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise LauncherConfigError(
-                f"unknown launcher.{unknown[0]} for launcher=kubernetes; accepted keys: "
-                + ", ".join(sorted(known - {"token_secret_name", "token_secret_key"}) + ["token_secret"]))
-        raw["token_secret_name"] = secret.get("name")
-        raw["token_secret_key"] = secret.get("key") or "token"
-        cfg = cls(**raw)
-        if cfg.startup_timeout_s <= 0:
-            raise LauncherConfigError(
-                f"launcher.startup_timeout_s must be > 0 seconds, got {cfg.startup_timeout_s}")
-        if cfg.image_pull_policy not in (None, "Always", "IfNotPresent", "Never"):
-            raise LauncherConfigError(
-                f"launcher.image_pull_policy is {cfg.image_pull_policy!r}; "
-                "accepted: Always, IfNotPresent, Never or null")
-        return cfg
 
 
 def _import_kubernetes():
@@ -316,8 +250,8 @@ def _is_loopback(address: str) -> bool:
 class KubernetesLauncher:
     """Runs each agent as a pod; see the module docstring. ``cfg`` is the ``launcher`` config node."""
 
-    def __init__(self, cfg: Any = None):
-        self.cfg = KubernetesLauncherConfig.from_node(cfg)
+    def __init__(self, cfg: KubernetesLauncherConfig | None = None):
+        self.cfg = cfg if cfg is not None else KubernetesLauncherConfig()
         self._k8s = _import_kubernetes()
         self._core = None  # CoreV1Api, made at start()
         self.namespace: str | None = None
@@ -329,6 +263,7 @@ class KubernetesLauncher:
         self._unschedulable_since: dict[str, float] = {}
         self._last_list = -float("inf")
         self._failure: AgentFailure | None = None
+        self.job: str | None = None  # the Job owning the controller's pod (in the chart), told about a failure
 
     # --- the Launcher protocol -------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> None:
@@ -352,9 +287,9 @@ class KubernetesLauncher:
         instance = cfg.instance or spec.run_id
         try:
             owners = self._owner_references()
-            if cfg.token_secret_name:
+            if cfg.token_secret.name:
                 self._verify_token_secret(spec.token)
-                secret = (cfg.token_secret_name, cfg.token_secret_key)
+                secret = (cfg.token_secret.name, cfg.token_secret.key)
             else:
                 created = self._create_token_secret(f"{base}-token", spec, instance, owners)
                 secret = (created["metadata"]["name"], "token")
@@ -365,7 +300,7 @@ class KubernetesLauncher:
             for i in range(spec.n_agents):
                 body = build_agent_pod(
                     spec, i, name=f"{base}-agent-{i}", namespace=ns, image=cfg.image,
-                    image_pull_policy=cfg.image_pull_policy, instance=instance,
+                    image_pull_policy=cfg.image_pull_policy and cfg.image_pull_policy.value, instance=instance,
                     token_secret=secret, owner_references=owners, template=template)
                 name = body["metadata"]["name"]
                 # Recorded before the call: a create that times out may still have happened.
@@ -535,12 +470,30 @@ class KubernetesLauncher:
                     f"{self.namespace}; agent pods can only be owned by a pod of their own namespace") from e
             raise KubernetesLauncherError(
                 f"cannot read owner pod {owner} in {self.namespace}: {e.status} {e.reason}") from e
+        self.job = next((r.name for r in pod.metadata.owner_references or []
+                         if r.kind == "Job" and (r.api_version or "").startswith("batch/")), None)
         return [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": pod.metadata.uid,
                  "controller": True}]
 
+    def report_failure(self, reason: str, message: str) -> None:
+        """Put the run's one-line failure on the controller's Job: condition ``RunFailed`` (``kubectl get job
+        -o jsonpath='{.status.conditions[?(@.type=="RunFailed")].message}'``). Best effort: the log has it too."""
+        if self._core is None or not self.job:
+            return
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {"status": {"conditions": [{
+            "type": "RunFailed", "status": "True", "reason": reason, "message": message,
+            "lastProbeTime": now, "lastTransitionTime": now}]}}
+        try:
+            batch = self._k8s.client.BatchV1Api(self._core.api_client)
+            batch.patch_namespaced_job_status(self.job, self.namespace, body, _request_timeout=10,
+                                              _content_type="application/strategic-merge-patch+json")
+        except Exception as e:  # noqa: BLE001 - reporting must never hide the failure itself
+            log.warning("could not set condition RunFailed on Job %s: %s", self.job, e)
+
     def _verify_token_secret(self, token: str) -> None:
         """Fail early when the configured Secret is missing or holds a different token than the controller's."""
-        name, key = self.cfg.token_secret_name, self.cfg.token_secret_key
+        name, key = self.cfg.token_secret.name, self.cfg.token_secret.key
         ApiException = self._k8s.client.exceptions.ApiException
         try:
             secret = self._core.read_namespaced_secret(name, self.namespace, _request_timeout=30)
@@ -612,3 +565,37 @@ def _api_message(e: Exception) -> str:
         return json.loads(body).get("message", body)
     except (TypeError, ValueError, AttributeError):
         return str(body)
+
+
+# --- for lockstep sweep and fetch (controller/cluster.py), which reach the API only through here ---
+def connect(kubeconfig: str | None = None, context: str | None = None,
+            namespace: str | None = None) -> tuple[Any, Any, str]:
+    """(CoreV1Api, BatchV1Api, namespace) from a kubeconfig; the namespace defaults to the context's."""
+    k8s = _import_kubernetes()
+    try:
+        api = k8s.config.new_client_from_config(config_file=kubeconfig, context=context)
+        contexts, active = k8s.config.list_kube_config_contexts(config_file=kubeconfig)
+    except (k8s.config.ConfigException, OSError) as e:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise LauncherConfigError(f"cannot load Kubernetes credentials (kubeconfig {where}, "
+                                  f"context {context or 'current'}): {e}") from e
+    ctx = next((c for c in contexts if c["name"] == context), active) if context else active
+    ns = namespace or ((ctx or {}).get("context") or {}).get("namespace") or "default"
+    return k8s.client.CoreV1Api(api), k8s.client.BatchV1Api(api), ns
+
+
+def exec_in_pod(core: Any, pod: str, namespace: str, container: str, command: list[str]) -> tuple[str, str, int]:
+    """Run ``command`` in a running pod through the API (what ``kubectl exec`` does): stdout, stderr, exit code."""
+    from kubernetes.stream import stream  # noqa: PLC0415
+
+    resp = stream(core.connect_get_namespaced_pod_exec, pod, namespace, container=container, command=command,
+                  stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False)
+    out, err = [], []
+    while resp.is_open():
+        resp.update(timeout=5)
+        if resp.peek_stdout():
+            out.append(resp.read_stdout())
+        if resp.peek_stderr():
+            err.append(resp.read_stderr())
+    resp.close()
+    return "".join(out), "".join(err), resp.returncode or 0

@@ -6,15 +6,14 @@ from pathlib import Path
 
 import torch
 
-from controller.config import validate
-from tests.helpers import compose_cfg, wait_until  # noqa: F401  (also used by test modules)
+from controller.config import load
+from tests.helpers import FAST, compose_cfg, wait_until  # noqa: F401  (also used by test modules)
 from controller.launchers.local import LocalLauncher
 from controller.remote import ControllerSettings, RemoteAgents
 from controller.run import execute
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
-FAST = ["model=mlp", "compute=constant", "eval.every=0", "progress=false", "launcher=inprocess"]
 
 
 def agents_env() -> dict[str, str]:
@@ -29,7 +28,7 @@ def local_pool(**settings) -> RemoteAgents:
 
 def run(tmp: Path, overrides: list[str], local: bool = False, **settings):
     """Execute ``overrides`` (on top of FAST) in-process, or over local gRPC agents when ``local``."""
-    rc = validate(compose_cfg(FAST + overrides))
+    rc = load(FAST + overrides)
     return execute(rc, Path(tmp), launcher=local_pool(**settings) if local else None)
 
 

@@ -7,6 +7,8 @@ real, but the Job's pod is never created (no job controller runs) and no contain
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +17,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from omegaconf import OmegaConf
+
+from controller.config.schema import KubernetesLauncherConfig, typed
 from controller.launchers.base import LaunchSpec
 from controller.launchers.kubernetes import KubernetesLauncher, build_agent_pod, load_pod_template
 from .conftest import CHART, KubeCluster, render, wait_until
@@ -44,7 +49,15 @@ SERVICE_MONITOR_SCHEMA = {
                          "type": "object", "additionalProperties": False, "required": ["port"],
                          "properties": {"port": {"type": "string"}, "path": {"type": "string"},
                                         "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
-                                        "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}}}},
+                                        "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                                        "relabelings": {"type": "array", "items": {
+                                            "type": "object", "additionalProperties": False,
+                                            "required": ["sourceLabels", "targetLabel"],
+                                            "properties": {
+                                                "sourceLabels": {"type": "array", "items": {
+                                                    "type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+                                                "targetLabel": {"type": "string",
+                                                                "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}}}}}}},
                  }},
     },
 }
@@ -191,22 +204,25 @@ def test_the_controller_job_runs_the_experiment_and_dials_back_through_the_servi
 @pytest.mark.parametrize("values", VALUE_SETS, ids=value_id)
 def test_the_jobs_arguments_are_overrides_the_lockstep_config_accepts(helm, values):
     """Hydra refuses an override of a key that does not exist, so a renamed config key breaks this."""
-    from hydra import compose, initialize_config_dir
+    from controller.config import compose_config, load
 
     args = job_args(render(helm, *values_args(values)))
-    with initialize_config_dir(config_dir=str(CHART.parents[1] / "conf"), version_base=None):
-        cfg = compose("config", overrides=[a for a in args[2:] if not a.startswith("hydra.")])
+    overrides = [a for a in args[2:] if not a.startswith("hydra.")]
+    cfg = compose_config(overrides)
+    load(overrides, check_data=False)  # valid as a whole, not only composable
     assert cfg.launcher.name == "kubernetes"
     assert (cfg.controller.host, cfg.metrics.host) == ("0.0.0.0", "0.0.0.0")
     assert cfg.launcher.pod_template_file == "/etc/lockstep/agent-pod.yaml"
-    KubernetesLauncher(cfg.launcher)  # and the launcher takes the composed node as it is
+    KubernetesLauncher(OmegaConf.to_object(cfg.launcher))  # and the launcher takes the typed node as it is
 
 
 def test_the_role_allows_managing_pods_and_reading_only_its_own_secret(helm):
     kinds = by_kind(render(helm))
     [role], [binding], [secret] = kinds["Role"], kinds["RoleBinding"], kinds["Secret"]
     rules = {tuple(r["resources"]): r for r in role["rules"]}
-    assert set(rules) == {("pods",), ("pods/log",), ("secrets",)}
+    assert set(rules) == {("pods",), ("pods/log",), ("secrets",), ("jobs/status",)}
+    assert rules[("jobs/status",)] == {"apiGroups": ["batch"], "resources": ["jobs/status"],
+                                       "resourceNames": [kinds["Job"][0]["metadata"]["name"]], "verbs": ["patch"]}
     assert sorted(rules[("pods",)]["verbs"]) == ["create", "delete", "get", "list", "watch"]
     assert rules[("pods/log",)]["verbs"] == ["get"]
     assert rules[("secrets",)] == {"apiGroups": [""], "resources": ["secrets"],
@@ -248,17 +264,17 @@ def test_gpu_values_reach_the_agent_pod_template(helm, tmp_path):
     assert "image" not in agent  # the launcher sets it from launcher.image
 
 
-def test_persistence_puts_results_on_a_kept_claim(helm):
-    docs = render(helm, "-f", str(CHART / "ci" / "persistence-values.yaml"))
-    [pvc] = by_kind(docs)["PersistentVolumeClaim"]
-    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert pvc["spec"]["resources"]["requests"]["storage"] == "20Gi"
-    [job] = by_kind(docs)["Job"]
-    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["results"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
-    assert "PersistentVolumeClaim" not in by_kind(render(helm))  # emptyDir by default
-    assert by_kind(render(helm))["Job"][0]["spec"]["template"]["spec"]["volumes"][0] == {
-        "name": "results", "emptyDir": {}}
+def test_persistence_puts_results_on_a_kept_claim_by_default(helm):
+    for docs, size in ((render(helm), "2Gi"), (render(helm, "-f", str(CHART / "ci" / "persistence-values.yaml")), "20Gi")):
+        [pvc] = by_kind(docs)["PersistentVolumeClaim"]
+        assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert pvc["spec"]["resources"]["requests"]["storage"] == size
+        [job] = by_kind(docs)["Job"]
+        volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["results"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    off = by_kind(render(helm, "--set", "results.persistence.enabled=false"))
+    assert "PersistentVolumeClaim" not in off
+    assert off["Job"][0]["spec"]["template"]["spec"]["volumes"][0] == {"name": "results", "emptyDir": {}}
 
 
 def test_an_existing_secret_replaces_the_generated_one(helm):
@@ -274,10 +290,33 @@ def test_an_existing_secret_replaces_the_generated_one(helm):
 def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_port(helm):
     assert "ServiceMonitor" not in by_kind(render(helm))
     docs = render(helm, "-f", str(CHART / "ci" / "servicemonitor-values.yaml"))
-    [sm], [svc] = by_kind(docs)["ServiceMonitor"], by_kind(docs)["Service"]
+    [sm], [svc], [job] = by_kind(docs)["ServiceMonitor"], by_kind(docs)["Service"], by_kind(docs)["Job"]
     assert sm["metadata"]["labels"]["release"] == "prometheus"
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    # the dashboard's release and run_id labels come from the controller pod's labels
+    relabel = {r["targetLabel"]: r["sourceLabels"] for r in sm["spec"]["endpoints"][0]["relabelings"]}
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["app.kubernetes.io/instance"] == "exp1" and pod_labels["lockstep.io/run-id"] == "exp1"
+    assert relabel == {"release": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+                       "run_id": ["__meta_kubernetes_pod_label_lockstep_io_run_id"],
+                       "job": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"]}
+    assert arg(job_args(docs), "run_id") == "exp1"
+
+
+def test_monitoring_switches_the_service_monitor_pod_monitor_and_dashboard_on_together(helm):
+    def kinds(*sets: str) -> set[str]:
+        docs = render(helm, *[a for s in sets for a in ("--set", s)])
+        out = {d["kind"] for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor")}
+        return out | {"dashboard" for d in docs if "lockstep.json" in d.get("data", {})}
+
+    assert kinds() == set()
+    assert kinds("monitoring.enabled=true") == {"ServiceMonitor", "PodMonitor", "dashboard"}
+    assert kinds("monitoring.enabled=true", "podMonitor.enabled=false") == {"ServiceMonitor", "dashboard"}
+    assert kinds("dashboard.enabled=true") == {"dashboard"}
+    docs = render(helm, "--set", "monitoring.enabled=true", "--set", "monitoring.release=kube-prom")
+    assert [d["metadata"]["labels"]["release"] for d in docs
+            if d["kind"] in ("ServiceMonitor", "PodMonitor")] == ["kube-prom", "kube-prom"]
 
 
 def test_the_pod_monitor_is_off_by_default_and_selects_the_agent_pods_by_their_metrics_port(helm, tmp_path):
@@ -298,13 +337,29 @@ def test_the_pod_monitor_is_off_by_default_and_selects_the_agent_pods_by_their_m
     assert {"name": "metrics", "containerPort": 9411, "protocol": "TCP"} in agent["ports"]
 
 
-def test_the_dashboard_ships_as_a_configmap_for_the_grafana_sidecar(helm):
-    docs = render(helm, "--set", "dashboard.annotations.grafana_folder=lockstep")
+def dashboard_of(docs: list[dict]) -> tuple[dict, dict]:
     [cm] = [d for d in docs if d["kind"] == "ConfigMap" and "lockstep.json" in d.get("data", {})]
+    return cm, json.loads(cm["data"]["lockstep.json"])
+
+
+def test_the_dashboard_ships_as_a_configmap_for_the_grafana_sidecar(helm):
+    docs = render(helm, "--set", "monitoring.enabled=true", "--set", "dashboard.annotations.grafana_folder=lockstep")
+    cm, shipped = dashboard_of(docs)
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert cm["metadata"]["annotations"] == {"grafana_folder": "lockstep"}
-    assert cm["data"]["lockstep.json"] == DASHBOARD.read_text().rstrip("\n")
-    assert not [d for d in render(helm, "--set", "dashboard.enabled=false")
+    # the committed dashboard, but for uid, title and where its namespace and release variables start
+    committed = json.loads(DASHBOARD.read_text())
+    assert (shipped["uid"], shipped["title"]) == ("lockstep-" + hashlib.sha256(b"lab/exp1").hexdigest()[:12],
+                                                  "lockstep: lab/exp1")
+    start = {v["name"]: v.get("current") for v in shipped["templating"]["list"]}
+    assert start["namespace"] == {"text": "lab", "value": ["lab"]}
+    assert start["release"] == {"text": "exp1", "value": ["exp1"]}
+    for d in (shipped, committed):
+        del d["uid"], d["title"]
+        for v in d["templating"]["list"]:
+            v.pop("current", None)
+    assert shipped == committed
+    assert not [d for d in render(helm, "--set", "monitoring.enabled=true", "--set", "dashboard.enabled=false")
                 if "lockstep.json" in d.get("data", {})]
 
 
@@ -373,11 +428,11 @@ def test_the_charts_service_account_may_do_everything_the_launcher_does(helm, ku
     run_token = base64.b64decode(core.read_namespaced_secret("exp1-lockstep", namespace).data["token"]).decode()
     args = job_args(docs)
 
-    launcher = KubernetesLauncher({
+    launcher = KubernetesLauncher(typed(KubernetesLauncherConfig, {
         "kubeconfig": str(kubeconfig), "image": "lockstep:0.1.0", "owner_pod": "exp1-lockstep-abcde",
         "controller_address": arg(args, "launcher.controller_address"), "instance": "exp1",
         "pod_template_file": str(template),
-        "token_secret": {"name": arg(args, "launcher.token_secret.name"), "key": "token"}})
+        "token_secret": {"name": arg(args, "launcher.token_secret.name"), "key": "token"}}))
     spec = LaunchSpec(run_id="exp1-run", n_agents=2, controller_address="0.0.0.0:50051", token=run_token,
                       run_dir=tmp_path)
     try:
@@ -393,8 +448,8 @@ def test_the_charts_service_account_may_do_everything_the_launcher_does(helm, ku
     # ...and nothing beyond its namespace.
     from controller.launchers.kubernetes import KubernetesLauncherError
 
-    outside = KubernetesLauncher({"kubeconfig": str(kubeconfig), "namespace": "default", "image": "x",
+    outside = KubernetesLauncher(typed(KubernetesLauncherConfig, {"kubeconfig": str(kubeconfig), "namespace": "default", "image": "x",
                                   "controller_address": "exp1-lockstep:50051",
-                                  "token_secret": {"name": "exp1-lockstep", "key": "token"}})
+                                  "token_secret": {"name": "exp1-lockstep", "key": "token"}}))
     with pytest.raises(KubernetesLauncherError, match="403 Forbidden"):
         outside.start(spec)
