@@ -14,8 +14,9 @@ GPU = pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _training(model: str, device: str = "cpu") -> Training:
-    spec = WorkloadSpec(model={"_target_": model}, data_holders=("w0",), batch_size=(8,), eval_samples=10,
-                        device=device)
+    spec = WorkloadSpec(model={"_target_": model}, data_root=None, partition="iid", partition_kw={},
+                        data_holders=("w0",), batch_size=(8,), lr=0.05, momentum=0.0, eval_samples=10,
+                        device=device, threads=1, optimizer="sgd")
     return Training(spec, seed=0)
 
 
