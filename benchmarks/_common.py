@@ -29,6 +29,7 @@ def fresh_runs(variants: dict[str, list[str]], repeats: int, keys: tuple[str, ..
     A variant whose overrides contain ``launcher=local`` runs its agents as local gRPC processes.
     """
     import json
+    import resource
     import subprocess
     import tempfile
 
@@ -39,14 +40,18 @@ def fresh_runs(variants: dict[str, list[str]], repeats: int, keys: tuple[str, ..
                 code = ("import json, sys; from pathlib import Path; sys.path.insert(0, %r); from _common import run; "
                         "o = json.loads(sys.argv[2]); s = run(Path(sys.argv[1]), o, local='launcher=local' in o).summary; "
                         "print(json.dumps({k: s.get(k) for k in json.loads(sys.argv[3])}))" % str(ROOT / "benchmarks"))
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 p = subprocess.run([sys.executable, "-c", code, f"{d}/{i}-{j}", json.dumps(overrides), json.dumps(keys)],
                                    capture_output=True, text=True)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 if p.returncode:
                     raise RuntimeError(f"{name} failed:\n{p.stderr[-4000:]}")
                 s = json.loads(p.stdout.strip().splitlines()[-1])
+                # CPU seconds of the run's process and every process it waited for (its agents)
+                s["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
                 out[name].append(s)
-                print(f"  {name} #{i + 1}: wall {s['wall_time_s']:.2f} s, window loop {s['wall_barrier_s']:.2f} s",
-                      file=sys.stderr, flush=True)
+                print(f"  {name} #{i + 1}: wall {s['wall_time_s']:.2f} s, window loop {s['wall_barrier_s']:.2f} s, "
+                      f"CPU {s['cpu_s']:.1f} s", file=sys.stderr, flush=True)
     return out
 
 

@@ -2,7 +2,8 @@
 
 Variants, each a fresh process per run, interleaved, best of REPEATS kept (the machine is shared):
 
-* ``inprocess``: ``launcher=inprocess agents=1`` — the baseline;
+* ``inprocess``: ``launcher=inprocess agents=1`` — the baseline (``inprocess off``: with eager compute, as
+  before deferred compute);
 * ``agents=2`` and ``agents=4``: local agent processes with the defaults (direct windows between the
   agents, deferred compute overlapped on a background thread) — targets <= 1.3 and <= 1.5 x inprocess;
 * ``agents=2 hub``: the same with ``controller.windows=hub`` (every window through the controller over
@@ -28,12 +29,13 @@ def main() -> None:
     common = [f"stop.updates={updates}"]
     variants = {
         "inprocess": common + ["launcher=inprocess", "agents=1"],
+        "inprocess off": common + ["launcher=inprocess", "agents=1", "compute.batch=off"],
         "agents=2": common + ["launcher=local", "agents=2"],
         "agents=4": common + ["launcher=local", "agents=4"],
         "agents=2 hub": common + ["launcher=local", "agents=2", "controller.windows=hub", "compute.batch=off"],
     }
     if "--no-hub" in sys.argv:
-        del variants["agents=2 hub"]
+        del variants["agents=2 hub"], variants["inprocess off"]
     if "--cores" in sys.argv:
         variants["agents=1 local"] = common + ["launcher=local", "agents=1"]
     if "--only" in sys.argv:
@@ -44,7 +46,8 @@ def main() -> None:
     base = best.get("inprocess")
     lines = []
     for name, s in best.items():
-        line = f"{name}: whole run {s['wall_time_s']:.2f} s, window loop {s['wall_barrier_s']:.2f} s, {s['windows']} windows"
+        line = (f"{name}: whole run {s['wall_time_s']:.2f} s, window loop {s['wall_barrier_s']:.2f} s, "
+                f"{s['windows']} windows, CPU {s['cpu_s']:.1f} s")
         if base is not None and name != "inprocess":
             line += (f"; ratio to inprocess: whole run {s['wall_time_s'] / base['wall_time_s']:.2f}, "
                      f"loop {s['wall_barrier_s'] / base['wall_barrier_s']:.2f}")

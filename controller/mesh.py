@@ -117,14 +117,6 @@ def _interpret(h: Any, item: tuple) -> tuple[Any, dict]:
 
 
 def _progress(h: Any, r: Any, blobs: dict) -> Reached:
-    try:
-        rows = [wire.decode_value(v, blobs) or [] for v in (r.updates, r.evals, r.events)]
-        stats = wire.decode_stats(r.stats)
-    except wire.WireError as e:
-        raise h.fail(f"sent malformed progress: {e}") from e
-    for name, rs in zip(("updates", "evals"), rows):
-        if not isinstance(rs, list) or any(not (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple))
-                                           for x in rs):
-            raise h.fail(f"sent malformed progress: {name} must be a list of (key, row) tuples")
+    updates, evals, events, stats = h.decode_rows(r, blobs, "progress report")
     return Reached(r.next_time, [], r.stop_time if r.HasField("stop_time") else None, r.horizon,
-                   rows[0], rows[1], rows[2], stats)
+                   updates, evals, events, stats)
