@@ -27,7 +27,8 @@ from agents.common.wire import DEFAULT_MAX_MESSAGE_BYTES
 __all__ = [
     "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "NetworkModel", "Collective",
     "ComputeModelName", "Distribution", "TcpConfig", "MicrobenchConfig", "FlatConfig",
-    "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig", "ControllerConfig",
+    "Windows", "BatchMode", "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig",
+    "ControllerConfig",
     "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
     "StrategyConfig", "ModelConfig", "LauncherConfig", "InprocessLauncherConfig", "LocalLauncherConfig",
     "KubernetesLauncherConfig", "TokenSecretConfig", "RayLauncherConfig", "RayLocalClusterConfig", "RayStrategy",
@@ -106,6 +107,18 @@ class Distribution(str, Enum):
     exponential = "exponential"
 
 
+class Windows(str, Enum):
+    direct = "direct"
+    hub = "hub"
+
+
+class BatchMode(str, Enum):
+    off = "off"
+    loop = "loop"
+    vmap = "vmap"
+    auto = "auto"
+
+
 class TraceMode(str, Enum):
     full = "full"
     sample = "sample"
@@ -156,6 +169,8 @@ class DataConfig:
     partition: Partition = doc(Partition.iid, "how the training set is split over the data-holding vworkers")
     alpha: float = doc(0.5, "dirichlet: the concentration", lo=0, lo_open=True)
     major: float = doc(0.8, "non_iid: the share of each client's samples from its two classes", lo=0, lo_open=True, hi=1)
+    per_client: Optional[int] = doc(None, "iid: draw this many samples for each data holder (shards may overlap: "
+                                          "any number of clients); null = a disjoint split", lo=1)
 
 
 @dataclass
@@ -171,6 +186,9 @@ class ControllerConfig:
     startup_timeout_s: float = doc(300.0, "all agents must register and build their vworkers within this", lo=0, lo_open=True)
     token_file: Optional[str] = doc(None, "file with the shared token; default $LOCKSTEP_TOKEN, else a random "
                                           "per-run token")
+    windows: Windows = doc(Windows.direct, "who carries the windows between agent processes: direct (the agents "
+                                           "exchange each window's events among themselves, docs/distributed.md) | "
+                                           "hub (every window through the controller)")
 
 
 @dataclass
@@ -290,6 +308,14 @@ class ComputeConfig:
     straggle: StraggleConfig = doc(help="injected stragglers, e.g. {probability: 0.05, factor: 5.0} (a keyed draw "
                                         "per call); probability 0 = none", factory=StraggleConfig)
     jitter: float = doc(0.0, "sigma of a keyed log-normal factor per call (0 = none)", lo=0)
+    batch: BatchMode = doc(BatchMode.loop, "deferred compute (docs/batching.md): off (eager) | loop (deferred, "
+                                           "bit-identical to off) | vmap (same-shaped gradients as one "
+                                           "torch.func.vmap call; floats differ in the last bits) | auto (vmap "
+                                           "where a start-up probe found it faster, per call signature and batch "
+                                           "size)")
+    max_batch: int = doc(64, "the most deferred calls run together in one batch", lo=1)
+    overlap: Any = doc("auto", "run deferred calls early on a background thread while the vworkers and windows "
+                               "go on: auto (when the agent may use at least 2 CPUs) | true | false")
 
 
 @dataclass

@@ -102,6 +102,9 @@ class ComputeSettings:
     straggle_p: float
     straggle_factor: float
     jitter: float
+    batch: str  # off | loop | vmap | auto (docs/batching.md)
+    max_batch: int
+    overlap: bool | str  # True | False | "auto"
 
 
 @dataclass(frozen=True)
@@ -429,6 +432,11 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         partition_kw = {"alpha": c.data.alpha}
     elif partition == "non_iid":
         partition_kw = {"major": c.data.major}
+    if c.data.per_client is not None:  # shards of this many samples drawn for each client (they may overlap)
+        if partition != "iid":
+            p.bad("data.per_client", c.data.per_client, "null unless data.partition=iid")
+        else:
+            partition_kw = {"per_client": c.data.per_client}
 
     model = dict(raw["model"])
     if not isinstance(model.get("_target_"), str):
@@ -714,13 +722,16 @@ def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -
     if unknown_kinds:
         p.bad("compute.kinds", c.kinds, "a list of " + " | ".join(KINDS))
     straggle = c.straggle
+    if not (isinstance(c.overlap, bool) or c.overlap == "auto"):
+        p.bad("compute.overlap", c.overlap, "auto (on with at least 2 usable CPUs) | true | false")
     return ComputeSettings(
         model=model, constant_s=constant_s, dist=c.distribution.value, dist_params=tuple(c.params),
         dist_kinds=tuple(c.kinds), peak_flops=c.peak_flops, profile_db=c.db or "", profile_runs=c.runs,
         **_device_profile(p, c.profile if model == "profiled" else None),
         speed_workers=_speed(p, c.speed, workers, seed), stragglers=_stragglers(p, c.stragglers),
         straggle_p=straggle.probability, straggle_factor=straggle.factor if straggle.probability > 0 else 1.0,
-        jitter=c.jitter)
+        jitter=c.jitter, batch=c.batch.value, max_batch=c.max_batch,
+        overlap=c.overlap if isinstance(c.overlap, bool) else "auto")
 
 
 def _device_profile(p: _Problems, name: str | None) -> dict[str, Any]:
@@ -828,16 +839,22 @@ def _check_data(p: _Problems, root: str | None, partition: str, kw: dict[str, An
     except (DataNotFoundError, ValueError) as e:
         p.add(f"data.root={root!r}: {e}")
         return
-    if len(holders) > len(data.train_y):
-        p.bad("workers", workers, f"at most the {len(data.train_y)} training samples")
+    if kw.get("per_client") is not None:
+        if kw["per_client"] > len(data.train_y):
+            p.bad("data.per_client", kw["per_client"], f"at most the {len(data.train_y)} training samples")
+            return
+    elif len(holders) > len(data.train_y):
+        p.bad("workers", workers, f"at most the {len(data.train_y)} training samples, or set data.per_client "
+              "(samples drawn for each client; shards may overlap)")
         return
     scheme = {"non_iid": "two_class_non_iid"}.get(partition, partition)
     shards = make_partition(scheme, data.train_y.numpy(), len(holders), seed, **kw)
+    shard_sizes = getattr(shards, "sizes", None) or [len(s) for s in shards]  # sampled shards know theirs
     sizes = batch_size if len(batch_size) == len(holders) else (batch_size[0],) * len(holders)
-    for name, shard, b in zip(holders, shards, sizes):
-        if b > len(shard):
-            p.add(f"batch_size={b} is larger than the shard of vworker {name} ({len(shard)} samples with "
+    for name, size, b in zip(holders, shard_sizes, sizes):
+        if b > size:
+            p.add(f"batch_size={b} is larger than the shard of vworker {name} ({size} samples with "
                   f"data.partition={partition} over {len(holders)} workers); accepted: a batch_size <= "
-                  f"{len(shard)}, or fewer workers.")
+                  f"{size}, or fewer workers.")
             return
 
