@@ -70,7 +70,7 @@ class AgentCore:
         self.env = Environment(self.kernel, plan.names, plan.network, plan.compute,
                                recorder=recorder, workload=self.training, seed=plan.seed,
                                settings=plan.settings, tracer=tracer, statelog=plan.statelog,
-                               threads=plan.workload.threads)
+                               threads=plan.workload.threads, faults=plan.faults)
         if self.training is not None and self.env.compute.spec.model == "profiled":
             self.training.profile(self.env.compute, workers=len(wl.data_holders))
         ex = self.env.executor
@@ -83,6 +83,8 @@ class AgentCore:
             w = classes[vid](spec.name, vid, self.env, **spec.kwargs)
             self.workers[spec.name] = w
             self.kernel.add_worker(w)
+            if self.env.faults:
+                self.env.faults.install(self.kernel, w, spec.kwargs, self.env.network)
         if plan.stop_virtual_time_ns is not None:
             self.kernel.stop_at(plan.stop_virtual_time_ns)
         lookahead = plan.lookahead()

@@ -6,11 +6,14 @@ import time
 from agents.common.plan import Plan
 from agents.sim import keyed
 from agents.sim.compute import ComputeSpec
+from agents.sim.faults import Fault, FaultSpec
+from agents.sim.types import INFINITY
 from agents.sim.network import ConstantLatency, DistributionLatency, LatencyModel, MatrixLatency, NetworkSpec
 from agents.strategies import load_strategy
 from agents.strategies.base import VWorkerSpec
 from agents.workloads.training import WorkloadSpec
 from controller.config import BandwidthSetting, ComputeSettings, LatencySetting, NetworkSettings, RunConfig, config_hash
+from controller.config.validate import FaultSetting
 
 __all__ = ["make_plan", "place", "network_spec", "compute_spec"]
 
@@ -101,6 +104,15 @@ def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str
                        max_batch=comp.max_batch, overlap=comp.overlap)
 
 
+def fault_spec(faults: tuple[FaultSetting, ...], vworkers: list[VWorkerSpec]) -> FaultSpec:
+    """The validated ``faults:`` with vworker ids (docs/faults.md)."""
+    ids = {v.name: i for i, v in enumerate(vworkers)}
+    return FaultSpec(tuple(
+        Fault(f.index, f.kind, f.start_ns, INFINITY if f.end_ns is None else f.end_ns,
+              tuple(ids[w] for w in f.workers), tuple(tuple(ids[w] for w in g) for g in f.groups),
+              f.probability, f.factor, f.mode, f.std) for f in faults))
+
+
 def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:
     strategy = load_strategy(rc.strategy)
     vworkers = strategy.layout(rc.workers, rc.strategy_settings)
@@ -118,4 +130,5 @@ def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:
                 placement=place(vworkers, rc.agents, rc.placement), n_agents=rc.agents,
                 network=network_spec(rc.network, vworkers, rc.seed),
                 compute=compute_spec(rc.compute, vworkers, rc.device, rc.seed), workload=workload,
-                settings=settings, stop_virtual_time_ns=rc.stop_virtual_time_ns)
+                settings=settings, stop_virtual_time_ns=rc.stop_virtual_time_ns,
+                faults=fault_spec(rc.faults, vworkers))

@@ -14,6 +14,7 @@ from agents.observe.metrics import AgentMetricsSpec
 from agents.observe.statelog import StatelogSpec
 from agents.observe.trace import TraceSpec
 from agents.sim.compute import ComputeSpec
+from agents.sim.faults import FaultSpec
 from agents.sim.network import LatencyModel, MatrixLatency, NetworkSpec
 from agents.sim.types import INFINITY, AgentId, VirtualTime, VWorkerId
 from agents.strategies.base import VWorkerSpec
@@ -39,6 +40,7 @@ class Plan:
     trace: TraceSpec = TraceSpec()  # the observer switches these on (controller.observe)
     statelog: StatelogSpec = StatelogSpec()
     metrics: AgentMetricsSpec = AgentMetricsSpec()
+    faults: FaultSpec = FaultSpec()  # faults: the injected faults (docs/faults.md)
 
     @property
     def names(self) -> list[str]:
@@ -57,6 +59,8 @@ class Plan:
              "workload": self.workload.to_dict(), "settings": self.settings,
              "stop_virtual_time_ns": self.stop_virtual_time_ns, "trace": asdict(self.trace),
              "statelog": asdict(self.statelog), "metrics": asdict(self.metrics)}
+        if self.faults.faults:  # (absent without faults: plan.json of other runs stays as it was)
+            d["faults"] = self.faults.to_dict()
         return json.dumps(d, sort_keys=True)
 
     @classmethod
@@ -68,7 +72,7 @@ class Plan:
                    compute=ComputeSpec.from_dict(d["compute"]), workload=WorkloadSpec.from_dict(d["workload"]),
                    settings=d["settings"], stop_virtual_time_ns=d["stop_virtual_time_ns"],
                    trace=TraceSpec.from_dict(d["trace"]), statelog=StatelogSpec(**d["statelog"]),
-                   metrics=AgentMetricsSpec(**d["metrics"]))
+                   metrics=AgentMetricsSpec(**d["metrics"]), faults=FaultSpec.from_dict(d.get("faults")))
 
 
 def lookahead(latency: LatencyModel, placement: list[int]) -> VirtualTime:

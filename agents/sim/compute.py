@@ -192,6 +192,7 @@ class ComputeModel:
         self.profile_misses = 0
         self.profile_fallbacks = 0  # calls a named device profile lacked, timed on this host instead
         self.reproducible = spec.model != "measured"
+        self.faults = None  # agents.sim.faults.Faults with stragglers, set by the environment
 
     @property
     def device(self) -> str:
@@ -233,6 +234,8 @@ class ComputeModel:
         if self.spec.straggle_p > 0 and keyed.uniform(self.spec.seed, "straggle", w.id, w.compute_seq) \
                 < self.spec.straggle_p:
             factor *= self.spec.straggle_factor
+        if self.faults is not None:
+            factor *= self.faults.compute_factor(w.id, w.compute_seq, w.now)
         if self.spec.jitter > 0:
             g = keyed.generator(self.spec.seed, "jitter", w.id, w.compute_seq)
             factor *= float(g.lognormal(0.0, self.spec.jitter))

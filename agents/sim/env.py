@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agents.sim.compute import ComputeModel, ComputeSpec
 from agents.sim.executor import Executor, ExecutorSpec
-from agents.sim.kernel import Kernel
+from agents.sim.faults import Faults, FaultSpec
+from agents.sim.kernel import PRIO_NET, Kernel
 from agents.sim.network import Network, NetworkSpec, Transfer
 from agents.sim.tcp import TcpNetwork
 from agents.sim.types import VirtualTime
@@ -144,7 +145,7 @@ class Environment:
     def __init__(self, kernel: Kernel, names: list[str], network: NetworkSpec, compute: ComputeSpec,
                  recorder: Recorder | None = None, workload: Any = None, seed: int = 0,
                  settings: dict[str, Any] | None = None, tracer: Any = None, statelog: Any = None,
-                 threads: int = 1):
+                 threads: int = 1, faults: FaultSpec | None = None):
         self.kernel = kernel
         self.names = names
         self.ids = {n: i for i, n in enumerate(names)}
@@ -155,7 +156,9 @@ class Environment:
         self.stats = Stats()
         self.tracer = tracer  # agents.observe.trace.Tracer, or None
         self.statelog = statelog  # agents.observe.statelog.StatelogSpec, or None
+        self.faults = Faults(faults or FaultSpec(), seed)
         self.compute = ComputeModel(compute)
+        self.compute.faults = self.faults if self.faults.stragglers else None
         # deferred, batched compute (DESIGN §4.2); ``measured`` needs each call's own wall time
         self.executor: Executor | None = None
         if compute.batch != "off" and compute.model != "measured":
@@ -176,6 +179,41 @@ class Environment:
             return self.ids[dst]
         except KeyError:
             raise KeyError(f"no vworker named {dst!r}") from None
+
+    # ------------------------------------------------------------- faults
+    def hold(self, w: "Worker", dst: int, payload: Any, nbytes: int | None, tag: Any,
+             until: VirtualTime) -> Any:
+        """A send across a partition: it enters the network when the partition heals, at ``until``."""
+        from agents.sim.worker import SendHandle
+
+        outer = SendHandle(self.kernel, None)
+
+        def release(_: Any) -> None:
+            inner = self.network.send(w, dst, payload, nbytes, tag)
+            if inner.done_at is not None:
+                outer.finish(inner.done_at)
+            else:
+                inner.then = outer
+
+        self.kernel.schedule(until, PRIO_NET, w, release)
+        return outer
+
+    def deliver(self, w: "Worker", msg: Any, tr: Transfer, t: VirtualTime) -> None:
+        """Hand a message the network delivered to ``w``, unless a fault loses or duplicates it."""
+        faults = self.faults
+        copies = 1
+        if faults:
+            if faults.crashes and getattr(w, "on_crash", "freeze") == "restart" and faults.down(w.id, t):
+                return  # a crashed process receives nothing
+            copies = faults.drops(tr.src, tr.dst, tr.seq, t)
+            if copies == 0:
+                return
+        self.on_deliver(w, tr, t)
+        w.deliver(msg)
+        if copies == 2:
+            twin = type(msg)(msg.src, msg.dst, msg.tag, msg.payload, msg.nbytes, msg.sent_at, msg.seq)
+            twin.delivered_at = msg.delivered_at
+            w.deliver(twin)
 
     # hooks called by the kernel side; cheap when tracing is off
     def on_send(self, w: "Worker", tr: Transfer, remote: bool) -> None:

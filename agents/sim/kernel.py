@@ -83,6 +83,24 @@ class _Parked:
 PARKED = _Parked()
 
 
+class _Halted:
+    """The coroutine of a crashed vworker: whatever resumes it finds it parked for ever."""
+
+    __slots__ = ()
+
+    def send(self, value: Any) -> Any:
+        return PARKED
+
+    def throw(self, *exc: Any) -> Any:
+        return PARKED
+
+    def close(self) -> None:
+        pass
+
+
+HALTED = _Halted()
+
+
 @types.coroutine
 def suspend_until(t: VirtualTime) -> Any:
     """Suspend the current vworker until virtual time ``t``; returns the resume value (None)."""
@@ -332,6 +350,9 @@ class Kernel:
 
     def drive(self, worker: "Worker", value: Any = None) -> None:
         """Resume ``worker``'s coroutine with ``value`` until it suspends again."""
+        if worker.frozen_until > self.now:  # frozen by a fault: the wake-up waits for the thaw
+            self.schedule(worker.frozen_until, PRIO_RESUME, worker, worker.resume, value)
+            return
         self.current = worker
         try:
             cmd = worker.coro.send(value)
@@ -371,6 +392,42 @@ class Kernel:
             except BaseException as e:
                 self._fail(worker, e)
                 return
+
+    # ----------------------------------------------------------------- faults
+    def halt(self, worker: "Worker") -> None:
+        """A crash: ``worker``'s coroutine is closed and every pending resume of it forgotten."""
+        self._retime(worker, None)
+        worker.incarnation += 1
+        coro, worker.coro = worker.coro, HALTED
+        if coro is not None and coro is not HALTED:
+            coro.close()
+
+    def freeze(self, worker: "Worker", until: VirtualTime) -> None:
+        """``worker``'s coroutine runs nothing before ``until``: its pending resumes move there."""
+        worker.frozen_until = max(worker.frozen_until, until)
+        self._retime(worker, worker.frozen_until)
+
+    def restart(self, worker: "Worker") -> None:
+        """Start ``worker``'s ``run()`` afresh now (after :meth:`halt` and a re-initialisation)."""
+        self.schedule(self.now, PRIO_RESUME, worker, self._start, worker)
+
+    def _retime(self, worker: "Worker", until: VirtualTime | None) -> None:
+        """Drop (``until`` None) or postpone to ``until`` every queued resume of ``worker``'s coroutine.
+
+        Each keeps its (priority, origin, seq) order, so the heap's order stays placement-independent."""
+        keep, moved = [], []
+        for ev in self._heap:
+            t, order, fn, arg = ev
+            mine = ((fn is None and arg is worker) or (fn == self._start and arg is worker)
+                    or (getattr(fn, "__self__", None) is worker and getattr(fn, "__name__", "") == "resume"))
+            if mine and (until is None or t < until):
+                if until is not None:
+                    moved.append((until, order, fn, arg))
+                continue
+            keep.append(ev)
+        keep.extend(moved)
+        heapq.heapify(keep)
+        self._heap[:] = keep
 
     def _fail(self, worker: "Worker", e: BaseException) -> None:
         if isinstance(e, RuntimeError) and "event loop" in str(e):

@@ -317,6 +317,10 @@ class Network:
         lat = spec.latency.sample(w.id, dst, w.msg_seq)
         b_out = spec.bandwidth_out[w.id]
         nic = self._nic(w.id)
+        slow = self.env.faults.slow
+        if slow and w.id in slow:  # a slow NIC (faults): the rate when its transfer starts
+            b_out *= self.env.faults.bandwidth_factor(w.id, max(now, nic.egress_free)
+                                                       if spec.egress == "fifo" else now)
         if spec.egress == "fair" and size > 0:
             e0, e1 = now, None
         elif spec.egress == "fifo":
@@ -334,6 +338,19 @@ class Network:
         self.env.on_send(w, tr, remote=not k.is_local(dst))
         k.post(e0 + lat, PRIO_NET, w, dst, "arrive", tr, self._arrive_effect(tr, e0 + lat))
         return handle
+
+    def rescale(self, vid: int) -> None:
+        """A slow-link fault starts or ends now: the shared (fair) links of ``vid``'s NIC re-share."""
+        nic = self._nics.get(vid)
+        if nic is None:
+            return
+        f = self.env.faults.bandwidth_factor(vid, self.kernel.now)
+        for link, base in ((nic.egress_link, self.spec.bandwidth_out[vid]),
+                           (nic.ingress_link, self.spec.bandwidth_in[vid])):
+            if link is not None:
+                link._advance()
+                link.capacity = base * f
+                link._reschedule()
 
     def _egress_done(self, item: tuple[Transfer, SendHandle]) -> None:
         tr, handle = item
@@ -368,6 +385,10 @@ class Network:
         now = k.now
         b_in = spec.bandwidth_in[tr.dst]
         nic = self._nic(tr.dst)
+        slow = self.env.faults.slow
+        if slow and tr.dst in slow:  # a slow NIC (faults): the rate when the reception starts
+            b_in *= self.env.faults.bandwidth_factor(tr.dst, max(now, nic.ingress_free)
+                                                      if spec.ingress == "fifo" else now)
         if tr.tail is None:
             self._await_tail[(tr.src, tr.seq)] = tr
         if spec.ingress == "fifo":
@@ -401,9 +422,7 @@ class Network:
         now = self.kernel.now
         msg = Message(tr.src_name, tr.dst_name, tr.tag, tr.payload, tr.nbytes, tr.sent_at, tr.seq)
         msg.delivered_at = now
-        w = self.kernel.workers[tr.dst]
-        self.env.on_deliver(w, tr, now)
-        w.deliver(msg)
+        self.env.deliver(self.kernel.workers[tr.dst], msg, tr, now)
 
     def _on_notify(self, data: tuple[int, str]) -> None:
         owner, name = data

@@ -568,9 +568,7 @@ class TcpNetwork:
         msg.delivered_at = now
         tr = Transfer(src, dst, src_name, dst_name, seq, tag, payload, nbytes, sent_at, first_out, latency,
                       arrived, 0.0)
-        w = self.kernel.workers[dst]
-        self.env.on_deliver(w, tr, now)
-        w.deliver(msg)
+        self.env.deliver(self.kernel.workers[dst], msg, tr, now)
 
     # ------------------------------------------------------------- notify
     def notify(self, w: "Worker", owner: int, name: str) -> None:

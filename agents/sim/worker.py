@@ -44,12 +44,13 @@ class Message:
 class SendHandle:
     """Returned by :meth:`Worker.send`; ``await handle`` resumes when the last byte left the NIC."""
 
-    __slots__ = ("done_at", "_waiters", "_kernel")
+    __slots__ = ("done_at", "_waiters", "_kernel", "then")
 
     def __init__(self, kernel: Kernel, done_at: VirtualTime | None):
         self._kernel = kernel
         self.done_at = done_at  # None while a shared (fair) egress has not finished it
-        self._waiters: list[Worker] = []
+        self._waiters: list[tuple[Worker, int]] = []  # (vworker, its incarnation: a crash forgets the wait)
+        self.then: SendHandle | None = None  # a send held by a partition completes when this one does
 
     @property
     def done(self) -> bool:
@@ -58,14 +59,25 @@ class SendHandle:
     def complete(self, t: VirtualTime) -> None:
         """The last byte left the NIC at ``t``: wake whoever awaits the handle (network side)."""
         self.done_at = t
-        for w in self._waiters:
-            self._kernel.wake(w, None)
+        for w, incarnation in self._waiters:
+            if w.incarnation == incarnation:
+                self._kernel.wake(w, None)
+        self._waiters.clear()
+        if self.then is not None:
+            self.then.finish(t)
+
+    def finish(self, t: VirtualTime) -> None:
+        """Like :meth:`complete` for a time ``t`` that may lie ahead: waiters resume at ``t``."""
+        self.done_at = t
+        for w, incarnation in self._waiters:
+            if w.incarnation == incarnation:
+                self._kernel.wake(w, None, at=max(t, self._kernel.now))
         self._waiters.clear()
 
     def __await__(self):
         if self.done_at is None:
             me = self._kernel.current
-            self._waiters.append(me)
+            self._waiters.append((me, me.incarnation))
             yield from park()
         elif self.done_at > self._kernel.now:
             yield from suspend_until(self.done_at)
@@ -106,6 +118,9 @@ class Worker:
         self.msg_seq = 0  # messages sent, for keyed latency draws
         self.compute_seq = 0  # compute calls, for keyed duration draws
         self.finished = False
+        self.incarnation = 0  # crashes so far (faults: a restart forgets what the crashed one waited for)
+        self.frozen_until: VirtualTime = 0  # faults: a frozen vworker's coroutine waits until then
+        self.restarted = False  # faults: this incarnation started after a crash (a strategy rejoins)
 
     # -------------------------------------------------- lifecycle (kernel side)
     # The kernel drives a vworker through these and through ``coro`` (its running ``run()``) and
@@ -165,16 +180,36 @@ class Worker:
         return result
 
     def send(self, dst: str | int, payload: Any, nbytes: int | None = None, tag: Any = None) -> SendHandle:
-        """Queue ``payload`` on this vworker's NIC towards ``dst``; see DESIGN §4.1 for timing."""
-        return self.env.network.send(self, self.env.resolve(dst), payload, nbytes, tag)
+        """Queue ``payload`` on this vworker's NIC towards ``dst``; see DESIGN §4.1 for timing.
 
-    async def recv(self, src: str | None = None, tag: Any = None) -> Message:
-        """Wait until a message matching ``src``/``tag`` (None = any) is delivered; return it."""
+        A network partition between the two (``faults:``) holds the message until it heals."""
+        d = self.env.resolve(dst)
+        faults = self.env.faults
+        if faults.partitions:
+            heal = faults.heals_at(self.id, d, self._kernel.now)
+            if heal is not None:
+                return self.env.hold(self, d, payload, nbytes, tag, heal)
+        return self.env.network.send(self, d, payload, nbytes, tag)
+
+    async def recv(self, src: str | None = None, tag: Any = None, timeout: VirtualTime | None = None) -> Message:
+        """Wait until a message matching ``src``/``tag`` (None = any) is delivered; return it.
+
+        With ``timeout`` (ns), return None when none came within it (a round deadline)."""
         msg = self.recv_nowait(src, tag)
         if msg is not None:
             return msg
         self._recv_filter = (src, tag)
-        return await park()
+        if timeout is None:
+            return await park()
+        timer = self._kernel.timer(self._kernel.now + timeout, PRIO_RESUME, self, self._recv_timeout)
+        msg = await park()
+        timer.cancel()
+        return msg
+
+    def _recv_timeout(self) -> None:
+        if self._recv_filter is not None:
+            self._recv_filter = None
+            self._kernel.drive(self, None)
 
     def recv_nowait(self, src: str | None = None, tag: Any = None) -> Message | None:
         """A delivered message matching ``src``/``tag``, or None."""

@@ -57,7 +57,10 @@ class TrainingWorker(Worker):
     async def gradient(self, params):
         """Forward+backward at ``params`` on the next batch: ``(loss, flat_grad, samples)``."""
         x, y = self.next_batch()
+        seq = self.compute_seq
         loss, grad = await self.compute(self.training.gradient_at, params, x, y, kind="gradient")
+        if self.env.faults.byzantine:  # a Byzantine worker corrupts the gradient it then uses and sends
+            grad = self.env.faults.corrupt(self.id, seq, self.now, grad)
         return loss, grad, len(y)
 
     async def apply(self, grad):

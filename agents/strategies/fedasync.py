@@ -59,7 +59,10 @@ class FedAsyncServer(TrainingWorker):
         for c in self.clients:
             self.send(c, (params, 0), tag="model")
         while True:
-            m = await self.recv(tag="update")
+            m = await self.recv()
+            if m.tag == "pull":  # a client restarted after a crash (faults): it starts from the current model
+                self.send(m.src, (self.flat(), t), tag="model")
+                continue
             wk, tau, loss, samples, _ = m.payload
             st = t - tau
             alpha_t = alpha * staleness_weight(kind, st, a, b)

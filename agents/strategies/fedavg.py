@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from agents.sim import keyed
+from agents.sim.types import seconds_to_ns
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
 __all__ = ["FedAvg", "FedServer", "FedClient", "sample_clients"]
@@ -32,7 +33,12 @@ def sample_clients(seed: int, rnd: int, clients: int, fraction: float) -> list[i
 
 
 class FedClient(TrainingWorker):
-    """Receives a model, trains it locally, sends it back with (version, mean loss, samples, weight)."""
+    """Receives a model, trains it locally, sends it back with (version, mean loss, samples, weight).
+
+    After a crash (faults) it restarts as a new process: it asks the server for the model (FedAsync answers;
+    FedAvg picks it again in a later round) and misses the rounds it was down for."""
+
+    on_crash = "restart"
 
     def __init__(self, name: str, vid: int, env: Any, server: str):
         super().__init__(name, vid, env)
@@ -49,6 +55,8 @@ class FedClient(TrainingWorker):
         spec = self.training.spec
         steps = self.local_steps()
         shard = self.training.shard_size(self.name)
+        if self.restarted:
+            self.send(self.server, None, tag="pull")
         while True:
             m = await self.recv(src=self.server, tag="model")
             params, version = m.payload
@@ -86,16 +94,36 @@ class FedServer(TrainingWorker):
             params = self.flat()
             for c in chosen:
                 self.send(c, (params, rnd), tag="model")
-            msgs = [await self.recv(tag="update") for _ in chosen]
+            msgs = await self._gather(chosen, rnd)
+            rnd += 1
+            if not msgs:  # every chosen client missed the round (faults): the model stays as it was
+                continue
             msgs.sort(key=lambda m: order[m.src])
             weights = [1.0 if weighting == "uniform" else float(m.payload[3] if weighting == "samples" else m.payload[4])
                        for m in msgs]
             self.load(await self.aggregate([m.payload[0] for m in msgs], weights))
-            rnd += 1
             total = sum(weights)
             loss = sum(w * m.payload[2] for w, m in zip(weights, msgs)) / total
             if self.updated(rnd, loss, 0, sum(m.payload[3] for m in msgs), sum(m.nbytes for m in msgs)):
                 return
+
+    async def _gather(self, chosen: list[str], rnd: int) -> list:
+        """The updates of round ``rnd``: from every chosen client, or (``round_timeout``) those in by the
+        deadline; an update of an earlier round (a late client) or a second copy is dropped."""
+        timeout = self.setting("round_timeout")
+        if timeout is None:
+            return [await self.recv(tag="update") for _ in chosen]
+        from agents.common.units import parse_duration
+
+        deadline = self.now + seconds_to_ns(parse_duration(timeout, "strategy.round_timeout"))
+        want, got = set(chosen), {}
+        while len(got) < len(want) and self.now < deadline:
+            m = await self.recv(tag="update", timeout=deadline - self.now)
+            if m is None:
+                break
+            if m.payload[1] == rnd and m.src in want:
+                got.setdefault(m.src, m)
+        return list(got.values())
 
 
 class FedAvg(Strategy):

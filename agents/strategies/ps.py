@@ -134,9 +134,20 @@ class ParameterServer(TrainingWorker):
         else:
             await self._run_async()
 
+    def _pulled(self, m) -> bool:
+        """A worker restarted after a crash asks for the parameters (faults): send them; True if ``m`` was that."""
+        if m.tag != "pull":
+            return False
+        if self.bound is not None and m.src in self.held:
+            self.held.remove(m.src)
+        self.send(m.src, (self.params(), self.version), tag="params")
+        return True
+
     async def _run_async(self) -> None:
         while True:
-            m = await self.recv(tag="grad")
+            m = await self.recv()
+            if self._pulled(m):
+                continue
             grad, version, loss, samples = m.payload
             staleness = self.version - version
             await self.apply(grad)
@@ -168,7 +179,7 @@ class ParameterServer(TrainingWorker):
     async def _run_sync(self) -> None:
         order = {w: i for i, w in enumerate(self.workers)}
         while True:
-            msgs = [await self.recv(tag="grad") for _ in self.workers]
+            msgs = await self._gather()
             msgs.sort(key=lambda m: order[m.src])  # summation order fixed by worker, not arrival
             grad = await self.aggregate([m.payload[0] for m in msgs])
             await self.apply(grad)
@@ -185,9 +196,28 @@ class ParameterServer(TrainingWorker):
             for w in self.workers:
                 self.send(w, (params, self.version, loss, samples, nbytes), tag="params")
 
+    async def _gather(self) -> list:
+        """One gradient of the current version from every worker. A gradient of another version or a second
+        one from a worker (faults: a restarted worker, a duplicated message) is dropped; a restarted worker's
+        pull is answered unless its gradient is in already (it gets the next version with the others)."""
+        got: dict[str, Any] = {}
+        while len(got) < len(self.workers):
+            m = await self.recv()
+            if m.tag == "pull":
+                if m.src not in got:
+                    self.send(m.src, (self.params(), self.version, 0.0, 0, 0), tag="params")
+                continue
+            if m.payload[1] == self.version and m.src not in got:
+                got[m.src] = m
+        return list(got.values())
+
 
 class PSWorker(TrainingWorker):
-    """Pulls the parameters from every shard, computes a gradient, pushes each shard its slice."""
+    """Pulls the parameters from every shard, computes a gradient, pushes each shard its slice.
+
+    After a crash (faults) it restarts as a new process and pulls the current parameters from every shard."""
+
+    on_crash = "restart"
 
     def __init__(self, name: str, vid: int, env: Any, ps: str | list[str], counts: bool = False):
         super().__init__(name, vid, env)
@@ -198,6 +228,9 @@ class PSWorker(TrainingWorker):
         split = shards_of(self.training, len(self.shards)) if len(self.shards) > 1 else None
         keeps_model = split is not None and self.name == "w0"  # the result vworker of a sharded PS
         every = self.setting("eval_every", 0)
+        if self.restarted:
+            for s in self.shards:
+                self.send(s, None, tag="pull")
         while True:
             msgs = [await self.recv(src=s, tag="params") for s in self.shards]
             versions = [m.payload[1] for m in msgs]

@@ -51,6 +51,8 @@ def _rows(cls: type, prefix: str) -> list[str]:
             continue
         help_ = f.metadata.get("help", "").replace("|", "\\|")
         accepted = accepted_text(cls, f.name).replace("|", "\\|")
+        if f.name == "faults" and cls is S.LockstepConfig:
+            accepted = "a list of mappings (the `faults:` table below)"
         if accepted.removesuffix(" or null") == help_:
             accepted = "(see its meaning)"
         out.append(f"| `{prefix}{f.name}` | {_default(f)} | {help_} | {accepted} |")
@@ -83,6 +85,8 @@ def render() -> str:
         parts.append(_table("`model=" + "|".join(opts) + "`", cls, "model.",
                             "Other keys are constructor arguments; `model=custom model._target_=pkg.Net "
                             "+model.width=128` for any nn.Module." if name == "base_model" else ""))
+    parts.append(_table("`faults:` (each entry of the list)", S.FaultConfig, "faults[i].",
+                        "docs/faults.md: what each kind does, in which strategy, and the keys of its draws."))
     for name, cls in S.GROUP_SCHEMAS["launcher"].items():
         opts = [o for o in _options("launcher") if _schema_of_option("launcher", o) == name]
         parts.append(_table("`launcher=" + "|".join(opts) + "`", cls, "launcher."))

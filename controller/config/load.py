@@ -84,6 +84,10 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
         key = m.group(1).split("=")[0].lstrip("+~")
     if key and key not in by_key:  # the error may name a key inside the overridden value
         key = next((k for k in by_key if key.startswith(k + ".")), key)
+    if key and key not in by_key and m:  # ... or inside one item of an overridden list of typed items
+        listed = _list_item_error(key, cause, m.group(1).split("=")[0].lstrip("+~"), by_key)
+        if listed is not None:
+            return listed
     if not key or key not in by_key:
         return f"the config cannot be composed: {text.splitlines()[0]}", None
     override, raw = by_key[key]
@@ -98,6 +102,31 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
     found = field_at(S.LockstepConfig, key, _node_types(overrides))
     accepted = accepted_text(*found) if found else "see docs/configuration.md"
     return f"{key}={value} is not valid; accepted: {accepted}.", raw
+
+
+def _list_item_error(leaf: str, cause: Any, parent: str, by_key: dict[str, Any]) -> tuple[str, str] | None:
+    """A sentence naming ``parent[i].leaf`` for a bad key or value inside a list of dataclasses (``faults``)."""
+    import dataclasses
+    import typing
+
+    if parent not in by_key:
+        return None
+    override, raw = by_key[parent]
+    items = override.value()
+    f = next((f for f in dataclasses.fields(S.LockstepConfig) if f.name == parent), None)
+    args = typing.get_args(typing.get_type_hints(S.LockstepConfig).get(parent)) if f else ()
+    if not isinstance(items, list) or not args or not dataclasses.is_dataclass(args[0]):
+        return None
+    item_cls = args[0]
+    i = next((i for i, it in enumerate(items) if isinstance(it, dict) and leaf in it), None)
+    if i is None:
+        return None
+    names = [x.name for x in dataclasses.fields(item_cls)]
+    where = f"{parent}[{i}]"
+    if leaf not in names:
+        return (f"{where}.{leaf} is not a key of {where}{did_you_mean(leaf, names)} (accepted: {', '.join(names)}).",
+                raw)
+    return f"{where}.{leaf}={items[i][leaf]} is not valid; accepted: {accepted_text(item_cls, leaf)}.", raw
 
 
 def _node_types(overrides: list[str]) -> dict[str, type]:

@@ -30,6 +30,7 @@ __all__ = [
     "Windows", "BatchMode", "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig",
     "ControllerConfig",
     "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
+    "FaultKind", "ByzantineMode", "FaultConfig",
     "StrategyConfig", "ModelConfig", "LauncherConfig", "InprocessLauncherConfig", "LocalLauncherConfig",
     "KubernetesLauncherConfig", "TokenSecretConfig", "RayLauncherConfig", "RayLocalClusterConfig", "RayStrategy",
     "LockstepConfig", "GROUP_SCHEMAS", "register_configs",
@@ -318,6 +319,45 @@ class ComputeConfig:
                                "go on: auto (when the agent may use at least 2 CPUs) | true | false")
 
 
+class FaultKind(str, Enum):
+    crash = "crash"
+    partition = "partition"
+    loss = "loss"
+    duplicate = "duplicate"
+    slow_link = "slow_link"
+    straggler = "straggler"
+    byzantine = "byzantine"
+
+
+class ByzantineMode(str, Enum):
+    sign_flip = "sign_flip"
+    noise = "noise"
+    scale = "scale"
+
+
+@dataclass
+class FaultConfig:
+    """One entry of ``faults:`` (docs/faults.md): what goes wrong, to whom, over ``[at, until)`` in virtual time."""
+
+    kind: FaultKind = doc(MISSING, "crash | partition | loss | duplicate | slow_link | straggler | byzantine")
+    at: Any = doc(0.0, "when it starts (virtual seconds, or a string like 500ms)", unit="duration", lo=0)
+    until: Any = doc(None, "when it ends, exclusive (a crashed vworker recovers, a partition heals); null = never",
+                     unit="duration", lo=0)
+    workers: Optional[List[str]] = doc(None, "the vworkers it hits, by name (crash, straggler, byzantine, slow_link; "
+                                             "loss/duplicate: the senders, null = all)")
+    fraction: Optional[float] = doc(None, "instead of workers: this share of the training workers, a keyed draw "
+                                          "(seed, fault index); never the result vworker", lo=0, lo_open=True, hi=1)
+    groups: Optional[List[List[str]]] = doc(None, "partition: two or more disjoint lists of vworker names; messages "
+                                                  "between groups wait until it heals")
+    probability: float = doc(1.0, "loss, duplicate, straggler: the chance per message / compute call (a keyed draw)",
+                             lo=0, hi=1)
+    factor: float = doc(1.0, "slow_link: the share of the NIC rate left, in (0, 1]; straggler: the slowdown "
+                             "(>= 1); byzantine scale: the gradient's multiplier", lo=0, lo_open=True)
+    mode: ByzantineMode = doc(ByzantineMode.sign_flip, "byzantine: sign_flip | noise (Gaussian, std, keyed) | "
+                                                       "scale (factor)")
+    std: float = doc(0.0, "byzantine noise: the standard deviation added to each gradient element", lo=0)
+
+
 @dataclass
 class StrategyConfig:
     """``strategy=``: the Strategy class and its own settings (docs/strategies.md)."""
@@ -367,6 +407,9 @@ class FedAvgConfig(StrategyConfig):
     local_steps: Optional[int] = doc(None, "local SGD steps per round; null = local_epochs epochs over the shard", lo=1)
     local_epochs: int = doc(1, "local epochs per round when local_steps is null", lo=1)
     weighting: str = doc("data", "data (shard size) | samples (trained this round) | uniform", choices=("data", "samples", "uniform"))
+    round_timeout: Any = doc(None, "a round ends this long after it starts, with the updates that came (clients "
+                                   "that crashed miss it); null = wait for every chosen client", unit="duration",
+                             lo=0, lo_open=True)
 
 
 @dataclass
@@ -533,6 +576,8 @@ class LockstepConfig:
     outputs: OutputsConfig = doc(help="summary.json while running, uploads", factory=OutputsConfig)
     progress: bool = doc(True, "progress bar on stderr")
     log_level: LogLevel = doc(LogLevel.INFO, "DEBUG | INFO | WARNING | ERROR")
+    faults: List[FaultConfig] = doc(help="injected faults, each keyed and at virtual times (docs/faults.md); "
+                                         "[] = none", factory=list)
 
 
 GROUP_SCHEMAS: dict[str, dict[str, type]] = {

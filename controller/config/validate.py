@@ -30,7 +30,8 @@ from agents.sim.types import seconds_to_ns
 from controller.config import schema as S
 
 __all__ = ["ConfigError", "RunConfig", "validate", "config_hash", "accepted_text", "field_at", "did_you_mean",
-           "LatencySetting", "BandwidthSetting", "NetworkSettings", "ComputeSettings", "TraceSettings"]
+           "LatencySetting", "BandwidthSetting", "NetworkSettings", "ComputeSettings", "TraceSettings",
+           "FaultSetting"]
 
 LATENCY_DISTRIBUTIONS = {"normal": ("mean", "std"), "lognormal": ("mu", "sigma"), "weibull": ("scale", "shape", "loc")}
 BANDWIDTH_DISTRIBUTIONS = {"weibull": ("scale", "shape", "loc"), "normal": ("mean", "std"),
@@ -108,6 +109,22 @@ class ComputeSettings:
 
 
 @dataclass(frozen=True)
+class FaultSetting:
+    """One ``faults:`` entry resolved: vworker names (a ``fraction`` drawn), times in ns (``end`` None: never)."""
+
+    index: int
+    kind: str
+    start_ns: int
+    end_ns: int | None
+    workers: tuple[str, ...] = ()
+    groups: tuple[tuple[str, ...], ...] = ()
+    probability: float = 1.0
+    factor: float = 1.0
+    mode: str = "sign_flip"
+    std: float = 0.0
+
+
+@dataclass(frozen=True)
 class TraceSettings:
     mode: str
     sample_every: int
@@ -161,6 +178,7 @@ class RunConfig:
     outputs: S.OutputsConfig
     progress: bool
     log_level: str
+    faults: tuple[FaultSetting, ...] = ()
 
 
 def config_hash(raw: dict[str, Any]) -> str:
@@ -468,10 +486,16 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         _check_model(p, model, c.seed)
     if not p.items and check_data and strategy_cls is not None:
         _check_data(p, c.data.root, partition, partition_kw, strategy_cls, workers, batch_size, c.seed, settings)
+    faults: tuple[FaultSetting, ...] = ()
     if not p.items and strategy_cls is not None:
-        n_vworkers = len(strategy_cls.layout(workers, settings))
+        layout = strategy_cls.layout(workers, settings)
+        n_vworkers = len(layout)
         if agents > n_vworkers:
             p.bad("agents", agents, f"at most the number of vworkers ({n_vworkers})")
+        faults = _faults(p, c, layout, strategy_cls.result_for(workers, settings), strategy_cls, settings)
+    elif c.faults:
+        for i, f in enumerate(c.faults):
+            _check_fields(f, f"faults[{i}].", p)
     if p.items:
         raise ConfigError(p.items)
     return RunConfig(
@@ -482,7 +506,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         stop_virtual_time_ns=None if stop_vt is None else seconds_to_ns(stop_vt), eval_every=c.eval.every,
         eval_samples=c.eval.samples, data_root=c.data.root, partition=partition, partition_kw=partition_kw,
         network=network, compute=compute, launcher=launcher, controller=ctl, trace=trace, metrics=metrics,
-        statelog=c.statelog, outputs=c.outputs, progress=c.progress, log_level=c.log_level.value)
+        statelog=c.statelog, outputs=c.outputs, progress=c.progress, log_level=c.log_level.value, faults=faults)
 
 
 def _plain(node: Any) -> dict[str, Any]:
@@ -806,6 +830,90 @@ def _stragglers(p: _Problems, st: Any) -> dict[str, float]:
         p.bad("compute.stragglers", st, "a mapping from vworker name to a slowdown factor > 0, e.g. {w3: 4.0}")
         return {}
     return {k: float(v) for k, v in st.items()}
+
+
+# ------------------------------------------------------------------ faults
+_NEEDS_WORKERS = ("crash", "slow_link", "straggler", "byzantine")
+
+
+def _faults(p: _Problems, c: S.LockstepConfig, layout: list[Any], result: str, strategy_cls: type,
+            settings: dict[str, Any]) -> tuple[FaultSetting, ...]:
+    """``faults:`` (docs/faults.md): each entry checked against this run's vworkers, ``fraction`` drawn."""
+    names = [v.name for v in layout]
+    known = set(names)
+    holders = [v.name for v in layout if v.holds_data]
+    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+    out = []
+    for i, f in enumerate(c.faults):
+        key = f"faults[{i}]"
+        before = len(p.items)
+        _check_fields(f, key + ".", p)
+        if len(p.items) > before:
+            continue
+        kind = f.kind.value
+        start = seconds_to_ns(parse_duration(f.at))
+        end = None if f.until is None else seconds_to_ns(parse_duration(f.until))
+        if end is not None and end <= start:
+            p.bad(f"{key}.until", f.until, f"null (never) or a time after {key}.at ({f.at!r})")
+            continue
+        workers: tuple[str, ...] = ()
+        if f.workers is not None and f.fraction is not None:
+            p.add(f"{key} sets both workers and fraction; accepted: one of them.")
+            continue
+        if f.workers is not None:
+            unknown = [w for w in f.workers if w not in known]
+            if unknown or not f.workers:
+                p.bad(f"{key}.workers", f.workers, f"a non-empty list of this run's vworkers ({shown})")
+                continue
+            workers = tuple(dict.fromkeys(f.workers))
+        elif f.fraction is not None:
+            pool = [h for h in holders if h != result]
+            m = max(1, int(round(f.fraction * len(holders))))
+            if not pool or m > len(pool):
+                p.bad(f"{key}.fraction", f.fraction, f"a share of at most {len(pool)} of the {len(holders)} training "
+                      f"workers (never the result vworker {result})")
+                continue
+            picks = keyed.generator(c.seed, "fault", i).choice(len(pool), m, replace=False)
+            workers = tuple(pool[j] for j in sorted(int(x) for x in picks))
+        elif kind in _NEEDS_WORKERS:
+            p.add(f"{key} (kind {kind}) names no vworkers; accepted: {key}.workers=[w1, ...] or "
+                  f"{key}.fraction=0.1 (a keyed share of the training workers).")
+            continue
+        groups: tuple[tuple[str, ...], ...] = ()
+        if kind == "partition":
+            gs = f.groups or []
+            flat = [w for g in gs for w in g]
+            if len(gs) < 2 or any(not g for g in gs) or len(set(flat)) != len(flat) or set(flat) - known:
+                p.bad(f"{key}.groups", f.groups, f"two or more non-empty, disjoint lists of this run's vworkers "
+                      f"({shown})")
+                continue
+            groups = tuple(tuple(g) for g in gs)
+        if kind == "crash":
+            bad = [w for w in workers if w not in holders or w == result]
+            if bad:
+                p.bad(f"{key}.workers", list(workers), f"training workers other than {result}, which holds the "
+                      f"result model (servers and {result} cannot crash: docs/faults.md)")
+                continue
+            if getattr(strategy_cls, "server_cls", None) == "FedServer" and settings.get("round_timeout") is None:
+                p.add(f"{key} crashes clients of {strategy_cls.name}, whose server would wait for ever for their "
+                      f"updates; set strategy.round_timeout (e.g. strategy.round_timeout=10s).")
+                continue
+        if kind == "slow_link":
+            if f.factor > 1:
+                p.bad(f"{key}.factor", f.factor, "the share of the NIC rate left, in (0, 1] for slow_link")
+                continue
+            if c.network.model == S.NetworkModel.tcp:
+                p.add(f"{key} (kind slow_link) is not supported with network.model=tcp; accepted: network.model="
+                      f"ideal, or a straggler, loss or partition fault.")
+                continue
+        if kind == "straggler" and f.factor < 1:
+            p.bad(f"{key}.factor", f.factor, "a slowdown >= 1 for straggler")
+            continue
+        if kind == "byzantine" and f.mode == S.ByzantineMode.noise and f.std <= 0:
+            p.bad(f"{key}.std", f.std, "a standard deviation > 0 for byzantine mode noise")
+            continue
+        out.append(FaultSetting(i, kind, start, end, workers, groups, f.probability, f.factor, f.mode.value, f.std))
+    return tuple(out)
 
 
 # -------------------------------------------------- model and data checks
