@@ -205,7 +205,7 @@ class Environment:
         if faults:
             if faults.crashes and getattr(w, "on_crash", "freeze") == "restart" and faults.down(w.id, t):
                 return  # a crashed process receives nothing
-            copies = faults.drops(tr.src, tr.dst, tr.seq, t)
+            copies = faults.drops(tr.src, tr.dst, tr.seq, tr.sent_at)
             if copies == 0:
                 return
         self.on_deliver(w, tr, t)

@@ -6,8 +6,8 @@ bit-identically and gives the same outputs however vworkers are placed.
 Times are virtual ns; an interval is ``[start, end)``. docs/faults.md has the
 user's view; the keys of the draws:
 
-* ``loss`` / ``duplicate``: ``(seed, "fault", index, src, dst, msg_seq)`` per message, decided where the
-  message is delivered (it crossed the network: its bytes used both NICs);
+* ``loss`` / ``duplicate``: ``(seed, "fault", index, src, dst, msg_seq)`` per message sent in the interval,
+  decided where it is delivered (it crossed the network: its bytes used both NICs);
 * ``straggler``: ``(seed, "fault", index, vworker, compute_seq)`` per compute call;
 * ``byzantine`` noise: ``(seed, "fault", index, vworker, compute_seq)`` seeds the Gaussian;
 * ``fraction`` (which workers a fault hits): ``(seed, "fault", index)``, resolved by the controller.
@@ -116,7 +116,7 @@ class Faults:
         return heal
 
     def drops(self, src: int, dst: int, seq: int, t: VirtualTime) -> int:
-        """How many copies of a message arriving at ``t`` are delivered: 0 (lost), 1, or 2 (duplicated).
+        """How many copies of a message sent at ``t`` are delivered: 0 (lost), 1, or 2 (duplicated).
 
         ``src``/``dst``/``seq`` key the draws."""
         copies = 1

@@ -1,0 +1,90 @@
+"""What a fault means to each strategy (docs/faults.md), with exact virtual times and parameters."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+MS = 1_000_000
+FAST_NET = ["network.discipline=unlimited", "network.bandwidth=1e15", "network.latency=1ms", "compute.gradient=0.01",
+            "compute.update=0.001", "compute.aggregate=0"]
+
+
+def times(ran) -> list[int]:
+    return [int(r["virtual_time_ns"]) for r in ran.rows()]
+
+
+def test_a_sync_ps_waits_for_a_crashed_worker_which_rejoins_with_the_parameters_it_pulls(run):
+    common = [*FAST_NET, "strategy=ps_sync", "workers=2", "stop.updates=3"]
+    base = times(run(common))
+    ran = run([*common, "faults=[{kind:crash,workers:[w1],at:5ms,until:50ms}]"])
+    # w1 dies computing its first gradient; at 50 ms it restarts and pulls (1 ms), gets version 0 (1 ms),
+    # computes (10 ms) and pushes (1 ms): the first round ends 50 + 1 + 1 + 10 + 1 + 1 (update) = 64 ms
+    # instead of 1 + 10 + 1 + 1 = 13 ms, and the others follow at the same pace
+    assert [t - b for t, b in zip(times(ran), base)] == [51 * MS] * 3
+    w1 = ran.worker("w1")
+    assert w1.restarted and w1.incarnation == 1
+
+
+def test_an_async_ps_goes_on_without_a_crashed_worker_and_takes_it_back_after_recovery(run):
+    common = [*FAST_NET, "strategy=ps_async", "workers=3", "stop.updates=30"]
+    base = run(common)
+    ran = run([*common, "faults=[{kind:crash,workers:[w1],at:5ms,until:60ms}]"])
+    ps, ps0 = ran.worker("ps0"), base.worker("ps0")
+    assert ps.clocks["w1"] < ps0.clocks["w1"]  # it missed the updates of its downtime
+    assert ps.clocks["w1"] > 0  # and contributed again after it pulled the parameters
+    assert ps.version == ps0.version == 30
+    assert ran.worker("w1").restarted
+
+
+def test_a_fedavg_client_that_crashed_misses_every_round_which_ends_at_the_round_timeout(run):
+    ran = run([*FAST_NET, "strategy=fedavg", "workers=4", "strategy.local_steps=1", "batch_size=16",
+               "stop.updates=3", "strategy.round_timeout=500ms", "compute.aggregate=0.002",
+               "faults=[{kind:crash,workers:[c1]}]"])
+    rows = ran.rows()
+    # each round waits the whole 500 ms for c1, then aggregates (2 ms) the three others' updates
+    assert times(ran) == [502 * MS, 1004 * MS, 1506 * MS]
+    assert [int(r["samples"]) for r in rows] == [3 * 16] * 3
+
+
+def test_a_fedavg_round_timeout_without_faults_changes_nothing(run):
+    common = [*FAST_NET, "strategy=fedavg", "workers=4", "strategy.local_steps=1", "stop.updates=3"]
+    a, b = run(common), run([*common, "strategy.round_timeout=10s"])
+    assert times(a) == times(b) and torch.equal(a.params, b.params)
+
+
+def test_a_frozen_ring_member_stalls_the_ring_exactly_like_a_compute_call_that_ends_at_the_thaw(run):
+    # K = 5 and 127 208-byte chunks: an Eq. 11 step of 8.019 s (tests/strategies/test_timing.py)
+    common = ["strategy=ring_allreduce", "workers=5", "stop.updates=3", "network.discipline=fifo",
+              "network.bandwidth=127208", "compute.gradient=0.01", "compute.update=0.001", "compute.aggregate=0"]
+    base = times(run(common))
+    step = base[0]
+    # w1 freezes 5 ms into its second gradient (started at `step`, due 10 ms later) until step + 500 ms ...
+    frozen = times(run([*common, f"faults=[{{kind:crash,workers:[w1],at:{step + 5 * MS}ns,"
+                                 f"until:{step + 500 * MS}ns}}]"]))
+    # ... which is a 50x straggler on that one call: the ring waits for w1 either way, to the nanosecond
+    slow = times(run([*common, f"faults=[{{kind:straggler,workers:[w1],factor:50,at:{step}ns,until:{step + 1}ns}}]"]))
+    assert frozen == slow
+    assert frozen[0] == base[0] and frozen[1] - base[1] > 400 * MS  # the whole ring stalled
+
+
+def test_byzantine_sign_flip_and_scaling_change_exactly_the_gradient_of_the_faulty_worker(run):
+    common = ["strategy=ps_sync", "workers=2", "stop.updates=1", "lr=0.1"]
+    honest = run(common).params
+    flipped = run([*common, "faults=[{kind:byzantine,workers:[w1],mode:sign_flip}]"]).params
+    silent = run([*common, "faults=[{kind:byzantine,workers:[w1],mode:scale,factor:1e-30}]"]).params
+    tripled = run([*common, "faults=[{kind:byzantine,workers:[w1],mode:scale,factor:3}]"]).params
+    # one step: p0 - lr (g0 + c g1) / 2; "silent" is c = 0 (to float precision), so each differs from it by c
+    d = honest - silent
+    assert d.abs().max() > 1e-4
+    torch.testing.assert_close(flipped - silent, -d, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(tripled - silent, 3 * d, rtol=1e-4, atol=1e-6)
+
+
+def test_byzantine_noise_is_keyed_rerun_identical_and_only_from_the_interval_on(run):
+    common = ["strategy=ps_async", "workers=2", "stop.updates=6", "lr=0.1"]
+    noisy = ["faults=[{kind:byzantine,workers:[w1],mode:noise,std:0.5}]"]
+    a, b, c = run([*common, *noisy]), run([*common, *noisy]), run(common)
+    assert torch.equal(a.params, b.params)
+    assert not torch.equal(a.params, c.params)
+    late = run([*common, "faults=[{kind:byzantine,workers:[w1],mode:noise,std:0.5,at:1000s}]"])
+    assert torch.equal(late.params, c.params)
