@@ -891,15 +891,15 @@ def _faults(p: _Problems, c: S.LockstepConfig, layout: list[Any], result: str, s
         if kind == "crash":
             bad = [w for w in workers if w not in holders or w == result]
             if bad:
-                p.bad(f"{key}.workers", list(workers), f"training workers other than {result}, which holds the "
-                      f"result model (servers and {result} cannot crash: docs/faults.md)")
+                p.bad(f"{key}.workers", list(workers), f"training workers ({', '.join(holders[:4])}, ...), not a "
+                      f"server and not {result}, which holds the result model (docs/faults.md)")
                 continue
             if getattr(strategy_cls, "server_cls", None) == "FedServer" and settings.get("round_timeout") is None:
                 p.add(f"{key} crashes clients of {strategy_cls.name}, whose server would wait for ever for their "
                       f"updates; set strategy.round_timeout (e.g. strategy.round_timeout=10s).")
                 continue
         if kind == "slow_link":
-            if f.factor > 1:
+            if not 0 < f.factor <= 1:
                 p.bad(f"{key}.factor", f.factor, "the share of the NIC rate left, in (0, 1] for slow_link")
                 continue
             if c.network.model == S.NetworkModel.tcp:
