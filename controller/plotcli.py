@@ -31,9 +31,17 @@ __all__ = ["main", "plot_runs", "plot_sweep", "sweep_points", "closed_form_step"
 def _label(run: Path) -> str:
     try:
         s = json.loads((run / "summary.json").read_text())
-        return f"{run.name}: {s['strategy']} K={s['workers']}"
+        label = f"{run.name}: {s['strategy']} K={s['workers']}"
     except (OSError, ValueError, KeyError):
         return run.name
+    try:  # a fault experiment: say which faults (plan.json lists them only when there are some)
+        faults = json.loads((run / "plan.json").read_text()).get("faults") or []
+    except (OSError, ValueError):
+        faults = []
+    if faults:
+        label += ", " + ", ".join(f"{f['kind']} {f['start'] / 1e9:g}-" + ("" if f["end"] >= 2**63 - 1 else
+                                  f"{f['end'] / 1e9:g}") + "s" for f in faults)
+    return label
 
 
 def plot_runs(runs: list[Path], out: Path) -> Path:

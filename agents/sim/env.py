@@ -202,7 +202,7 @@ class Environment:
         """Hand a message the network delivered to ``w``, unless a fault loses or duplicates it."""
         faults = self.faults
         copies = 1
-        if faults:
+        if faults.any:
             if faults.crashes and getattr(w, "on_crash", "freeze") == "restart" and faults.down(w.id, t):
                 return  # a crashed process receives nothing
             copies = faults.drops(tr.src, tr.dst, tr.seq, tr.sent_at)

@@ -111,14 +111,14 @@ class FedServer(TrainingWorker):
         """The updates of round ``rnd``: from every chosen client, or (``round_timeout``) those in by the
         deadline; an update of an earlier round (a late client) or a second copy is dropped."""
         timeout = self.setting("round_timeout")
-        if timeout is None:
-            return [await self.recv(tag="update") for _ in chosen]
-        from agents.common.units import parse_duration
+        deadline = None
+        if timeout is not None:
+            from agents.common.units import parse_duration
 
-        deadline = self.now + seconds_to_ns(parse_duration(timeout, "strategy.round_timeout"))
+            deadline = self.now + seconds_to_ns(parse_duration(timeout, "strategy.round_timeout"))
         want, got = set(chosen), {}
-        while len(got) < len(want) and self.now < deadline:
-            m = await self.recv(tag="update", timeout=deadline - self.now)
+        while len(got) < len(want) and (deadline is None or self.now < deadline):
+            m = await self.recv(tag="update", timeout=None if deadline is None else deadline - self.now)
             if m is None:
                 break
             if m.payload[1] == rnd and m.src in want:

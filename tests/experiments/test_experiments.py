@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from controller.plotcli import closed_form_step, sweep_points
 
@@ -18,6 +19,9 @@ SHORT = ["model=mlp", "stop.updates=2", "eval.every=0", "eval.samples=100", "pro
 
 
 def sweep_params(name: str) -> dict[str, list[str]]:
+    from controller.config.schema import register_configs
+
+    register_configs()  # (the run fixture registers them too; a test picked alone with -k needs it here)
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"+experiment={name}"], return_hydra_config=True)
     out = {}
@@ -26,8 +30,9 @@ def sweep_params(name: str) -> dict[str, list[str]]:
         if spec.startswith("range("):
             lo, hi = (int(x) for x in spec[6:-1].split(","))
             values = [str(v) for v in range(lo, hi)]
-        else:
-            values = spec.split(",")
+        else:  # Hydra's own reading of a sweep (values may be lists: faults=[],[{kind: crash, ...}])
+            override = OverridesParser.create().parse_overrides([f"{key}={spec}"])[0]
+            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [spec]
         out[key] = values
     return out
 
