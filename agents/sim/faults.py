@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from agents.sim import keyed
-from agents.sim.kernel import PRIO_NET, Kernel
+from agents.sim.kernel import HALTED, PRIO_NET, Kernel
 from agents.sim.types import INFINITY, VirtualTime
 
 __all__ = ["FAULT_KINDS", "BYZANTINE_MODES", "Fault", "FaultSpec", "Faults"]
@@ -187,7 +187,7 @@ class Faults:
             restart = getattr(worker, "on_crash", "freeze") == "restart"
             kernel.schedule(f.start, PRIO_NET, worker, _crash, (kernel, worker, f.end, restart))
             if restart and f.end < INFINITY:
-                kernel.schedule(f.end, PRIO_NET, worker, _recover, (kernel, worker, kwargs))
+                kernel.schedule(f.end, PRIO_NET, worker, _recover, (self, kernel, worker, kwargs))
         for t in self.rate_changes(worker.id):
             kernel.schedule(t, PRIO_NET, worker, _rescale, (network, worker.id))
 
@@ -202,7 +202,9 @@ def _crash(data: tuple) -> None:
 
 
 def _recover(data: tuple) -> None:
-    kernel, worker, kwargs = data
+    faults, kernel, worker, kwargs = data
+    if worker.coro is not HALTED or faults.down(worker.id, kernel.now):
+        return  # overlapping crashes: the process comes back once, when the last of them ends
     counters = (worker.origin_seq, worker.msg_seq, worker.compute_seq, worker.incarnation)
     worker.__init__(worker.name, worker.id, worker.env, **kwargs)  # a new process: the state is gone
     worker.origin_seq, worker.msg_seq, worker.compute_seq, worker.incarnation = counters

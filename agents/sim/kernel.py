@@ -396,6 +396,8 @@ class Kernel:
     # ----------------------------------------------------------------- faults
     def halt(self, worker: "Worker") -> None:
         """A crash: ``worker``'s coroutine is closed and every pending resume of it forgotten."""
+        if worker.coro is HALTED:
+            return  # already down
         self._retime(worker, None)
         worker.incarnation += 1
         coro, worker.coro = worker.coro, HALTED

@@ -127,3 +127,10 @@ def test_a_crashed_vworker_that_restarts_loses_its_state_and_the_messages_sent_t
     # w3 was down when the 20 ms message arrived: lost; the 40 ms one reaches the restarted process
     assert rows_of(ran, "w3") == [(41 * MS, 1, 40 * MS)]
     assert ran.worker("w1").incarnation == 1 and ran.worker("w0").incarnation == 0
+
+
+def test_overlapping_crashes_restart_a_vworker_once_when_the_last_one_ends(run):
+    ran = run([*TICKS[:-1], "faults=[{kind:crash,workers:[w1],at:15ms,until:32ms},"
+                            "{kind:crash,workers:[w1],at:25ms,until:40ms}]"])
+    assert rows_of(ran, "w1") == [(10 * MS, 0, 0)] + [((50 + 10 * i) * MS, i, 1) for i in range(5)]
+    assert ran.worker("w1").incarnation == 1
