@@ -122,7 +122,7 @@ class Faults:
         ``src``/``dst``/``seq`` key the draws."""
         copies = 1
         for f in self.lossy:
-            if not f.active(t) or (f.vworkers and src not in f.vworkers):
+            if not f.active(t) or f.probability <= 0.0 or (f.vworkers and src not in f.vworkers):
                 continue
             if f.probability < 1.0 and keyed.uniform(self.seed, "fault", f.index, src, dst, seq) >= f.probability:
                 continue
