@@ -12,6 +12,7 @@ from agents.sim.kernel import PRIO_NET, Kernel
 from agents.sim.network import Network, NetworkSpec, Transfer
 from agents.sim.tcp import TcpNetwork
 from agents.sim.types import VirtualTime
+from agents.sim.worker import SendHandle
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.worker import Worker
@@ -182,10 +183,8 @@ class Environment:
 
     # ------------------------------------------------------------- faults
     def hold(self, w: "Worker", dst: int, payload: Any, nbytes: int | None, tag: Any,
-             until: VirtualTime) -> Any:
+             until: VirtualTime) -> SendHandle:
         """A send across a partition: it enters the network when the partition heals, at ``until``."""
-        from agents.sim.worker import SendHandle
-
         outer = SendHandle(self.kernel, None)
 
         def release(_: Any) -> None:

@@ -247,7 +247,7 @@ class Kernel:
     # -------------------------------------------------------------- stopping
     def request_stop(self) -> None:
         """Stop after every event of the current instant has run (DESIGN §5: stop conditions)."""
-        if self._stop_at is None:
+        if self._stop_at is None or self.now < self._stop_at:  # (also before a later stop.virtual_time)
             self._stop_at = self.now
 
     @property

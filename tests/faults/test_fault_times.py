@@ -134,3 +134,10 @@ def test_overlapping_crashes_restart_a_vworker_once_when_the_last_one_ends(run):
                             "{kind:crash,workers:[w1],at:25ms,until:40ms}]"])
     assert rows_of(ran, "w1") == [(10 * MS, 0, 0)] + [((50 + 10 * i) * MS, i, 1) for i in range(5)]
     assert ran.worker("w1").incarnation == 1
+
+
+def test_stop_updates_stops_a_run_that_also_has_a_later_stop_virtual_time(run):
+    # (found with the fault experiments, which set stop.virtual_time: the first condition to fire wins)
+    ran = run(["strategy=ps_sync", "workers=2", "stop.updates=3", "stop.virtual_time=100s"])
+    assert ran.summary["updates"] == 3 and ran.summary["stopped_by"] == "updates"
+    assert ran.summary["virtual_time_ns"] == int(ran.rows()[-1]["virtual_time_ns"])
