@@ -201,15 +201,17 @@ class Worker:
         self._recv_filter = (src, tag)
         if timeout is None:
             return await park()
-        timer = self._kernel.timer(self._kernel.now + timeout, PRIO_RESUME, self, self._recv_timeout)
+        incarnation = self.incarnation
+
+        def expire() -> None:  # (not after a crash: the restarted vworker never asked)
+            if self._recv_filter is not None and self.incarnation == incarnation:
+                self._recv_filter = None
+                self._kernel.drive(self, None)
+
+        timer = self._kernel.timer(self._kernel.now + timeout, PRIO_RESUME, self, expire)
         msg = await park()
         timer.cancel()
         return msg
-
-    def _recv_timeout(self) -> None:
-        if self._recv_filter is not None:
-            self._recv_filter = None
-            self._kernel.drive(self, None)
 
     def recv_nowait(self, src: str | None = None, tag: Any = None) -> Message | None:
         """A delivered message matching ``src``/``tag``, or None."""
