@@ -97,7 +97,9 @@ def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str
                        profile_db=comp.profile_db, profile_runs=comp.profile_runs, speed=speed,
                        jitter=comp.jitter, stragglers={ids[k]: f for k, f in comp.stragglers.items()},
                        straggle_p=comp.straggle_p, straggle_factor=comp.straggle_factor, device=device, seed=seed,
-                       profile_name=comp.profile_name, profile=dict(comp.profile))
+                       profile_name=comp.profile_name, profile=dict(comp.profile),
+                       estimators=dict(comp.estimators), layerwise=comp.layerwise,
+                       forward_fraction=comp.forward_fraction, allreduce_share=comp.allreduce_share)
 
 
 def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:

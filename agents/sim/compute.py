@@ -159,6 +159,10 @@ class ComputeSpec:
     # signature, carried by the plan so every agent and host uses the same ones ("" / {}: time this host)
     profile_name: str = ""
     profile: dict[str, float] = field(default_factory=dict)
+    estimators: dict[str, Any] = field(default_factory=dict)  # the profile's fitted estimators (agents.sim.estimator)
+    layerwise: bool = False  # layer-wise overlap (docs/predict.md)
+    forward_fraction: float = 1 / 3
+    allreduce_share: float = 0.0  # Tianshu: the device share an all-reduce takes from overlapping computation
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (the plan travels to agents as JSON)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +32,14 @@ class DeviceProfile:
     torch: str = ""
     threads: int = 1
     created: str = ""
+    estimators: dict[str, Any] = field(default_factory=dict)  # "<kind>/<pass>" -> agents.sim.estimator.OpModel
 
     def to_json(self) -> str:
-        return json.dumps({"name": self.name, "host": self.host, "torch": self.torch, "threads": self.threads,
-                           "created": self.created, "signatures": dict(sorted(self.signatures.items()))},
-                          indent=1) + "\n"
+        d = {"name": self.name, "host": self.host, "torch": self.torch, "threads": self.threads,
+             "created": self.created, "signatures": dict(sorted(self.signatures.items()))}
+        if self.estimators:
+            d["estimators"] = dict(sorted(self.estimators.items()))
+        return json.dumps(d, indent=1) + "\n"
 
 
 def profiles_dir() -> Path:
@@ -69,8 +72,12 @@ def read_profile(name_or_path: str) -> DeviceProfile:
             for k, v in sigs.items()):
         raise ProfileError(f"compute.profile={name_or_path!r}: {path} is not a device profile; accepted: "
                            '{"name": ..., "signatures": {signature: seconds >= 0}} as `lockstep profile` writes.')
+    est = d.get("estimators", {})
+    if not isinstance(est, dict) or not all(isinstance(v, dict) for v in est.values()):
+        raise ProfileError(f"compute.profile={name_or_path!r}: {path} has an 'estimators' section that is not a "
+                           "mapping of fitted models as `lockstep profile --estimator` writes.")
     return DeviceProfile(d["name"], {k: float(v) for k, v in sigs.items()}, str(d.get("host", "")),
-                         str(d.get("torch", "")), int(d.get("threads", 1) or 1), str(d.get("created", "")))
+                         str(d.get("torch", "")), int(d.get("threads", 1) or 1), str(d.get("created", "")), est)
 
 
 USAGE = """usage: lockstep profile --name NAME [--out FILE] [overrides...]

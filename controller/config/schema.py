@@ -27,7 +27,7 @@ from agents.common.wire import DEFAULT_MAX_MESSAGE_BYTES
 __all__ = [
     "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "ComputeModelName", "Distribution",
     "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig", "ControllerConfig",
-    "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
+    "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "PredictorConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
     "StrategyConfig", "ModelConfig", "LauncherConfig", "InprocessLauncherConfig", "LocalLauncherConfig",
     "KubernetesLauncherConfig", "TokenSecretConfig", "LockstepConfig", "GROUP_SCHEMAS", "register_configs",
     "help_of",
@@ -180,6 +180,19 @@ class StatelogConfig:
 
 
 @dataclass
+class PredictorConfig:
+    """How ``lockstep predict`` (and ``predict=true``) evaluates the throughput-prediction paper's models."""
+
+    rho_threshold: float = doc(0.5, "Eq. 5: the network utilisation above which the async PS's hybrid model "
+                                    "takes the PS solution instead of FCFS (the paper: 0.5 CloudLab, 0.6 AWS)",
+                               lo=0, hi=1)
+    flow_cap: Any = doc(None, "Algorithm 2.1: the most one flow may use (bytes/s or a string like 10Gbit/s); "
+                              "null = the whole link")
+    steps: int = doc(20, "Algorithm 2.1: SGD steps simulated per worker (a quarter is warm-up)", lo=2)
+    max_events: int = doc(300000, "Algorithm 2.1 is skipped (with a note) when it would take more events", lo=1)
+
+
+@dataclass
 class OutputsConfig:
     """The run directory's files besides the CSVs (docs/kubernetes.md, "Results that survive")."""
 
@@ -241,6 +254,15 @@ class ComputeConfig:
     straggle: StraggleConfig = doc(help="injected stragglers, e.g. {probability: 0.05, factor: 5.0} (a keyed draw "
                                         "per call); probability 0 = none", factory=StraggleConfig)
     jitter: float = doc(0.0, "sigma of a keyed log-normal factor per call (0 = none)", lo=0)
+    layerwise: bool = doc(False, "layer-wise overlap (wait-free backprop): each layer's gradient leaves when its "
+                                 "backward pass ends and a layer's forward pass waits only for its own parameters "
+                                 "(PS and ring strategies; docs/predict.md)")
+    forward_fraction: float = doc(1 / 3, "the share of a gradient's duration spent in the forward pass, where "
+                                         "per-layer times are split from a whole-call duration (backward ~ 2x "
+                                         "forward)", lo=0, lo_open=True, hi=1, hi_open=True)
+    allreduce_share: float = doc(0.0, "the share of the device an all-reduce occupies: computation overlapping "
+                                      "one runs at 1 - share of its speed (Tianshu: 16 of a V100's 80 SMs = 0.2)",
+                                 lo=0, hi=1, hi_open=True)
 
 
 @dataclass
@@ -397,6 +419,9 @@ class LockstepConfig:
     trace: TraceConfig = doc(help="trace.json", factory=TraceConfig)
     statelog: StatelogConfig = doc(help="statelog.jsonl", factory=StatelogConfig)
     outputs: OutputsConfig = doc(help="summary.json while running, uploads", factory=OutputsConfig)
+    predict: bool = doc(False, "also predict the throughput with the throughput-prediction paper's models "
+                               "(`lockstep predict`) and write it into summary.json beside the emulated figures")
+    predictor: PredictorConfig = doc(help="settings of the predictions", factory=PredictorConfig)
     progress: bool = doc(True, "progress bar on stderr")
     log_level: LogLevel = doc(LogLevel.INFO, "DEBUG | INFO | WARNING | ERROR")
 

@@ -15,7 +15,7 @@ import importlib.util
 import json
 import math
 import typing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from functools import lru_cache
 from typing import Any
@@ -95,11 +95,15 @@ class ComputeSettings:
     profile_runs: int
     profile_name: str
     profile: dict[str, float]
+    estimators: dict[str, Any]
     speed_workers: tuple[float, ...] | None
     stragglers: dict[str, float]
     straggle_p: float
     straggle_factor: float
     jitter: float
+    layerwise: bool = False
+    forward_fraction: float = 1 / 3
+    allreduce_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,9 @@ class RunConfig:
     outputs: S.OutputsConfig
     progress: bool
     log_level: str
+    predict: bool = False
+    predictor: S.PredictorConfig = field(default_factory=S.PredictorConfig)
+    flow_cap: float | None = None  # predictor.flow_cap in bytes/s
 
 
 def config_hash(raw: dict[str, Any]) -> str:
@@ -452,6 +459,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         p.bad("outputs.upload", c.outputs.upload, "null or an fsspec URL such as s3://bucket/prefix, gs://bucket/prefix "
               "or file:///path")
 
+    flow_cap = None if c.predictor.flow_cap is None else _rate(p, "predictor.flow_cap", c.predictor.flow_cap)
     if not p.items and model is not None:
         _check_model(p, model, c.seed)
     if not p.items and check_data and strategy_cls is not None:
@@ -470,7 +478,8 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         stop_virtual_time_ns=None if stop_vt is None else seconds_to_ns(stop_vt), eval_every=c.eval.every,
         eval_samples=c.eval.samples, data_root=c.data.root, partition=partition, partition_kw=partition_kw,
         network=network, compute=compute, launcher=launcher, controller=ctl, trace=trace, metrics=metrics,
-        statelog=c.statelog, outputs=c.outputs, progress=c.progress, log_level=c.log_level.value)
+        statelog=c.statelog, outputs=c.outputs, progress=c.progress, log_level=c.log_level.value,
+        predict=c.predict, predictor=c.predictor, flow_cap=flow_cap)
 
 
 def _plain(node: Any) -> dict[str, Any]:
@@ -650,21 +659,22 @@ def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -
         **_device_profile(p, c.profile if model == "profiled" else None),
         speed_workers=_speed(p, c.speed, workers, seed), stragglers=_stragglers(p, c.stragglers),
         straggle_p=straggle.probability, straggle_factor=straggle.factor if straggle.probability > 0 else 1.0,
-        jitter=c.jitter)
+        jitter=c.jitter, layerwise=c.layerwise, forward_fraction=c.forward_fraction,
+        allreduce_share=c.allreduce_share)
 
 
 def _device_profile(p: _Problems, name: str | None) -> dict[str, Any]:
     """``compute.profile``: a shipped name (conf/profiles/<name>.json) or a path, read whole into the plan."""
     if not name:
-        return {"profile_name": "", "profile": {}}
+        return {"profile_name": "", "profile": {}, "estimators": {}}
     from controller.config.profiles import ProfileError, read_profile
 
     try:
         prof = read_profile(name)
     except ProfileError as e:
         p.add(str(e))
-        return {"profile_name": "", "profile": {}}
-    return {"profile_name": prof.name, "profile": dict(prof.signatures)}
+        return {"profile_name": "", "profile": {}, "estimators": {}}
+    return {"profile_name": prof.name, "profile": dict(prof.signatures), "estimators": dict(prof.estimators)}
 
 
 def _speed(p: _Problems, speed: Any, workers: int | None, seed: int) -> tuple[float, ...] | None:

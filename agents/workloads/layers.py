@@ -1,0 +1,166 @@
+"""A model as a sequence of layers: parameter bytes, forward FLOPs and per-layer timings.
+
+A *layer* is a module that owns parameters directly (a ``Linear``, a ``Conv2d``, a
+``GroupNorm``), in the order the forward pass first calls it. Its parameters are the
+tensors it owns; a layer-wise strategy sends them as one message each (the
+throughput-prediction paper's fine-grained model, §2.2: one communication operation per
+DNN layer). Parameter-free work (activations, pooling, functional calls) belongs to no
+layer: its time is spread over the layers in proportion to theirs.
+
+:func:`profile_layers` times each layer's forward and backward pass in isolation with
+Tianshu's N/M-copies differencing (§3.1, Eq. 1): running an operation N and M times
+and taking ``(T_M − T_N) / (M − N)`` cancels every constant overhead (the loop, the
+clock read, the Python call), which dominates an operation of a few microseconds.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+__all__ = ["Layer", "layer_table", "profile_layers", "time_nm", "LayerTiming", "layer_signature"]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One parameterised layer: its module path, kind, parameter indices and sizes."""
+
+    name: str  # module path in the model ("conv1", "net.1")
+    kind: str  # module class name ("Conv2d", "Linear")
+    params: tuple[int, ...]  # indices into model.parameters() (flat-vector order)
+    param_bytes: int
+    forward_flops: float
+    input_shape: tuple[int, ...]  # of the first call (batch included)
+    config: tuple[tuple[str, Any], ...]  # what sets its cost besides the input: channels, kernel, stride, ...
+
+
+@dataclass(frozen=True)
+class LayerTiming:
+    """Seconds of one layer's forward and backward pass on this host."""
+
+    layer: Layer
+    forward_s: float
+    backward_s: float
+
+
+_CONFIG_ATTRS = ("in_features", "out_features", "in_channels", "out_channels", "kernel_size", "stride",
+                 "padding", "dilation", "groups", "num_groups", "num_channels", "normalized_shape")
+
+
+def _config(m: nn.Module) -> tuple[tuple[str, Any], ...]:
+    out = []
+    for a in _CONFIG_ATTRS:
+        v = getattr(m, a, None)
+        if v is not None:
+            out.append((a, tuple(v) if isinstance(v, (list, tuple)) else v))
+    return tuple(out)
+
+
+def layer_signature(layer: Layer, phase: str) -> str:
+    """The profile-database key of a layer's ``forward`` or ``backward`` pass (device kind excluded)."""
+    cfg = ",".join(f"{k}={v}" for k, v in layer.config)
+    shape = "x".join(map(str, layer.input_shape))
+    return f"layer_{phase}|{layer.kind}({cfg})|float32({shape})"
+
+
+def layer_table(model: nn.Module, sample: torch.Tensor) -> list[Layer]:
+    """The layers of ``model`` in forward order, found by running it once on ``sample`` (a batch)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    owners = {name: m for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
+    order: list[str] = []
+    shapes: dict[str, tuple[int, ...]] = {}
+    hooks = []
+    for name, m in owners.items():
+        def pre(mod: nn.Module, args: tuple, name: str = name) -> None:
+            if name not in shapes:
+                order.append(name)
+                shapes[name] = tuple(args[0].shape) if args and hasattr(args[0], "shape") else ()
+        hooks.append(m.register_forward_pre_hook(pre))
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(sample)
+    finally:
+        for h in hooks:
+            h.remove()
+    flops = counter.get_flop_counts()
+    seen: set[int] = set()
+    out = []
+    for name in order:
+        m = owners[name]
+        ids = tuple(index[id(p)] for p in m.parameters(recurse=False) if id(p) not in seen)
+        seen.update(id(p) for p in m.parameters(recurse=False))
+        nbytes = sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
+        own = flops.get(f"{type(model).__name__}.{name}", flops.get(name, {}))
+        out.append(Layer(name, type(m).__name__, ids, nbytes, float(sum(own.values())), shapes[name], _config(m)))
+    unused = [i for i, p in enumerate(model.parameters()) if id(p) not in seen]
+    if unused and out:  # parameters no forward call touched still travel: with the last layer
+        last = out[-1]
+        params = list(model.parameters())
+        extra = sum(params[i].numel() * params[i].element_size() for i in unused)
+        out[-1] = Layer(last.name, last.kind, last.params + tuple(unused), last.param_bytes + extra,
+                        last.forward_flops, last.input_shape, last.config)
+    return out
+
+
+def time_nm(fn: Callable[[], Any], n: int = 2, m: int = 12, repeats: int = 5,
+            clock: Callable[[], float] = time.thread_time) -> float:
+    """Seconds of one ``fn()`` by Tianshu's differencing: median over ``repeats`` of ``(T_M − T_N)/(M − N)``.
+
+    ``M`` grows (doubling) until ``T_M`` is at least 5 ms, so the clock's resolution does not matter.
+    """
+    fn()  # warm-up
+    while True:
+        t0 = clock()
+        for _ in range(m):
+            fn()
+        if clock() - t0 >= 0.005 or m >= 4096:
+            break
+        m *= 2
+    est = []
+    for _ in range(repeats):
+        t0 = clock()
+        for _ in range(n):
+            fn()
+        t_n = clock() - t0
+        t0 = clock()
+        for _ in range(m):
+            fn()
+        t_m = clock() - t0
+        est.append(max(0.0, (t_m - t_n) / (m - n)))
+    return statistics.median(est)
+
+
+def profile_layers(model: nn.Module, sample: torch.Tensor, repeats: int = 5,
+                   clock: Callable[[], float] = time.thread_time) -> list[LayerTiming]:
+    """Forward and backward seconds of every layer of ``model`` at the batch ``sample``, each timed alone."""
+    table = layer_table(model, sample)
+    owners = dict(model.named_modules())
+    inputs: dict[str, torch.Tensor] = {}
+    hooks = [owners[l.name].register_forward_pre_hook(
+        lambda mod, args, name=l.name: inputs.setdefault(name, args[0].detach().clone()))
+        for l in table]
+    try:
+        with torch.no_grad():
+            model(sample)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = []
+    for i, layer in enumerate(table):
+        mod, x = owners[layer.name], inputs[layer.name]
+        with torch.no_grad():
+            fwd = time_nm(lambda: mod(x), repeats=repeats, clock=clock)
+        # the first layer's input is the data: a real backward pass computes no gradient for it
+        xg = x.clone().requires_grad_(i > 0 and x.is_floating_point())
+        y = mod(xg)
+        grad_out = torch.ones_like(y)
+        wrt = [p for p in mod.parameters(recurse=False) if p.requires_grad] + ([xg] if xg.requires_grad else [])
+        bwd = time_nm(lambda: torch.autograd.grad(y, wrt, grad_out, retain_graph=True), repeats=repeats, clock=clock)
+        out.append(LayerTiming(layer, fwd, bwd))
+    return out
