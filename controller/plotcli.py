@@ -6,7 +6,9 @@
   writes): throughput against workers, one curve per (strategy, NIC
   discipline); where the runs used ``compute=constant`` the closed forms of the
   throughput-prediction paper are drawn beside the emulated curves (Eq. 7 and
-  8 for the synchronous PS, Eq. 11 for ring all-reduce), plus a loss figure of
+  8 for the synchronous PS, Eq. 11 for ring all-reduce), and where they ran with
+  ``predict=true`` the predictions in their ``summary.json`` (the model of their
+  network and Algorithm 2.1: the paper's Fig. 2a / 3a), plus a loss figure of
   all its runs.
 """
 from __future__ import annotations
@@ -122,6 +124,27 @@ FORM_LABEL = {"eq7_ps": "Eq. 7 (PS sharing)", "eq8_fcfs": "Eq. 8 (FCFS)", "eq9_h
               "eq11_ring": "Eq. 11 (ring)"}
 
 
+def prediction_of(info: dict[str, Any], model: str) -> float | None:
+    """Samples per second that ``model`` predicted for this run (``predict=true``), or None."""
+    pred = info["summary"].get("predictions") or {}
+    return next((m.get("samples_per_s") for m in pred.get("models", []) if m.get("model") == model), None)
+
+
+def predicted_curves(infos: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The prediction curves of a group: the model of its network (selected) and Algorithm 2.1, if run."""
+    names: list[str] = []
+    for i in infos:
+        pred = i["summary"].get("predictions") or {}
+        sel = pred.get("selected")
+        if sel and sel not in names:
+            names.append(sel)
+        for m in pred.get("models", []):
+            if m["model"].startswith("finegrained_") and "skipped" not in m and m["model"] not in names and \
+                    m["model"].split("_", 1)[1] in ((sel or "").rsplit("_", 1)[-1], "all_reduce"):
+                names.append(m["model"])
+    return [(n, "-." if n.startswith("finegrained") else (0, (3, 1, 1, 1))) for n in names]
+
+
 def plot_sweep(sweep: Path, out: Path) -> Path:
     """Throughput (samples per virtual second) against workers, with the closed forms where they apply."""
     groups = sweep_points(sweep)
@@ -138,6 +161,12 @@ def plot_sweep(sweep: Path, out: Path) -> Path:
             batch = [i["plan"]["workload"]["batch_size"][0] for _, _, i in pts]
             ax.plot([k for k, _, _ in pts], [cf.throughput(st, k, b) for (k, st, _), b in zip(pts, batch)],
                     linestyle=("--", ":")[j % 2], color=line.get_color(), label=f"{strategy}, {disc}: {FORM_LABEL[form]}")
+        for name, style in predicted_curves(infos):  # runs with predict=true: the paper's models beside them
+            pts = [(i["summary"]["workers"], prediction_of(i, name)) for i in infos]
+            pts = [(k, v) for k, v in pts if v is not None]
+            if pts:
+                ax.plot([k for k, _ in pts], [v for _, v in pts], linestyle=style, marker="x", color=line.get_color(),
+                        alpha=0.8, label=f"{strategy}, {disc}: predicted, {name}")
     ax.set_xlabel("workers K")
     ax.set_ylabel("throughput [samples / virtual s]")
     ax.set_title(f"throughput vs workers: {sweep.name}")

@@ -287,6 +287,10 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "compute_virtual_s": {k: v / NS_PER_S for k, v in col.stats.compute_virtual_ns.items()},
         "wall_barrier_s": col.barrier_s,
     }
+    if rc.predict:  # the throughput-prediction paper's models beside the emulated figures (controller.predict)
+        from controller.predict import summary_entry
+
+        summary["predictions"] = summary_entry(rc, summary)
     if metrics is not None:
         metrics.set_speed_ratio(summary["speed_ratio"])
     write_json_atomic(run_dir / "summary.json", summary)

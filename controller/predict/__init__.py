@@ -23,7 +23,7 @@ from controller import closed_forms as cf
 from controller.predict import finegrained as fg
 from controller.predict.mva import WorkerClass, solve
 
-__all__ = ["Inputs", "LayerCost", "inputs_of", "predict", "predict_main", "SUPPORTED"]
+__all__ = ["Inputs", "LayerCost", "inputs_of", "predict", "predict_main", "summary_entry", "render", "SUPPORTED"]
 
 SUPPORTED = {"PSAsync": "ps_async", "PSSync": "ps_sync", "RingAllReduce": "ring_allreduce"}
 """Strategy classes the paper models (one PS shard; SSP, gossip, federated ones are not modelled)."""
@@ -314,6 +314,23 @@ def _mean_latency(model: Any, workers: list[int], ps: int) -> float:
         vals = [model.sample(w, ps, seq) for w in workers[:64] for seq in range(1, 17)]
         return sum(vals) / len(vals) / 1e9
     return 0.0
+
+
+def summary_entry(rc: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary.json["predictions"]`` of a run with ``predict=true``: every model, and its error against the run.
+
+    The emulated throughput is the run's own (samples over virtual seconds, warm-up included),
+    so a short run's first step weighs in it; ``error`` is (predicted − emulated) / emulated.
+    """
+    try:
+        result = predict(inputs_of(rc))
+    except PredictInputError as e:
+        return {"error": str(e)}
+    emulated = summary.get("throughput_samples_per_s") or 0.0
+    for m in result["models"]:
+        if "samples_per_s" in m and emulated > 0:
+            m["error"] = (m["samples_per_s"] - emulated) / emulated
+    return result
 
 
 # ---------------------------------------------------------------------- the CLI
