@@ -77,8 +77,12 @@ def network_spec(net: NetworkSettings, vworkers: list[VWorkerSpec], seed: int) -
     out_bw = per_vworker_bandwidth(net.bandwidth, vworkers, seed)
     in_bw = out_bw if net.bandwidth_in is None else per_vworker_bandwidth(net.bandwidth_in, vworkers, seed)
     eff = net.efficiency
+    from controller.topology import topology_spec
+
+    data = [i for i, v in enumerate(vworkers) if v.cls.endswith("DataServer")]
+    topology = topology_spec(net.topology, net.links, vworkers, data)
     return NetworkSpec(latency_model(net.latency, len(vworkers), seed), tuple(b * eff for b in out_bw),
-                       tuple(b * eff for b in in_bw), net.egress, net.ingress)
+                       tuple(b * eff for b in in_bw), net.egress, net.ingress, topology)
 
 
 def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str, seed: int) -> ComputeSpec:

@@ -142,7 +142,12 @@ class Environment:
         self.tracer = tracer  # agents.observe.trace.Tracer, or None
         self.statelog = statelog  # agents.observe.statelog.StatelogSpec, or None
         self.compute = ComputeModel(compute)
-        self.network = Network(kernel, network, self)
+        if network.topology is not None:  # links and routes beyond the NICs (agents.sim.topology)
+            from agents.sim.topology import TopologyNetwork
+
+            self.network = TopologyNetwork(kernel, network, self)
+        else:
+            self.network = Network(kernel, network, self)
 
     def resolve(self, dst: str | int) -> int:
         if isinstance(dst, int):

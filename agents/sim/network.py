@@ -152,6 +152,7 @@ class NetworkSpec:
     bandwidth_in: tuple[float, ...]
     egress: str = "fair"
     ingress: str = "fair"
+    topology: Any = None  # agents.sim.topology.TopologySpec: links and routes beyond the NICs (None: star)
 
     def __post_init__(self) -> None:
         for side in (self.egress, self.ingress):
@@ -160,13 +161,21 @@ class NetworkSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (the plan travels to agents as JSON)."""
-        return {"latency": latency_to_dict(self.latency), "bandwidth_out": list(self.bandwidth_out),
-                "bandwidth_in": list(self.bandwidth_in), "egress": self.egress, "ingress": self.ingress}
+        d = {"latency": latency_to_dict(self.latency), "bandwidth_out": list(self.bandwidth_out),
+             "bandwidth_in": list(self.bandwidth_in), "egress": self.egress, "ingress": self.ingress}
+        if self.topology is not None:
+            d["topology"] = self.topology.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NetworkSpec":
+        topology = None
+        if d.get("topology") is not None:
+            from agents.sim.topology import TopologySpec
+
+            topology = TopologySpec.from_dict(d["topology"])
         return cls(latency_from_dict(d["latency"]), tuple(float(b) for b in d["bandwidth_out"]),
-                   tuple(float(b) for b in d["bandwidth_in"]), d["egress"], d["ingress"])
+                   tuple(float(b) for b in d["bandwidth_in"]), d["egress"], d["ingress"], topology)
 
 
 def latency_to_dict(m: LatencyModel) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from agents.common.wire import DEFAULT_MAX_MESSAGE_BYTES
 __all__ = [
     "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "ComputeModelName", "Distribution",
     "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig", "ControllerConfig",
-    "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "PredictorConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
+    "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "PredictorConfig", "TopologyLinksConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
     "StrategyConfig", "ModelConfig", "LauncherConfig", "InprocessLauncherConfig", "LocalLauncherConfig",
     "KubernetesLauncherConfig", "TokenSecretConfig", "LockstepConfig", "GROUP_SCHEMAS", "register_configs",
     "help_of",
@@ -217,6 +217,24 @@ class NetworkConfig:
     egress: Optional[Discipline] = doc(None, "the discipline of the egress side; null = discipline")
     ingress: Optional[Discipline] = doc(None, "the discipline of the ingress side; null = discipline")
     efficiency: float = doc(1.0, "goodput / line rate, in (0, 1] (TCP over Ethernet: about 0.94)", lo=0, lo_open=True, hi=1)
+    topology: Any = doc("star", "star (one switch: the per-NIC model above) | tree (sim4DistrDL's edge network: "
+                                "cloud, edge nodes, end devices) | fat_tree (oversubscribed leaf-spine) | {links: "
+                                "[[a, b, bandwidth, latency], ...], attach: {vworker: node}, routes: [[a, ..., b], "
+                                "...]}; flows share every link on their route max-min (docs/engine.md)")
+    links: TopologyLinksConfig = doc(help="the links of the tree and fat_tree presets", factory=lambda: TopologyLinksConfig())
+
+
+@dataclass
+class TopologyLinksConfig:
+    """``network.links``: the preset topologies' links (a custom topology lists its own)."""
+
+    bandwidth: Any = doc("1Gbit/s", "bytes/s of every link (both directions), or a string like 1Gbit/s")
+    latency: Any = doc("100us", "one-way latency of every link", unit="duration", lo=0)
+    edges: int = doc(3, "tree: edge nodes under the cloud (sim4DistrDL: 3)", lo=1)
+    ends_per_edge: int = doc(1, "tree: end devices under each edge node", lo=1)
+    hosts_per_leaf: int = doc(4, "fat_tree: hosts (one vworker each) per leaf switch", lo=1)
+    spines: int = doc(2, "fat_tree: spine switches, each linked to every leaf", lo=1)
+    oversubscription: float = doc(4.0, "fat_tree: a leaf's host bandwidth over its uplink bandwidth", lo=1)
 
 
 @dataclass

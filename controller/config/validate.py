@@ -79,6 +79,8 @@ class NetworkSettings:
     efficiency: float
     egress: str
     ingress: str
+    topology: Any = "star"  # a preset name or a custom mapping (controller.topology builds it)
+    links: Any = None  # S.TopologyLinksConfig
 
 
 @dataclass(frozen=True)
@@ -468,6 +470,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         n_vworkers = len(strategy_cls.layout(workers, settings))
         if agents > n_vworkers:
             p.bad("agents", agents, f"at most the number of vworkers ({n_vworkers})")
+        _check_topology(p, network, strategy_cls.layout(workers, settings), agents)
     if p.items:
         raise ConfigError(p.items)
     return RunConfig(
@@ -539,9 +542,12 @@ def _network(n: S.NetworkConfig, workers: int | None, p: _Problems) -> NetworkSe
     disc = n.discipline.value
     bw = _bandwidth(p, "network.bandwidth", n.bandwidth, workers)
     bw_in = None if n.bandwidth_in is None else _bandwidth(p, "network.bandwidth_in", n.bandwidth_in, workers)
+    topology = n.topology
+    if isinstance(topology, (DictConfig, dict)):
+        topology = _plain(topology)
     return NetworkSettings(latency=_latency(p, n.latency), bandwidth=bw, bandwidth_in=bw_in,
                            efficiency=n.efficiency, egress=n.egress.value if n.egress else disc,
-                           ingress=n.ingress.value if n.ingress else disc)
+                           ingress=n.ingress.value if n.ingress else disc, topology=topology, links=n.links)
 
 
 def _rate(p: _Problems, key: str, v: Any) -> float | None:
@@ -735,6 +741,22 @@ def _stragglers(p: _Problems, st: Any) -> dict[str, float]:
         p.bad("compute.stragglers", st, "a mapping from vworker name to a slowdown factor > 0, e.g. {w3: 4.0}")
         return {}
     return {k: float(v) for k, v in st.items()}
+
+
+def _check_topology(p: _Problems, net: NetworkSettings, vworkers: list[Any], agents: int) -> None:
+    """A topology must route every pair (controller.topology says why not) and, sharing links, run on one agent."""
+    if net.topology in (None, "star"):
+        return
+    from controller.topology import TopologyError, topology_spec
+
+    try:
+        topology_spec(net.topology, net.links, vworkers)
+    except TopologyError as e:
+        p.add(str(e))
+        return
+    if agents > 1:
+        p.bad("agents", agents, "1 with network.topology other than star (flows crossing a link share it at every "
+              "instant, wherever their senders run)")
 
 
 # -------------------------------------------------- model and data checks
