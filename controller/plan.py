@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from agents.common.plan import Plan
 from agents.sim import keyed
@@ -106,16 +107,39 @@ def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str
                        forward_fraction=comp.forward_fraction, allreduce_share=comp.allreduce_share)
 
 
+SAMPLE_BYTES = 28 * 28 + 1
+"""One Fashion-MNIST (or MNIST) sample as stored: 28x28 bytes of pixels and a label byte."""
+
+
+def with_data_servers(vworkers: list[VWorkerSpec], data: Any) -> list[VWorkerSpec]:
+    """The strategy's vworkers, then ``data.end_devices`` end devices per training worker when the data travels.
+
+    End devices come last, so the strategy's vworkers keep their ids (and their keyed draws).
+    """
+    if data is None or data.placement != "end_devices":
+        return vworkers
+    holders = [v.name for v in vworkers if v.holds_data]
+    size = data.sample_bytes or SAMPLE_BYTES
+    extra = [VWorkerSpec(f"d{i}", "agents.workloads.datanet.DataServer", {"serves": h, "sample_bytes": size})
+             for i, h in enumerate(h for j in range(data.end_devices) for h in holders)]
+    return [*vworkers, *extra]
+
+
 def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:
     strategy = load_strategy(rc.strategy)
-    vworkers = strategy.layout(rc.workers, rc.strategy_settings)
+    vworkers = with_data_servers(strategy.layout(rc.workers, rc.strategy_settings), rc.data)
     holders = tuple(v.name for v in vworkers if v.holds_data)
+    servers: dict[str, list[str]] = {}
+    for v in vworkers:
+        if v.cls.endswith("DataServer"):
+            servers.setdefault(v.kwargs["serves"], []).append(v.name)
     workload = WorkloadSpec(model=rc.model, data_root=rc.data_root,
                             partition="two_class_non_iid" if rc.partition == "non_iid" else rc.partition,
                             partition_kw=rc.partition_kw, data_holders=holders,
                             batch_size=rc.batch_size[: len(holders)] or (1,), lr=rc.lr, momentum=rc.momentum,
                             eval_samples=rc.eval_samples, device=rc.device, threads=rc.threads,
-                            optimizer=rc.optimizer)
+                            optimizer=rc.optimizer, data_placement=rc.data.placement, cache=rc.data.cache,
+                            cache_size=rc.data.cache_size, data_servers=servers)
     settings = {"stop_updates": rc.stop_updates, "eval_every": rc.eval_every, **rc.strategy_settings}
     rid = run_id or rc.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{config_hash(rc.raw)}"
     return Plan(run_id=rid, seed=rc.seed, strategy=rc.strategy_name,

@@ -135,6 +135,15 @@ class DataConfig:
     partition: Partition = doc(Partition.iid, "how the training set is split over the data-holding vworkers")
     alpha: float = doc(0.5, "dirichlet: the concentration", lo=0, lo_open=True)
     major: float = doc(0.8, "non_iid: the share of each client's samples from its two classes", lo=0, lo_open=True, hi=1)
+    placement: str = doc("local", "local (each worker has its shard) | end_devices (sim4DistrDL: the shard lives on "
+                                  "the worker's end devices and batches travel over the network)",
+                         choices=("local", "end_devices"))
+    end_devices: int = doc(1, "end_devices: end devices (data vworkers d0, d1, ...) per training worker", lo=1)
+    cache: str = doc("none", "end_devices: none | lru (a cache of samples on each training worker's node)",
+                     choices=("none", "lru"))
+    cache_size: int = doc(3000, "lru: samples each node's cache holds (sim4DistrDL: 3000)", lo=0)
+    sample_bytes: Optional[int] = doc(None, "bytes of one sample on the wire; null = the data set's own (785 for "
+                                            "Fashion-MNIST: 28x28 pixels and a label byte)", lo=1)
 
 
 @dataclass

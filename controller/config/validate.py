@@ -163,6 +163,7 @@ class RunConfig:
     progress: bool
     log_level: str
     predict: bool = False
+    data: S.DataConfig = field(default_factory=S.DataConfig)
     predictor: S.PredictorConfig = field(default_factory=S.PredictorConfig)
     flow_cap: float | None = None  # predictor.flow_cap in bytes/s
 
@@ -426,6 +427,9 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         p.bad("batch_size", bs, f"an integer >= 1, or a list of {good_workers} such integers (one per worker)")
 
     stop_vt = None if c.stop.virtual_time is None else _seconds(c.stop.virtual_time)
+    if c.data.placement == "local" and c.data.cache != "none":
+        p.bad("data.cache", c.data.cache, "none with data.placement=local (a cache holds samples that travel: "
+              "data.placement=end_devices)")
     if c.stop.updates is None and c.stop.virtual_time is None:
         p.add("stop.updates and stop.virtual_time are both null; set at least one "
               "(e.g. stop.updates=1000 or stop.virtual_time=60s).")
@@ -470,7 +474,9 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         n_vworkers = len(strategy_cls.layout(workers, settings))
         if agents > n_vworkers:
             p.bad("agents", agents, f"at most the number of vworkers ({n_vworkers})")
-        _check_topology(p, network, strategy_cls.layout(workers, settings), agents)
+        from controller.plan import with_data_servers
+
+        _check_topology(p, network, with_data_servers(strategy_cls.layout(workers, settings), c.data), agents)
     if p.items:
         raise ConfigError(p.items)
     return RunConfig(
@@ -482,7 +488,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         eval_samples=c.eval.samples, data_root=c.data.root, partition=partition, partition_kw=partition_kw,
         network=network, compute=compute, launcher=launcher, controller=ctl, trace=trace, metrics=metrics,
         statelog=c.statelog, outputs=c.outputs, progress=c.progress, log_level=c.log_level.value,
-        predict=c.predict, predictor=c.predictor, flow_cap=flow_cap)
+        predict=c.predict, predictor=c.predictor, flow_cap=flow_cap, data=c.data)
 
 
 def _plain(node: Any) -> dict[str, Any]:
