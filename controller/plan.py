@@ -142,9 +142,16 @@ def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:
                             cache_size=rc.data.cache_size, data_servers=servers)
     settings = {"stop_updates": rc.stop_updates, "eval_every": rc.eval_every, **rc.strategy_settings}
     rid = run_id or rc.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{config_hash(rc.raw)}"
+    compute = compute_spec(rc.compute, vworkers, rc.device, rc.seed)
+    if rc.compute.layerwise:  # per-layer shares of a gradient call (controller.predict.costs)
+        from dataclasses import replace
+
+        from controller.predict.costs import layer_table_of
+
+        compute = replace(compute, layers=layer_table_of(rc, compute, workload.batch_size[0]))
     return Plan(run_id=rid, seed=rc.seed, strategy=rc.strategy_name,
                 result=strategy.result_for(rc.workers, rc.strategy_settings), vworkers=vworkers,
                 placement=place(vworkers, rc.agents, rc.placement), n_agents=rc.agents,
                 network=network_spec(rc.network, vworkers, rc.seed),
-                compute=compute_spec(rc.compute, vworkers, rc.device, rc.seed), workload=workload,
+                compute=compute, workload=workload,
                 settings=settings, stop_virtual_time_ns=rc.stop_virtual_time_ns)

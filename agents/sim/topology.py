@@ -249,6 +249,7 @@ class TopologyNetwork:
                       None, self.spec.bandwidth_out[w.id])
         self.env.on_send(w, tr, remote=False)
         if size == 0:
+            tr.tail = tr.done = now + lat
             handle = SendHandle(k, now)
             k.schedule(now + lat, PRIO_NET, k.workers[dst], self._deliver, tr)
             return handle
@@ -297,6 +298,7 @@ class TopologyNetwork:
         self._reschedule()
         k = self.kernel
         for f in done:
+            f.tr.tail = f.tr.done = k.now + f.tr.latency  # the last byte left now, arrives L later
             f.handle.complete(k.now)
             k.schedule(k.now + f.tr.latency, PRIO_NET, k.workers[f.tr.dst], self._deliver, f.tr)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 from agents.strategies.collective import ring_allreduce
 
@@ -29,6 +30,22 @@ class RingWorker(TrainingWorker):
         self.make_model()
         k, version = len(self.ring), 0
         segment = self.setting("segment")
+        if self.env.compute.spec.layerwise:  # an all-reduce per layer as its gradient is ready (DDP's buckets)
+            while True:
+                sent = 0
+
+                async def allreduce_layer(i, g, loss, samples):
+                    nonlocal sent
+                    total, extras, n = await ring_allreduce(self, g, self.ring, f"r{version}.{i}", [loss, samples],
+                                                            segment)
+                    sent += n
+                    return total, extras
+
+                (loss_sum, n), total, _ = await layerwise.ring_step(self, allreduce_layer)
+                await self.apply(total / k)
+                version += 1
+                if self.name == self.ring[0] and self.updated(version, loss_sum / k, 0, int(n), sent):
+                    return
         while True:
             loss, grad, samples = await self.gradient(self.flat())
             total, (loss_sum, n), sent = await ring_allreduce(self, grad, self.ring, f"r{version}",

@@ -213,9 +213,9 @@ def _trace(inp: Inputs, link: str, mode: str) -> tuple[fg.Trace, list[fg.SimWork
     ns = 1e9
     per_worker = []
     for k in range(inp.workers):
-        g = inp.gradient_s[k] * ns
-        per_worker.append((tuple(l.forward * g for l in layers), tuple(l.backward * g for l in layers),
-                           inp.batch[k]))
+        g = round(inp.gradient_s[k] * ns)  # whole ns per pass, as the emulation lays them out
+        per_worker.append((tuple(float(round(l.forward * g)) for l in layers),
+                           tuple(float(round(l.backward * g)) for l in layers), inp.batch[k]))
     # synchronous steps under PS or all-reduce sharing keep identical workers in lockstep: one stands for all
     collapse = mode == "sync" and link in ("ps", "all_reduce")
     workers: list[fg.SimWorker] = []

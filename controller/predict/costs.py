@@ -171,20 +171,17 @@ class _Timed:
         return self._run(*args)
 
 
-def layer_costs(rc: Any, plan: Any) -> tuple[list[LayerCost], str]:
-    """Per-layer bytes and shares of a gradient call, and where the shares came from."""
+def _layer_shares(rc: Any, spec: Any, batch: int) -> tuple[list[Any], list[tuple[float, float]], str]:
+    """The model's layers, each one's (forward, backward) share of a gradient call, and the source of the shares."""
     from agents.sim.estimator import estimators_from
     from agents.workloads.layers import layer_signature, layer_table
 
-    batch = plan.workload.batch_size[0]
     model, sample = model_and_sample(rc, batch)
     table = layer_table(model, sample)
-    spec = plan.compute
-    timings = None
-    source = "flops"
     if spec.profile_name:
         fwd = [spec.profile.get(layer_signature(l, "forward")) for l in table]
         bwd = [spec.profile.get(layer_signature(l, "backward")) for l in table]
+        timings, source = None, ""
         if all(x is not None for x in fwd + bwd):
             timings, source = list(zip(fwd, bwd)), "profile"
         else:
@@ -194,14 +191,25 @@ def layer_costs(rc: Any, plan: Any) -> tuple[list[LayerCost], str]:
                 timings = [(f if f0 is None else f0, b if b0 is None else b0)
                            for (f, b), f0, b0 in zip(guessed, fwd, bwd)]
                 source = "estimator"
-    if timings is not None:
-        total = sum(f + b for f, b in timings)
+        total = sum(f + b for f, b in timings) if timings else 0.0
         if total > 0:
-            return [LayerCost(l.name, l.param_bytes, f / total, b / total) for l, (f, b) in zip(table, timings)], source
+            return table, [(f / total, b / total) for f, b in timings], source
     ff = rc.compute.forward_fraction
-    weights = [l.forward_flops for l in table]
+    weights, source = [l.forward_flops for l in table], "flops"
     if sum(weights) <= 0:
         weights, source = [l.param_bytes for l in table], "params"
     total = sum(weights)
-    return [LayerCost(l.name, l.param_bytes, ff * w / total, (1 - ff) * w / total) for l, w in zip(table, weights)], \
-        source
+    return table, [(ff * w / total, (1 - ff) * w / total) for w in weights], source
+
+
+def layer_costs(rc: Any, plan: Any) -> tuple[list[LayerCost], str]:
+    """Per-layer bytes and shares of a gradient call, and where the shares came from."""
+    table, shares, source = _layer_shares(rc, plan.compute, plan.workload.batch_size[0])
+    return [LayerCost(l.name, l.param_bytes, f, b) for l, (f, b) in zip(table, shares)], source
+
+
+def layer_table_of(rc: Any, spec: Any, batch: int) -> tuple[dict[str, Any], ...]:
+    """``ComputeSpec.layers`` for a layer-wise run: what each layer's message holds and its shares."""
+    table, shares, _ = _layer_shares(rc, spec, batch)
+    return tuple({"name": l.name, "params": list(l.params), "nbytes": l.param_bytes, "forward": f, "backward": b}
+                 for l, (f, b) in zip(table, shares))
