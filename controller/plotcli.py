@@ -9,7 +9,8 @@
   8 for the synchronous PS, Eq. 11 for ring all-reduce), and where they ran with
   ``predict=true`` the predictions in their ``summary.json`` (the model of their
   network and Algorithm 2.1: the paper's Fig. 2a / 3a), plus a loss figure of
-  all its runs.
+  all its runs; a sweep over ``data.cache_size`` also gets the data-wait time,
+  the virtual time and the accuracy against the cache size (sim4DistrDL).
 """
 from __future__ import annotations
 
@@ -177,6 +178,44 @@ def plot_sweep(sweep: Path, out: Path) -> Path:
     return Path(out)
 
 
+def cache_points(sweep: Path) -> list[dict[str, Any]]:
+    """The complete runs of a sweep with data on the network (``data_cache_size`` in summary.json), by cache size."""
+    out = []
+    for sub in sorted(p for p in sweep.iterdir() if (p / "summary.json").exists()):
+        s = json.loads((sub / "summary.json").read_text())
+        if s.get("complete") is not False and "data_cache_size" in s:
+            out.append({"summary": s, "dir": sub})
+    return sorted(out, key=lambda i: (i["summary"]["data_cache_size"] if i["summary"]["data_cache"] == "lru" else 0))
+
+
+def plot_cache_sweep(sweep: Path, out: Path) -> Path | None:
+    """sim4DistrDL's sweep: data-wait time, virtual time and test accuracy against the cache size (None: no such runs)."""
+    pts = cache_points(sweep)
+    if len({p["summary"]["data_cache_size"] for p in pts}) < 2:
+        return None
+    size = [p["summary"]["data_cache_size"] if p["summary"]["data_cache"] == "lru" else 0 for p in pts]
+    fig, (aw, at) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    aw.plot(size, [p["summary"]["data_wait_s"] for p in pts], marker="o", label="waiting for data")
+    aw.plot(size, [p["summary"]["virtual_time_s"] for p in pts], marker="s", label="run (virtual time)")
+    aw.set_xlabel("cache size [samples per node]")
+    aw.set_ylabel("virtual seconds")
+    aw.legend(fontsize="small")
+    for p, n in zip(pts, size):
+        ev = read_csv(p["dir"] / "eval.csv") if (p["dir"] / "eval.csv").exists() else []
+        if ev:
+            at.plot([float(r["virtual_time_s"]) for r in ev], [100 * float(r["test_accuracy"]) for r in ev],
+                    marker=".", label=f"cache {n}")
+    at.set_xlabel("virtual time [s]")
+    at.set_ylabel("test accuracy [%]")
+    at.legend(fontsize="small")
+    for ax in (aw, at):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"data on the network: {sweep.name}")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lockstep plot", description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="+", type=Path, help="run directories and/or --multirun sweep directories")
@@ -194,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     for sweep in sweeps:
         out = a.out if a.out is not None and not runs and len(sweeps) == 1 else sweep / "throughput.png"
         written.append(plot_sweep(sweep, out))
+        cache = plot_cache_sweep(sweep, out.with_name(out.stem + "-cache.png"))
+        if cache is not None:
+            written.append(cache)
         members = sorted(s for s in sweep.iterdir() if (s / "metrics.csv").exists())
         written.append(plot_runs(members, out.with_name(out.stem + "-loss.png")))
     if runs:
