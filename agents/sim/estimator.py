@@ -21,24 +21,26 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OpKind", "OP_KINDS", "Estimator", "OpModel", "fit", "features_of", "estimators_from",
-           "relative_errors"]
+__all__ = ["OpKind", "OP_KINDS", "Estimator", "OpModel", "Fit", "fit", "features_of", "estimators_from",
+           "relative_errors", "FORMS"]
 
 
 @dataclass(frozen=True)
 class OpKind:
-    """An operation kind: its numeric parameters, which may act linearly and which inversely (§3.2.1 pruning)."""
+    """An operation kind: its numeric parameters, which may act linearly, inversely, or select a mode (§3.2.1)."""
 
     name: str
     params: tuple[str, ...]
     linear: tuple[str, ...]  # tensor dimensions: linear or null
     inverse: tuple[str, ...]  # strides: inversely proportional or null
+    modes: tuple[str, ...] = ()  # at most a handful of values (kernel sizes, strides): one model per value
 
 
 OP_KINDS = {
     "Linear": OpKind("Linear", ("n", "in", "out"), ("n", "in", "out"), ()),
+    # kernel sizes and strides take few values: Tianshu's pruning rule makes them mode selectors
     "Conv2d": OpKind("Conv2d", ("n", "c_in", "h", "w", "c_out", "k_h", "k_w", "s_h", "s_w"),
-                     ("n", "c_in", "h", "w", "c_out", "k_h", "k_w"), ("s_h", "s_w")),
+                     ("n", "c_in", "h", "w", "c_out", "k_h", "k_w"), ("s_h", "s_w"), ("k_h", "k_w", "s_h", "s_w")),
 }
 
 
@@ -57,35 +59,107 @@ def features_of(kind: str, config: dict[str, Any], input_shape: tuple[int, ...])
     return None
 
 
+FORMS = ("linear", "power", "loglinear")
+"""``linear``: a + b·PC; ``power``: a·PC^b; ``loglinear``: log t = c0 + c1·log PC + Σ c_i·log p_i (the PC
+plus every parameter: what Tianshu's perceptron adds to the PC, in its simplest form)."""
+
+
+def _pc(kind: OpKind, exps: tuple[int, ...], f: dict[str, float]) -> float:
+    return math.prod(f[p] ** e for p, e in zip(kind.params, exps) if e)
+
+
+def _design(kind: OpKind, exps: tuple[int, ...], feats: list[dict[str, float]], form: str) -> np.ndarray:
+    x = np.array([_pc(kind, exps, f) for f in feats], dtype=float)
+    if form == "loglinear":
+        cols = [np.ones_like(x), np.log(x)] + [np.log([f[p] for f in feats]) for p in kind.linear
+                                               if p not in kind.modes]
+        return np.stack(cols, axis=1)
+    return x
+
+
+def _fit_form(X: np.ndarray, t: np.ndarray, form: str) -> tuple[float, ...] | None:
+    """Least squares of one form, or None where it cannot be fitted (a constant PC, non-positive values)."""
+    try:
+        coef = _fit_raw(X, t, form)
+    except np.linalg.LinAlgError:
+        return None
+    return coef if coef is not None and all(math.isfinite(c) for c in coef) else None
+
+
+def _fit_raw(X: np.ndarray, t: np.ndarray, form: str) -> tuple[float, ...] | None:
+    if X.ndim == 1 and np.ptp(X) == 0:
+        return None
+    if form == "linear":  # least squares of the relative error: rows weighted by 1/t
+        A = np.stack([np.ones_like(X), X], axis=1) / t[:, None]
+        coef, *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+        return tuple(float(c) for c in coef)
+    if np.any(t <= 0):
+        return None
+    if form == "power":
+        if np.any(X <= 0):
+            return None
+        b, log_a = np.polyfit(np.log(X), np.log(t), 1)
+        return float(math.exp(log_a)), float(b)
+    coef, *_ = np.linalg.lstsq(X, np.log(t), rcond=None)
+    return tuple(float(c) for c in coef)
+
+
+def _predict(X: np.ndarray, form: str, coef: tuple[float, ...]) -> np.ndarray:
+    if form == "linear":
+        return np.maximum(0.0, coef[0] + coef[1] * X)
+    if form == "power":
+        return coef[0] * X ** coef[1]
+    return np.exp(X @ np.array(coef))
+
+
+def relative_errors(pred: np.ndarray, t: np.ndarray) -> np.ndarray:
+    return np.abs(pred - t) / t
+
+
+@dataclass(frozen=True)
+class Fit:
+    exponents: tuple[int, ...]  # per OpKind.params: 1 linear, -1 inverse, 0 null
+    form: str
+    coef: tuple[float, ...]
+
+
 @dataclass(frozen=True)
 class OpModel:
-    """A fitted estimator of one (kind, pass): PC exponents per parameter, the regression form and coefficients."""
+    """A fitted estimator of one (kind, pass): one fit per mode value seen (``"*"``: all modes pooled)."""
 
     kind: str
     phase: str
-    exponents: tuple[int, ...]  # per OpKind.params: 1 linear, -1 inverse, 0 null
-    form: str  # "linear": a + b·PC | "power": a·PC^b
-    coef: tuple[float, float]
+    fits: dict[str, Fit]
     heldout_error: float | None = None  # mean relative error on shapes kept out of the fit
     samples: int = 0
 
-    def pc(self, feats: dict[str, float]) -> float:
-        ps = OP_KINDS[self.kind].params
-        return math.prod(feats[p] ** e for p, e in zip(ps, self.exponents) if e)
+    @property
+    def exponents(self) -> tuple[int, ...]:
+        return self.fits["*"].exponents
+
+    @property
+    def form(self) -> str:
+        return self.fits["*"].form
 
     def seconds(self, feats: dict[str, float]) -> float:
-        x = self.pc(feats)
-        a, b = self.coef
-        return max(0.0, a + b * x) if self.form == "linear" else a * x ** b
+        op = OP_KINDS[self.kind]
+        f = self.fits.get(_mode(op, feats), self.fits["*"])
+        return float(_predict(_design(op, f.exponents, [feats], f.form), f.form, f.coef)[0])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "phase": self.phase, "exponents": list(self.exponents), "form": self.form,
-                "coef": list(self.coef), "heldout_error": self.heldout_error, "samples": self.samples}
+        return {"kind": self.kind, "phase": self.phase, "heldout_error": self.heldout_error, "samples": self.samples,
+                "fits": {k: {"exponents": list(f.exponents), "form": f.form, "coef": list(f.coef)}
+                         for k, f in self.fits.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "OpModel":
-        return cls(d["kind"], d["phase"], tuple(int(e) for e in d["exponents"]), d["form"],
-                   (float(d["coef"][0]), float(d["coef"][1])), d.get("heldout_error"), int(d.get("samples", 0)))
+        fits = {k: Fit(tuple(int(e) for e in f["exponents"]), f["form"], tuple(float(c) for c in f["coef"]))
+                for k, f in d["fits"].items()}
+        return cls(d["kind"], d["phase"], fits, d.get("heldout_error"), int(d.get("samples", 0)))
+
+
+def _mode(op: OpKind, f: dict[str, float]) -> str:
+    return ",".join(f"{p}={int(f[p])}" for p in op.modes) if op.modes else "*"
 
 
 def _candidates(kind: OpKind) -> list[tuple[int, ...]]:
@@ -100,64 +174,68 @@ def _candidates(kind: OpKind) -> list[tuple[int, ...]]:
     return out
 
 
-def _fit_form(x: np.ndarray, t: np.ndarray, form: str) -> tuple[float, float] | None:
-    if form == "linear":  # least squares of the relative error: rows weighted by 1/t
-        A = np.stack([np.ones_like(x), x], axis=1) / t[:, None]
-        coef, *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
-        return float(coef[0]), float(coef[1])
-    if np.any(x <= 0) or np.any(t <= 0):
-        return None
-    b, log_a = np.polyfit(np.log(x), np.log(t), 1)
-    return float(math.exp(log_a)), float(b)
-
-
-def _predict(x: np.ndarray, form: str, coef: tuple[float, float]) -> np.ndarray:
-    a, b = coef
-    return np.maximum(0.0, a + b * x) if form == "linear" else a * x ** b
-
-
-def relative_errors(pred: np.ndarray, t: np.ndarray) -> np.ndarray:
-    return np.abs(pred - t) / t
-
-
-def fit(kind: str, phase: str, samples: list[tuple[dict[str, float], float]], holdout: float = 0.1,
-        folds: int = 5, seed: int = 0) -> OpModel:
-    """Fit the estimator of (``kind``, ``phase``) on ``samples`` (features, seconds); hold ``holdout`` out.
-
-    The PC and the form are chosen by ``folds``-fold cross-validation on the training part
-    (Tianshu §3.2.2, step 2); the held-out part, never seen, measures the error reported.
-    """
-    op = OP_KINDS[kind]
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(samples))
-    n_test = max(1, int(round(holdout * len(samples)))) if holdout > 0 else 0
-    test, train = order[:n_test], order[n_test:]
-    feats = [s[0] for s in samples]
-    t = np.array([s[1] for s in samples], dtype=float)
+def _select(op: OpKind, feats: list[dict[str, float]], t: np.ndarray, folds: int,
+            pcs: list[tuple[int, ...]] | None = None) -> Fit | None:
+    """The PC (among ``pcs``, default all) and form with the least cross-validated relative error (Tianshu
+    §3.2.2, step 2), fitted on all of ``feats``."""
     best: tuple[float, tuple[int, ...], str] | None = None
-    fold_of = np.arange(len(train)) % folds
-    for exps in _candidates(op):
-        x = np.array([math.prod(f[p] ** e for p, e in zip(op.params, exps) if e) for f in feats], dtype=float)
-        for form in ("linear", "power"):
+    fold_of = np.arange(len(t)) % folds
+    for exps in pcs or _candidates(op):
+        for form in FORMS:
+            X = _design(op, exps, feats, form)
             errs = []
             for k in range(folds):
-                tr, va = train[fold_of != k], train[fold_of == k]
-                if len(va) == 0 or len(tr) < 2:
+                tr, va = fold_of != k, fold_of == k
+                if not va.any() or tr.sum() < (X.shape[1] + 1 if X.ndim == 2 else 3):
                     continue
-                coef = _fit_form(x[tr], t[tr], form)
+                coef = _fit_form(X[tr], t[tr], form)
                 if coef is None:
                     break
-                errs.append(relative_errors(_predict(x[va], form, coef), t[va]).mean())
+                errs.append(relative_errors(_predict(X[va], form, coef), t[va]).mean())
             else:
                 if errs and (best is None or float(np.mean(errs)) < best[0]):
                     best = (float(np.mean(errs)), exps, form)
     if best is None:
-        raise ValueError(f"estimator {kind}/{phase}: not enough samples to fit ({len(samples)})")
+        return None
     _, exps, form = best
-    x = np.array([math.prod(f[p] ** e for p, e in zip(op.params, exps) if e) for f in feats], dtype=float)
-    coef = _fit_form(x[train], t[train], form)
-    heldout = float(relative_errors(_predict(x[test], form, coef), t[test]).mean()) if n_test else None
-    return OpModel(kind, phase, exps, form, coef, heldout, len(samples))
+    coef = _fit_form(_design(op, exps, feats, form), t, form)
+    return Fit(exps, form, coef)
+
+
+def fit(kind: str, phase: str, samples: list[tuple[dict[str, float], float]], holdout: float = 0.1,
+        folds: int = 5, seed: int = 0, min_per_mode: int = 12) -> OpModel:
+    """Fit the estimator of (``kind``, ``phase``) on ``samples`` (features, seconds); hold ``holdout`` out.
+
+    A pooled fit (``"*"``) covers every mode; a mode value with at least ``min_per_mode`` training shapes
+    gets its own (Tianshu: an independent model per value of a mode-selection parameter). The held-out
+    part, never seen by any fit, measures the error reported.
+    """
+    op = OP_KINDS[kind]
+    order = np.random.default_rng(seed).permutation(len(samples))
+    n_test = max(1, int(round(holdout * len(samples)))) if holdout > 0 else 0
+    test, train = [samples[i] for i in order[:n_test]], [samples[i] for i in order[n_test:]]
+    fits: dict[str, Fit] = {}
+    pooled = _select(op, [s[0] for s in train], np.array([s[1] for s in train]), folds)
+    if pooled is None:
+        raise ValueError(f"estimator {kind}/{phase}: not enough samples to fit ({len(samples)})")
+    fits["*"] = pooled
+    by_mode: dict[str, list] = {}
+    for s in train:
+        by_mode.setdefault(_mode(op, s[0]), []).append(s)
+    if op.modes:
+        for mode, pts in by_mode.items():
+            if len(pts) >= min_per_mode:
+                # Tianshu: the models of one operation's modes share its principal component
+                got = _select(op, [p[0] for p in pts], np.array([p[1] for p in pts]), min(folds, len(pts) // 3),
+                              pcs=[pooled.exponents])
+                if got is not None:
+                    fits[mode] = got
+    model = OpModel(kind, phase, fits, None, len(samples))
+    heldout = None
+    if test:
+        pred = np.array([model.seconds(f) for f, _ in test])
+        heldout = float(relative_errors(pred, np.array([t for _, t in test])).mean())
+    return OpModel(kind, phase, fits, heldout, len(samples))
 
 
 class Estimator:

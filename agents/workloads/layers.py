@@ -108,7 +108,7 @@ def layer_table(model: nn.Module, sample: torch.Tensor) -> list[Layer]:
     return out
 
 
-def time_nm(fn: Callable[[], Any], n: int = 2, m: int = 12, repeats: int = 5,
+def time_nm(fn: Callable[[], Any], n: int = 1, m: int = 4, repeats: int = 5,
             clock: Callable[[], float] = time.thread_time) -> float:
     """Seconds of one ``fn()`` by Tianshu's differencing: median over ``repeats`` of ``(T_M − T_N)/(M − N)``.
 

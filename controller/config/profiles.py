@@ -80,12 +80,15 @@ def read_profile(name_or_path: str) -> DeviceProfile:
                          str(d.get("torch", "")), int(d.get("threads", 1) or 1), str(d.get("created", "")), est)
 
 
-USAGE = """usage: lockstep profile --name NAME [--out FILE] [overrides...]
+USAGE = """usage: lockstep profile --name NAME [--out FILE] [--layers] [--estimator N] [overrides...]
 
 Measure the compute calls of the experiment the overrides describe on this machine (median of
 compute.runs timed runs each, after a warm-up) and write a device profile: conf/profiles/NAME.json,
 or FILE. Then `lockstep run compute.profile=NAME ...` emulates this machine on any host. Profiling
 an existing profile's experiment again adds to it (other signatures are kept).
+--layers adds each layer's forward and backward time (Tianshu's N/M-copies differencing), which
+compute.layerwise uses; --estimator N times N random shapes per operation kind, fits Tianshu's
+principal-component estimator for shapes no one profiled and reports its held-out error.
 """
 
 
@@ -96,8 +99,15 @@ def profile_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="lockstep profile", usage=USAGE)
     p.add_argument("--name", required=True, help="the profile's name (letters, digits, . _ -)")
     p.add_argument("--out", help="where to write it (default: conf/profiles/NAME.json)")
+    p.add_argument("--layers", action="store_true", help="also time every layer's forward and backward pass")
+    p.add_argument("--estimator", type=int, default=0, metavar="N",
+                   help="fit the per-operation estimator on N random shapes per kind (0: no)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args(argv)
+    if a.estimator < 0 or a.estimator == 1:
+        print(f"lockstep profile: --estimator {a.estimator} is not valid; accepted: 0 (none) or at least 10 shapes.",
+              file=sys.stderr)
+        return 2
     if not NAME.match(a.name):
         print(f"lockstep profile: --name {a.name!r} is not valid; accepted: 1-63 letters, digits, '.', '_', '-'.",
               file=sys.stderr)
@@ -113,11 +123,19 @@ def profile_main(argv: list[str]) -> int:
         return 2
     out = Path(a.out) if a.out else profiles_dir() / f"{a.name}.json"
     prof = measure(rc, a.name)
+    if a.layers or a.estimator:
+        from controller.estimate import fit_estimators, layer_signatures
+
+        sigs = dict(prof.signatures)
+        if a.layers:
+            sigs.update(layer_signatures(rc, repeats=max(3, rc.compute.profile_runs)))
+        est = fit_estimators(a.estimator, rc.seed, repeats=3) if a.estimator else {}
+        prof = DeviceProfile(prof.name, sigs, prof.host, prof.torch, prof.threads, prof.created, est)
     if out.exists():
         try:
             old = read_profile(str(out))
             prof = DeviceProfile(prof.name, {**old.signatures, **prof.signatures}, prof.host, prof.torch,
-                                 prof.threads, prof.created)
+                                 prof.threads, prof.created, {**old.estimators, **prof.estimators})
         except ProfileError:
             pass
     from agents.common.files import write_atomic

@@ -198,7 +198,7 @@ class PredictorConfig:
     flow_cap: Any = doc(None, "Algorithm 2.1: the most one flow may use (bytes/s or a string like 10Gbit/s); "
                               "null = the whole link")
     steps: int = doc(20, "Algorithm 2.1: SGD steps simulated per worker (a quarter is warm-up)", lo=2)
-    max_events: int = doc(300000, "Algorithm 2.1 is skipped (with a note) when it would take more events", lo=1)
+    max_events: int = doc(20000, "Algorithm 2.1 is skipped (with a note) when it would take more events", lo=1)
 
 
 @dataclass

@@ -66,7 +66,7 @@ class Inputs:
     rho_threshold: float = 0.5
     flow_cap: float | None = None
     steps: int = 20
-    max_events: int = 300_000
+    max_events: int = 20_000
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -183,7 +183,7 @@ def _fine(inp: Inputs) -> list[dict[str, Any]]:
     out = []
     for link in links:
         trace, workers = _trace(inp, link, mode)
-        ops = len(trace.layer_bytes) * (3 if ring else 4) + 1
+        ops = len(trace.layer_bytes) * (3 if ring else 6) + 1  # (PS: each link operation adds a release)
         steps = inp.steps
         events = len(workers) * ops * steps
         if events > inp.max_events:

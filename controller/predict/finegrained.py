@@ -139,26 +139,30 @@ class _Link:
 
     def advance(self, t: float) -> None:
         dt = t - self.last
-        if dt > 0 and self.active:
+        if dt > 0:
             if self.model == "ps":
-                self.v += self.rate() * dt
-            else:
+                if self.load:
+                    self.v += self.rate() * dt
+            elif self.active:
                 self.op[self.active[0]].remaining -= self.cap * dt
         self.last = t
 
     def next_time(self) -> tuple[float, _Op] | None:
-        if not self.active:
-            return None
         if self.model == "ps":
+            if not self.heap:
+                return None
             vfin, _, op = self.heap[0]
             return self.last + max(0.0, vfin - self.v) / self.rate(), op
+        if not self.active:
+            return None
         op = self.op[self.active[0]]
         return self.last + max(0.0, op.remaining) / self.cap, op
 
     def start(self, op: _Op, t: float, newly_active: bool) -> None:
         self.advance(t)
         if newly_active:
-            self.active.append(op.w)
+            if self.model != "ps":  # FCFS: the order of activation; PS needs only the load
+                self.active.append(op.w)
             self.load += self.weights[op.w]
         self.op[op.w] = op
         op.start = t
@@ -173,7 +177,8 @@ class _Link:
         del self.op[op.w]
 
     def deactivate(self, w: int) -> None:
-        self.active.remove(w)
+        if self.model != "ps":
+            self.active.remove(w)  # (the front: only the front finishes under FCFS)
         self.load -= self.weights[w]
 
 

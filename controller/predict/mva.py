@@ -76,6 +76,8 @@ def solve(classes: list[WorkerClass], link: str, update: str = "ps") -> MVAResul
     if link not in ("fcfs", "ps") or update not in ("fcfs", "ps"):
         raise ValueError(f"disciplines must be fcfs | ps, got {link!r}, {update!r}")
     disc = (link, update, link)
+    if len(classes) == 1:
+        return _one_class(classes[0], disc)
     counts = [c.count for c in classes]
     states = math.prod(n + 1 for n in counts)
     if states <= MAX_STATES:
@@ -88,6 +90,18 @@ def _response(s: float, disc: str, n_tot: float, sn: float, srho: float) -> floa
     if disc == "ps":
         return s * (1.0 + n_tot)
     return s + (sn - 0.5 * srho)
+
+
+def _one_class(c: WorkerClass, disc: tuple[str, ...]) -> MVAResult:
+    """The exact recursion for identical workers: one state per population, O(count)."""
+    dem = _demands(c)
+    q = [0.0, 0.0, 0.0]  # N^l(n − 1)
+    x, t = 0.0, [0.0, 0.0, 0.0]
+    for n in range(1, c.count + 1):
+        t = [_response(dem[l], disc[l], q[l], dem[l] * q[l], dem[l] * dem[l] * x) for l in range(3)]
+        x = n / (c.compute_s + t[0] + t[1] + t[2])
+        q = [x * tl for tl in t]
+    return _result([c], [(x, t)], f"exact MVA ({c.count + 1} states)")
 
 
 def _exact(classes: list[WorkerClass], disc: tuple[str, ...], states: int) -> MVAResult:
