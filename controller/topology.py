@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from agents.common.units import UnitError, parse_duration, parse_rate
-from agents.sim.topology import Link, TopologyError, TopologySpec, build_routes, fat_tree_preset, tree_preset
+from agents.sim.routes import Link, TopologyError, TopologySpec, build_routes, fat_tree_preset, tree_preset
 from agents.sim.types import seconds_to_ns
 
 __all__ = ["PRESETS", "topology_spec", "TopologyError"]

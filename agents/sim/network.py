@@ -152,7 +152,7 @@ class NetworkSpec:
     bandwidth_in: tuple[float, ...]
     egress: str = "fair"
     ingress: str = "fair"
-    topology: Any = None  # agents.sim.topology.TopologySpec: links and routes beyond the NICs (None: star)
+    topology: Any = None  # agents.sim.routes.TopologySpec: links and routes beyond the NICs (None: star)
 
     def __post_init__(self) -> None:
         for side in (self.egress, self.ingress):
@@ -171,7 +171,7 @@ class NetworkSpec:
     def from_dict(cls, d: dict[str, Any]) -> "NetworkSpec":
         topology = None
         if d.get("topology") is not None:
-            from agents.sim.topology import TopologySpec
+            from agents.sim.routes import TopologySpec
 
             topology = TopologySpec.from_dict(d["topology"])
         return cls(latency_from_dict(d["latency"]), tuple(float(b) for b in d["bandwidth_out"]),

@@ -7,7 +7,7 @@ from agents.sim.compute import ComputeSpec
 from agents.sim.env import Environment
 from agents.sim.kernel import Kernel
 from agents.sim.network import ConstantLatency, NetworkSpec
-from agents.sim.topology import Link, TopologyError, TopologySpec, build_routes, fat_tree_preset, tree_preset
+from agents.sim.routes import Link, TopologyError, TopologySpec, build_routes, fat_tree_preset, tree_preset
 from agents.sim.worker import Worker
 
 MS = 1_000_000
