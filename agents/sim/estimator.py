@@ -59,9 +59,20 @@ def features_of(kind: str, config: dict[str, Any], input_shape: tuple[int, ...])
     return None
 
 
-FORMS = ("linear", "power", "loglinear")
+FORMS = ("linear", "power", "loglinear", "roofline")
 """``linear``: a + b·PC; ``power``: a·PC^b; ``loglinear``: log t = c0 + c1·log PC + Σ c_i·log p_i (the PC
-plus every parameter: what Tianshu's perceptron adds to the PC, in its simplest form)."""
+plus every parameter: what Tianshu's perceptron adds to the PC, in its simplest form); ``roofline``:
+a + b·PC + c·(elements read and written) — a small operation is bound by memory, not arithmetic."""
+
+
+def _elements(kind: str, f: dict[str, float]) -> float:
+    """Elements an operation reads and writes: its input, weights and output."""
+    if kind == "Linear":
+        return f["n"] * f["in"] + f["in"] * f["out"] + f["n"] * f["out"]
+    h_out = (f["h"] - f["k_h"]) // f["s_h"] + 1
+    w_out = (f["w"] - f["k_w"]) // f["s_w"] + 1
+    return (f["n"] * f["c_in"] * f["h"] * f["w"] + f["c_out"] * f["c_in"] * f["k_h"] * f["k_w"]
+            + f["n"] * f["c_out"] * h_out * w_out)
 
 
 def _pc(kind: OpKind, exps: tuple[int, ...], f: dict[str, float]) -> float:
@@ -70,6 +81,8 @@ def _pc(kind: OpKind, exps: tuple[int, ...], f: dict[str, float]) -> float:
 
 def _design(kind: OpKind, exps: tuple[int, ...], feats: list[dict[str, float]], form: str) -> np.ndarray:
     x = np.array([_pc(kind, exps, f) for f in feats], dtype=float)
+    if form == "roofline":
+        return np.stack([np.ones_like(x), x, np.array([_elements(kind.name, f) for f in feats])], axis=1)
     if form == "loglinear":
         cols = [np.ones_like(x), np.log(x)] + [np.log([f[p] for f in feats]) for p in kind.linear
                                                if p not in kind.modes]
@@ -89,6 +102,9 @@ def _fit_form(X: np.ndarray, t: np.ndarray, form: str) -> tuple[float, ...] | No
 def _fit_raw(X: np.ndarray, t: np.ndarray, form: str) -> tuple[float, ...] | None:
     if X.ndim == 1 and np.ptp(X) == 0:
         return None
+    if form == "roofline":  # least squares of the relative error, as for linear
+        coef, *_ = np.linalg.lstsq(X / t[:, None], np.ones_like(t), rcond=None)
+        return tuple(float(c) for c in coef)
     if form == "linear":  # least squares of the relative error: rows weighted by 1/t
         A = np.stack([np.ones_like(X), X], axis=1) / t[:, None]
         coef, *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
@@ -105,6 +121,8 @@ def _fit_raw(X: np.ndarray, t: np.ndarray, form: str) -> tuple[float, ...] | Non
 
 
 def _predict(X: np.ndarray, form: str, coef: tuple[float, ...]) -> np.ndarray:
+    if form == "roofline":
+        return np.maximum(0.0, X @ np.array(coef))
     if form == "linear":
         return np.maximum(0.0, coef[0] + coef[1] * X)
     if form == "power":

@@ -110,9 +110,12 @@ def layer_table(model: nn.Module, sample: torch.Tensor) -> list[Layer]:
 
 def time_nm(fn: Callable[[], Any], n: int = 1, m: int = 4, repeats: int = 5,
             clock: Callable[[], float] = time.thread_time) -> float:
-    """Seconds of one ``fn()`` by Tianshu's differencing: median over ``repeats`` of ``(T_M − T_N)/(M − N)``.
+    """Seconds of one ``fn()`` by Tianshu's differencing (Eq. 1): ``(T_M − T_N)/(M − N)``.
 
     ``M`` grows (doubling) until ``T_M`` is at least 5 ms, so the clock's resolution does not matter.
+    ``T_N`` and ``T_M`` are each the fastest of ``repeats`` loops: on a shared machine other processes only
+    ever add time (cache and memory contention inflate even this thread's CPU time), so the minimum is the
+    estimate least disturbed by them.
     """
     fn()  # warm-up
     while True:
@@ -122,18 +125,17 @@ def time_nm(fn: Callable[[], Any], n: int = 1, m: int = 4, repeats: int = 5,
         if clock() - t0 >= 0.005 or m >= 4096:
             break
         m *= 2
-    est = []
+    t_n, t_m = float("inf"), float("inf")
     for _ in range(repeats):
         t0 = clock()
         for _ in range(n):
             fn()
-        t_n = clock() - t0
+        t_n = min(t_n, clock() - t0)
         t0 = clock()
         for _ in range(m):
             fn()
-        t_m = clock() - t0
-        est.append(max(0.0, (t_m - t_n) / (m - n)))
-    return statistics.median(est)
+        t_m = min(t_m, clock() - t0)
+    return max(0.0, (t_m - t_n) / (m - n))
 
 
 def profile_layers(model: nn.Module, sample: torch.Tensor, repeats: int = 5,
