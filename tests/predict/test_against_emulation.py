@@ -91,3 +91,16 @@ def test_predict_command_with_a_bad_value_says_one_sentence_and_exits_2():
     assert p.returncode == 2
     assert "predictor.rho_threshold=2 is not valid; accepted: a number >= 0 and <= 1." in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_lockstep_plot_draws_the_predictions_beside_a_sweep(tmp_path):
+    from controller.plotcli import main, predicted_curves, prediction_of, sweep_points
+
+    for k in (1, 2):
+        run(tmp_path / "sweep" / str(k), [*PS_SYNC, f"workers={k}", "predict=true"])
+    (infos,) = sweep_points(tmp_path / "sweep").values()
+    assert [name for name, _ in predicted_curves(infos)] == ["sync_ps_eq7_ps", "finegrained_ps"]
+    for i in infos:
+        assert prediction_of(i, "sync_ps_eq7_ps") == pytest.approx(i["summary"]["throughput_samples_per_s"])
+    assert main([str(tmp_path / "sweep")]) == 0
+    assert (tmp_path / "sweep" / "throughput.png").stat().st_size > 10_000
