@@ -17,8 +17,12 @@ from typing import Any
 __all__ = ["layer_signatures", "random_samples", "fit_estimators"]
 
 
-def layer_signatures(rc: Any, repeats: int) -> dict[str, float]:
-    """``{layer signature: seconds}`` for every layer of the configured model, at every configured batch size."""
+def layer_signatures(rc: Any, repeats: int, listing: dict[str, list] | None = None) -> dict[str, float]:
+    """``{layer signature: seconds}`` for every layer of the configured model, at every configured batch size.
+
+    ``listing`` (when given) receives, per model and batch, the layers in forward order with their parameter
+    bytes and times: the per-layer trace Algorithm 2.1 runs on.
+    """
     import torch
 
     from agents.workloads.layers import layer_signature, profile_layers
@@ -29,9 +33,14 @@ def layer_signatures(rc: Any, repeats: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for b in sorted(set(rc.batch_size)):
         model = build_model(rc.model, rc.seed)
+        rows = []
         for lt in profile_layers(model, torch.zeros((b, *IMAGE_SHAPE)), repeats=repeats):
             out[layer_signature(lt.layer, "forward")] = lt.forward_s
             out[layer_signature(lt.layer, "backward")] = lt.backward_s
+            rows.append({"name": lt.layer.name, "kind": lt.layer.kind, "param_bytes": lt.layer.param_bytes,
+                         "forward_s": lt.forward_s, "backward_s": lt.backward_s})
+        if listing is not None:
+            listing[f"{type(model).__name__}/batch{b}"] = rows
     return out
 
 

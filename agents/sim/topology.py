@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents.sim.kernel import PRIO_NET, Kernel, Timer
 from agents.sim.network import NetworkSpec, Transfer, payload_nbytes, transfer_ns
-from agents.sim.routes import Link, TopologyError, TopologySpec, build_routes, fat_tree_preset, tree_preset
+from agents.sim.routes import TopologySpec
 from agents.sim.types import NS_PER_S, VirtualTime
 from agents.sim.worker import Message, SendHandle
 
@@ -32,8 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.env import Environment
     from agents.sim.worker import Worker
 
-__all__ = ["Link", "TopologySpec", "TopologyError", "TopologyNetwork", "build_routes", "max_min_rates",
-           "tree_preset", "fat_tree_preset"]
+__all__ = ["TopologyNetwork", "max_min_rates"]
 
 
 def max_min_rates(flows: list["_Flow"], capacity: list[float]) -> None:

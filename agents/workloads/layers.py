@@ -14,7 +14,6 @@ clock read, the Python call), which dominates an operation of a few microseconds
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable

@@ -33,12 +33,15 @@ class DeviceProfile:
     threads: int = 1
     created: str = ""
     estimators: dict[str, Any] = field(default_factory=dict)  # "<kind>/<pass>" -> agents.sim.estimator.OpModel
+    layers: dict[str, Any] = field(default_factory=dict)  # "<model>/batch<b>" -> its layers: bytes, times
 
     def to_json(self) -> str:
         d = {"name": self.name, "host": self.host, "torch": self.torch, "threads": self.threads,
              "created": self.created, "signatures": dict(sorted(self.signatures.items()))}
         if self.estimators:
             d["estimators"] = dict(sorted(self.estimators.items()))
+        if self.layers:
+            d["layers"] = dict(sorted(self.layers.items()))
         return json.dumps(d, indent=1) + "\n"
 
 
@@ -77,7 +80,8 @@ def read_profile(name_or_path: str) -> DeviceProfile:
         raise ProfileError(f"compute.profile={name_or_path!r}: {path} has an 'estimators' section that is not a "
                            "mapping of fitted models as `lockstep profile --estimator` writes.")
     return DeviceProfile(d["name"], {k: float(v) for k, v in sigs.items()}, str(d.get("host", "")),
-                         str(d.get("torch", "")), int(d.get("threads", 1) or 1), str(d.get("created", "")), est)
+                         str(d.get("torch", "")), int(d.get("threads", 1) or 1), str(d.get("created", "")), est,
+                         d.get("layers", {}) if isinstance(d.get("layers"), dict) else {})
 
 
 USAGE = """usage: lockstep profile --name NAME [--out FILE] [--layers] [--estimator N] [overrides...]
@@ -127,15 +131,21 @@ def profile_main(argv: list[str]) -> int:
         from controller.estimate import fit_estimators, layer_signatures
 
         sigs = dict(prof.signatures)
+        listing: dict[str, list] = {}
         if a.layers:
-            sigs.update(layer_signatures(rc, repeats=max(3, rc.compute.profile_runs)))
+            sigs.update(layer_signatures(rc, repeats=max(3, rc.compute.profile_runs), listing=listing))
+            for key, rows in listing.items():
+                for r in rows:
+                    print(f"{key} {r['name']:>10} {r['kind']:8} {r['param_bytes']:>9} B  forward "
+                          f"{r['forward_s'] * 1e6:9.1f} us  backward {r['backward_s'] * 1e6:9.1f} us", file=sys.stderr)
         est = fit_estimators(a.estimator, rc.seed, repeats=3) if a.estimator else {}
-        prof = DeviceProfile(prof.name, sigs, prof.host, prof.torch, prof.threads, prof.created, est)
+        prof = DeviceProfile(prof.name, sigs, prof.host, prof.torch, prof.threads, prof.created, est, listing)
     if out.exists():
         try:
             old = read_profile(str(out))
             prof = DeviceProfile(prof.name, {**old.signatures, **prof.signatures}, prof.host, prof.torch,
-                                 prof.threads, prof.created, {**old.estimators, **prof.estimators})
+                                 prof.threads, prof.created, {**old.estimators, **prof.estimators},
+                                 {**old.layers, **prof.layers})
         except ProfileError:
             pass
     from agents.common.files import write_atomic

@@ -49,3 +49,20 @@ def test_without_per_layer_entries_the_shares_follow_the_forward_flops(tmp_path)
     f1, f2 = 784 * 200, 200 * 10  # multiply-adds of the MLP's two Linear layers
     assert costs[0].forward == pytest.approx(0.25 * f1 / (f1 + f2))
     assert costs[1].backward == pytest.approx(0.75 * f2 / (f1 + f2))
+
+
+def test_lockstep_profile_layers_writes_times_and_bytes_per_layer(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "prof.json"
+    p = subprocess.run([sys.executable, "-m", "controller.cli", "profile", "--name", "t", "--out", str(out), "--layers",
+                        "model=mlp", "batch_size=8", "compute.runs=1", "workers=1"], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(out.read_text())
+    rows = d["layers"]["MLP/batch8"]
+    assert [(r["name"], r["param_bytes"]) for r in rows] == [("net.1", 628000), ("net.3", 8040)]
+    assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in rows)
+    table = layer_table(build_model("mlp", 0), torch.zeros(8, 1, 28, 28))
+    assert d["signatures"][layer_signature(table[0], "forward")] == rows[0]["forward_s"]
