@@ -67,6 +67,7 @@ class Inputs:
     flow_cap: float | None = None
     steps: int = 20
     max_events: int = 20_000
+    notes: tuple[str, ...] = ()  # what the inputs leave out
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -288,6 +289,12 @@ def inputs_of(rc: Any) -> Inputs:
     times = compute_times(rc, plan)
     layers, source = layer_costs(rc, plan)
     lat = _mean_latency(net.latency, workers, ps)
+    notes = []
+    if net.topology is not None:
+        notes.append(f"network.topology={net.topology.name}: the paper's models see the NICs only, not the "
+                     "topology's links")
+    if rc.data.placement != "local":
+        notes.append("data.placement=end_devices: the time spent waiting for data is not modelled")
     return Inputs(strategy=name, workers=len(workers), batch=tuple(plan.workload.batch_size),
                   model_bytes=sum(l.nbytes for l in layers), layers=tuple(layers), layer_source=source,
                   gradient_s=times.gradient, update_s=times.update, aggregate_s=times.aggregate,
@@ -298,7 +305,7 @@ def inputs_of(rc: Any) -> Inputs:
                   latency_s=lat, egress=net.egress, ingress=net.ingress, layerwise=rc.compute.layerwise,
                   forward_fraction=rc.compute.forward_fraction, allreduce_share=rc.compute.allreduce_share,
                   rho_threshold=rc.predictor.rho_threshold, flow_cap=rc.flow_cap, steps=rc.predictor.steps,
-                  max_events=rc.predictor.max_events)
+                  max_events=rc.predictor.max_events, notes=tuple(notes))
 
 
 def _mean_latency(model: Any, workers: list[int], ps: int) -> float:
@@ -383,6 +390,7 @@ def render(result: dict[str, Any]) -> str:
              + (", layer-wise" if inp["layerwise"] else "")]
     if result.get("note"):
         lines.append(result["note"])
+    lines += [f"note: {n}" for n in inp.get("notes", [])]
     lines.append(f"{'model':28} {'equation':26} {'samples/s':>12} {'updates/s':>12} {'step [s]':>12}")
     for m in result["models"]:
         mark = "*" if m["model"] == result["selected"] else " "
