@@ -18,6 +18,9 @@ commands:
   plot RUN_OR_SWEEP_DIR...  draw loss/accuracy vs virtual time and iterations (and throughput for sweeps)
   agent --controller HOST:PORT --agent-id N   an agent process (started by launchers)
   inspect RUN --at T [--worker W]             what a vworker was doing and holding at virtual time T
+  validate RESULTS.jsonl [overrides...] [--json]   emulate measured runs, print measured vs emulated
+  calibrate RESULTS.jsonl [--out conf/network/NAME.yaml]   fit the tcp transport's parameters to measured runs
+  measure [--out RESULTS.jsonl] [options]     run real torch.distributed microbenchmarks, write RESULTS.jsonl
 """
 
 
@@ -57,6 +60,18 @@ def main(argv: list[str] | None = None) -> int:
         from controller.inspect import main as inspect_main
 
         return inspect_main(rest)
+    if cmd == "validate":
+        from controller.validate import main as validate_main
+
+        return validate_main(rest)
+    if cmd == "calibrate":
+        from controller.calibrate import main as calibrate_main
+
+        return calibrate_main(rest)
+    if cmd == "measure":
+        from controller.measure import main as measure_main
+
+        return measure_main(rest)
     print(f"lockstep: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -83,7 +83,7 @@ def network_spec(net: NetworkSettings, vworkers: list[VWorkerSpec], seed: int) -
     data = [i for i, v in enumerate(vworkers) if v.cls.endswith("DataServer")]
     topology = topology_spec(net.topology, net.links, vworkers, data)
     return NetworkSpec(latency_model(net.latency, len(vworkers), seed), tuple(b * eff for b in out_bw),
-                       tuple(b * eff for b in in_bw), net.egress, net.ingress, topology)
+                       tuple(b * eff for b in in_bw), net.egress, net.ingress, net.tcp, topology)
 
 
 def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str, seed: int) -> ComputeSpec:
@@ -104,7 +104,8 @@ def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str
                        straggle_p=comp.straggle_p, straggle_factor=comp.straggle_factor, device=device, seed=seed,
                        profile_name=comp.profile_name, profile=dict(comp.profile),
                        estimators=dict(comp.estimators), layerwise=comp.layerwise,
-                       forward_fraction=comp.forward_fraction, allreduce_share=comp.allreduce_share)
+                       forward_fraction=comp.forward_fraction, allreduce_share=comp.allreduce_share,
+                       batch=comp.batch, max_batch=comp.max_batch, overlap=comp.overlap)
 
 
 SAMPLE_BYTES = 28 * 28 + 1

@@ -52,7 +52,7 @@ class InProcessAgent:
         return self.core.info()
 
     def close(self) -> None:
-        pass
+        self.core.close()
 
 
 @dataclass
@@ -88,7 +88,7 @@ class _Collector:
         self.data = {"data_hits": 0, "data_misses": 0, "data_bytes": 0, "data_wait_ns": 0}
 
     def on_window(self, w: Window) -> None:
-        self.windows += 1
+        self.windows += w.count
         self.barrier_s += w.barrier_wall_s
         for r in w.reached:
             self.updates.extend(r.updates)
@@ -100,7 +100,7 @@ class _Collector:
                 self.data_rows.extend(e for e in r.events if e[1] == "data.fetch")
         self.stop_time = w.stop_time
         if self.metrics is not None:
-            self.metrics.observe_window(w.start, w.barrier_wall_s)
+            self.metrics.observe_window(w.start, w.barrier_wall_s, w.count)
         self.flush(w.next_start)
         if self.partial is not None and self.partial_every_s > 0:
             now = time.monotonic()
@@ -229,7 +229,14 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     if observer is not None:
         observer.running()
     try:
-        stop = run_windows(handles, plan.placement, plan.lookahead(), col.on_window, should_abort=should_abort)
+        if plan.n_agents > 1 and launcher is not None and rc.controller.windows.value == "direct":
+            from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
+
+            t_loop = time.perf_counter()
+            stop, n_windows = run_direct(handles, col.on_window, should_abort=should_abort)
+            col.barrier_s = time.perf_counter() - t_loop
+        else:
+            stop = run_windows(handles, plan.placement, plan.lookahead(), col.on_window, should_abort=should_abort)
         col.stop_time = stop
         col.flush(None)
         # agents report stop.virtual_time as their stop time from the start, so stop is None only when
@@ -254,6 +261,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             info["reproducible"] = info["reproducible"] and i.get("reproducible", True)
             if i.get("device"):
                 info.setdefault("devices", set()).add(i["device"])
+            info.setdefault("executors", []).append(i.get("executor"))
+            info.setdefault("memory", []).append(i.get("memory") or {})
             if observer is not None and getattr(h, "metrics_address", ""):
                 observer.add_agent_exposition(h.agent_id, h.metrics_text())
     except BaseException as e:
@@ -321,6 +330,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "wall_compute_s": col.stats.compute_wall_s,
         "compute_virtual_s": {k: v / NS_PER_S for k, v in col.stats.compute_virtual_ns.items()},
         "wall_barrier_s": col.barrier_s,
+        "compute_batch": compute_batch_summary(rc.compute, info.get("executors", [])),
+        "peak_memory": memory_summary(info.get("memory", [])),
     }
     if remote_data:  # sim4DistrDL's data on the network: what the caches saved, what the wait cost
         summary.update({"data_cache_hits": col.data["data_hits"], "data_cache_misses": col.data["data_misses"],
@@ -334,6 +345,39 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         metrics.set_speed_ratio(summary["speed_ratio"])
     write_json_atomic(run_dir / "summary.json", summary)
     return RunResult(summary, run_dir, params, col.stats)
+
+
+def compute_batch_summary(compute: Any, executors: list[dict | None]) -> dict[str, Any]:
+    """How compute calls ran (DESIGN §4.2): the mode, tasks and batches summed over agents, the
+    ``auto`` probe's figures and choices of each agent, and whether floats equal eager execution."""
+    mode = compute.batch
+    ran = [e for e in executors if e]
+    out: dict[str, Any] = {"mode": mode, "overlap": any(e["overlap"] for e in ran), "deferred": bool(ran)}
+    if ran:
+        for k in ("tasks", "batches", "vmap_batches", "vmap_tasks"):
+            out[k] = sum(e[k] for e in ran)
+        out["largest_batch"] = max(e["largest_batch"] for e in ran)
+        out["overlap_wait_s"] = sum(e["wait_s"] for e in ran)
+        out["mean_batch"] = out["tasks"] / out["batches"] if out["batches"] else 0.0
+        if mode == "auto":
+            out["probes"] = [e["probes"] for e in ran]
+            out["switched_to_loop"] = [e.get("switched_to_loop", []) for e in ran]
+    # vmap sums in another order than one call at a time: the last bits of the floats differ
+    out["eager_identical"] = not any(e["vmap_tasks"] for e in ran)
+    return out
+
+
+def memory_summary(per_process: list[dict[str, int]]) -> dict[str, Any]:
+    """Peak resident memory of the controller process and of each agent (in-process: the same process)."""
+    from agents.core import peak_memory
+
+    agents = [m.get("peak_rss_bytes", 0) for m in per_process]
+    out: dict[str, Any] = {"controller_rss_bytes": peak_memory()["peak_rss_bytes"], "agents_rss_bytes": agents}
+    gpu = [m["gpu_peak_allocated_bytes"] for m in per_process if "gpu_peak_allocated_bytes" in m]
+    if gpu:
+        out["gpu_peak_allocated_bytes"] = gpu
+    out["max_rss_bytes"] = max([out["controller_rss_bytes"], *agents])
+    return out
 
 
 def plan_model_bytes(plan: Plan, training: Any) -> int:

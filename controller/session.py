@@ -18,13 +18,18 @@ __all__ = ["run_session"]
 
 
 def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
-    from controller.remote import launcher_for  # launcher=inprocess|local|kubernetes (DESIGN §10)
+    from controller.remote import launcher_for  # launcher=inprocess|local|kubernetes|ray (DESIGN §10)
 
     bar = tqdm(total=rc.stop_updates, unit="upd", desc="lockstep", file=sys.stderr, disable=not rc.progress,
                dynamic_ncols=True, mininterval=0.5)
     observer = Observer(rc, run_dir)  # metrics endpoints, trace.json, state log (docs/observability.md)
     result = None
-    launcher = launcher_for(rc)
+    try:
+        launcher = launcher_for(rc)
+    except LauncherConfigError as e:  # e.g. an unreachable launcher.address: before the run writes anything
+        bar.close()
+        print(f"lockstep: invalid configuration: {e}", file=sys.stderr)
+        sys.exit(2)
     try:
         result = execute(rc, run_dir, progress=bar, launcher=launcher, observer=observer)
     except AgentFailure as e:

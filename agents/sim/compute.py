@@ -155,6 +155,9 @@ class ComputeSpec:
     straggle_factor: float = 1.0  # slowdown of a straggling call
     device: str = "cpu"
     seed: int = 0
+    batch: str = "loop"  # off | loop | vmap | auto: deferred, batched execution (agents.sim.executor)
+    max_batch: int = 64
+    overlap: bool | str = "auto"  # run deferred tasks early on a background thread (auto: with >= 2 CPUs)
     # profiled with a named device profile (conf/profiles/<name>.json): the emulated machine's durations by
     # signature, carried by the plan so every agent and host uses the same ones ("" / {}: time this host)
     profile_name: str = ""
@@ -204,7 +207,32 @@ class ComputeModel:
     def duration(self, w: "Worker", kind: str, fn: Callable[..., Any], args: tuple,
                  wall_s: float, cost: float | None) -> VirtualTime:
         """Virtual duration (ns) of a call that took ``wall_s`` for real."""
-        base = self._base_seconds(w, kind, fn, args, wall_s, cost)
+        return self._scaled(w, self._base_seconds(w, kind, fn, args, wall_s, cost))
+
+    def ahead(self, w: "Worker", kind: str, fn: Callable[..., Any], args: tuple,
+              cost: float | None) -> VirtualTime | None:
+        """The virtual duration of a call not yet run, or None when it needs the call's wall time
+        (``measured``, a profile miss, FLOPs not counted yet): such a call runs eagerly."""
+        m = self.spec.model
+        if m == "measured":
+            return None
+        if m == "profiled":  # as _base_seconds, without timing this call
+            sig = signature(kind, fn, args)
+            if self.spec.profile_name:
+                named = self.spec.profile.get(sig)
+                if named is not None:
+                    return self._scaled(w, named)
+            base = self.db.get(self.device, sig)
+            if base is None:
+                return None  # eager: _base_seconds counts the fallback and the miss
+            if self.spec.profile_name:
+                self.profile_fallbacks += 1
+            return self._scaled(w, base)
+        if m == "analytic" and cost is None and signature(kind, fn, args) not in self._flops:
+            return None
+        return self._scaled(w, self._base_seconds(w, kind, fn, args, 0.0, cost))
+
+    def _scaled(self, w: "Worker", base: float) -> VirtualTime:
         factor = self.spec.speed[w.id] if self.spec.speed else 1.0
         factor *= self.spec.stragglers.get(w.id, 1.0)
         if self.spec.straggle_p > 0 and keyed.uniform(self.spec.seed, "straggle", w.id, w.compute_seq) \

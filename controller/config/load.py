@@ -39,7 +39,7 @@ CONF_DIR = _conf_dir()
 
 # the schema of the group nodes typed ``Any`` in LockstepConfig, by option (conf/<group>/<option>.yaml)
 _GROUP_OPTION_SCHEMA = {"launcher": {"inprocess": S.InprocessLauncherConfig, "local": S.LocalLauncherConfig,
-                                     "kubernetes": S.KubernetesLauncherConfig}}
+                                     "kubernetes": S.KubernetesLauncherConfig, "ray": S.RayLauncherConfig}}
 
 
 def group_options(group: str) -> list[str]:

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from agents.common.units import UnitError, parse_duration, parse_rate
 from agents.sim import keyed
 from agents.sim.compute import KINDS
+from agents.sim.tcp import TcpSpec
 from agents.sim.types import seconds_to_ns
 from controller.config import schema as S
 
@@ -79,6 +80,7 @@ class NetworkSettings:
     efficiency: float
     egress: str
     ingress: str
+    tcp: TcpSpec | None = None  # network.model=tcp: the transport's parameters
     topology: Any = "star"  # a preset name or a custom mapping (controller.topology builds it)
     links: Any = None  # S.TopologyLinksConfig
 
@@ -103,6 +105,9 @@ class ComputeSettings:
     straggle_p: float
     straggle_factor: float
     jitter: float
+    batch: str  # off | loop | vmap | auto (docs/batching.md)
+    max_batch: int
+    overlap: bool | str  # True | False | "auto"
     layerwise: bool = False
     forward_fraction: float = 1 / 3
     allreduce_share: float = 0.0
@@ -317,7 +322,7 @@ def _check_fields(obj: Any, prefix: str, p: _Problems) -> None:
 
 
 BUILT_IN_TARGETS = frozenset({
-    *("agents.workloads.models." + m for m in ("MLP", "ThesisCNN", "SmallResNet")),
+    *("agents.workloads.models." + m for m in ("MLP", "ThesisCNN", "SmallResNet", "Flat")),
 })
 
 
@@ -440,6 +445,11 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         partition_kw = {"alpha": c.data.alpha}
     elif partition == "non_iid":
         partition_kw = {"major": c.data.major}
+    if c.data.per_client is not None:  # shards of this many samples drawn for each client (they may overlap)
+        if partition != "iid":
+            p.bad("data.per_client", c.data.per_client, "null unless data.partition=iid")
+        else:
+            partition_kw = {"per_client": c.data.per_client}
 
     model = dict(raw["model"])
     if not isinstance(model.get("_target_"), str):
@@ -449,10 +459,12 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     compute = _compute(c.compute, good_workers, c.seed, p)
     launcher = c.launcher
     if not isinstance(launcher, S.LauncherConfig):
-        p.bad("launcher", _plain(launcher).get("name"), "inprocess | local | kubernetes")
+        p.bad("launcher", _plain(launcher).get("name"), "inprocess | local | kubernetes | ray")
     elif isinstance(launcher, S.KubernetesLauncherConfig) and importlib.util.find_spec("kubernetes") is None:
         p.add("launcher=kubernetes needs the Kubernetes client, which is not installed: "
               "pip install 'lockstep[kubernetes]'.")
+    elif isinstance(launcher, S.RayLauncherConfig):
+        _ray_launcher(launcher, c, p)
     ctl = c.controller
     if ctl.agent_timeout_s < 2 * ctl.heartbeat_s:
         p.bad("controller.agent_timeout_s", ctl.agent_timeout_s,
@@ -509,6 +521,47 @@ def _seconds(value: Any) -> float:
 
 
 # ---------------------------------------------------------------- sections
+def _ray_launcher(r: S.RayLauncherConfig, c: S.LockstepConfig, p: _Problems) -> None:
+    """``launcher=ray`` (docs/ray.md): Ray installed, resources Ray accepts, an address it can use."""
+    from controller.launchers import ray as ray_launcher  # imports Ray only when a run starts its agents
+
+    if not ray_launcher.available():
+        p.add(f"launcher=ray needs Ray, which is not installed; accepted: {ray_launcher.INSTALL_HINT}, "
+              "or launcher=local | inprocess | kubernetes.")
+    if r.address is not None and r.address != "auto" and ray_launcher.split_address(r.address) is None:
+        p.bad("launcher.address", r.address, "null (a private Ray cluster for the run), auto (the cluster `ray start "
+              "--head` runs on this machine), HOST:PORT of a running cluster's head, or ray://HOST:PORT")
+    g = r.gpus_per_agent
+    if g > 1 and g != int(g):
+        p.bad("launcher.gpus_per_agent", g, "a number of GPUs >= 0: a fraction up to 1 (0.25 puts four agents on one "
+              "GPU) or a whole number")
+    if g == 0 and (c.device == "cuda" or c.device.startswith("cuda:")):
+        p.bad("launcher.gpus_per_agent", g, f"a share of a GPU > 0 (e.g. 0.25) with device={c.device}: Ray hides the "
+              "GPUs from actors that reserve none")
+    for key, res in (("launcher.resources_per_agent", r.resources_per_agent),
+                     ("launcher.local.resources", r.local.resources)):
+        if res is not None and not (isinstance(res, dict) and all(
+                isinstance(k, str) and k not in ("CPU", "GPU", "memory") and _is_num(v) and v >= 0
+                for k, v in res.items())):
+            p.bad(key, res, "null or a mapping from a custom resource name to an amount >= 0, e.g. {lab_node: 1} "
+                  "(CPU, GPU and memory have keys of their own)")
+    if r.strategy == S.RayStrategy.STRICT_SPREAD and r.address is None and c.agents > 1:
+        p.bad("launcher.strategy", r.strategy, "PACK | SPREAD | STRICT_PACK with launcher.address=null: the private "
+              "cluster has one node, and STRICT_SPREAD needs a node per agent")
+    if r.runtime_env is not None and not isinstance(r.runtime_env, dict):
+        p.bad("launcher.runtime_env", r.runtime_env, "null or a Ray runtime_env mapping (pip, env_vars, working_dir, "
+              "...)")
+    elif r.runtime_env and "LOCKSTEP_TOKEN" in (r.runtime_env.get("env_vars") or {}):
+        p.add("launcher.runtime_env.env_vars must not hold LOCKSTEP_TOKEN: Ray shows a runtime_env to anyone who "
+              "reads its dashboard or state API; lockstep hands the agents the token itself.")
+    ca = r.controller_address
+    if ca is not None and (ray_launcher.split_address(ca) is None or ca.startswith("ray:")):
+        p.bad("launcher.controller_address", ca, "null or HOST:PORT that the agents' nodes reach")
+    if not r.namespace:
+        p.bad("launcher.namespace", r.namespace, "a Ray namespace name")
+
+
+
 def _trace(t: S.TraceConfig, p: _Problems) -> TraceSettings:
     window = None
     w = t.window
@@ -548,12 +601,41 @@ def _network(n: S.NetworkConfig, workers: int | None, p: _Problems) -> NetworkSe
     disc = n.discipline.value
     bw = _bandwidth(p, "network.bandwidth", n.bandwidth, workers)
     bw_in = None if n.bandwidth_in is None else _bandwidth(p, "network.bandwidth_in", n.bandwidth_in, workers)
+    tcp = None
+    if n.model == S.NetworkModel.tcp:
+        if n.efficiency != 1.0:
+            p.bad("network.efficiency", n.efficiency, "1.0 with network.model=tcp, which derives the goodput from "
+                  "network.tcp.mtu, header_bytes and frame_bytes")
+        tcp = _tcp(n.tcp, p)
     topology = n.topology
     if isinstance(topology, (DictConfig, dict)):
         topology = _plain(topology)
+    if n.model == S.NetworkModel.tcp and topology != "star":
+        shown = p.written.get("network.topology", _show(topology)) if isinstance(topology, str) else "{links: ...}"
+        p.add(f"network.topology={shown} is not valid with network.model=tcp; accepted: star (the tcp model has no "
+              "links beyond the NICs; tree, fat_tree and custom topologies run on network=ideal).")
     return NetworkSettings(latency=_latency(p, n.latency), bandwidth=bw, bandwidth_in=bw_in,
                            efficiency=n.efficiency, egress=n.egress.value if n.egress else disc,
-                           ingress=n.ingress.value if n.ingress else disc, topology=topology, links=n.links)
+                           ingress=n.ingress.value if n.ingress else disc, tcp=tcp, topology=topology, links=n.links)
+
+
+def _tcp(t: S.TcpConfig, p: _Problems) -> TcpSpec | None:
+    """``network.tcp`` as the engine's TcpSpec (durations in ns); None when a value is bad (reported)."""
+    ns = {}
+    for key in ("rto_min", "host_latency", "host_jitter"):
+        s = _duration(p, f"network.tcp.{key}", getattr(t, key))
+        if s is None:
+            return None
+        ns[key + "_ns"] = int(round(s * 1e9))
+    try:
+        return TcpSpec(mtu=t.mtu, header_bytes=t.header_bytes, frame_bytes=t.frame_bytes,
+                       initial_window=t.initial_window, gso_max_bytes=t.gso_max_bytes,
+                       nic_burst_bytes=t.nic_burst_bytes, clock_hz=t.clock_hz, tsq_limit_bytes=t.tsq_limit_bytes,
+                       slow_start_after_idle=t.slow_start_after_idle, hystart_delay=t.hystart_delay,
+                       hystart_ack_train=t.hystart_ack_train, **ns)
+    except ValueError as e:
+        p.add(f"network.tcp is not valid: {e}.")
+        return None
 
 
 def _rate(p: _Problems, key: str, v: Any) -> float | None:
@@ -665,14 +747,17 @@ def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -
     if unknown_kinds:
         p.bad("compute.kinds", c.kinds, "a list of " + " | ".join(KINDS))
     straggle = c.straggle
+    if not (isinstance(c.overlap, bool) or c.overlap == "auto"):
+        p.bad("compute.overlap", c.overlap, "auto (on with at least 2 usable CPUs) | true | false")
     return ComputeSettings(
         model=model, constant_s=constant_s, dist=c.distribution.value, dist_params=tuple(c.params),
         dist_kinds=tuple(c.kinds), peak_flops=c.peak_flops, profile_db=c.db or "", profile_runs=c.runs,
         **_device_profile(p, c.profile if model == "profiled" else None),
         speed_workers=_speed(p, c.speed, workers, seed), stragglers=_stragglers(p, c.stragglers),
         straggle_p=straggle.probability, straggle_factor=straggle.factor if straggle.probability > 0 else 1.0,
-        jitter=c.jitter, layerwise=c.layerwise, forward_fraction=c.forward_fraction,
-        allreduce_share=c.allreduce_share)
+        jitter=c.jitter, batch=c.batch.value, max_batch=c.max_batch,
+        overlap=c.overlap if isinstance(c.overlap, bool) else "auto", layerwise=c.layerwise,
+        forward_fraction=c.forward_fraction, allreduce_share=c.allreduce_share)
 
 
 def _device_profile(p: _Problems, name: str | None) -> dict[str, Any]:
@@ -796,16 +881,22 @@ def _check_data(p: _Problems, root: str | None, partition: str, kw: dict[str, An
     except (DataNotFoundError, ValueError) as e:
         p.add(f"data.root={root!r}: {e}")
         return
-    if len(holders) > len(data.train_y):
-        p.bad("workers", workers, f"at most the {len(data.train_y)} training samples")
+    if kw.get("per_client") is not None:
+        if kw["per_client"] > len(data.train_y):
+            p.bad("data.per_client", kw["per_client"], f"at most the {len(data.train_y)} training samples")
+            return
+    elif len(holders) > len(data.train_y):
+        p.bad("workers", workers, f"at most the {len(data.train_y)} training samples, or set data.per_client "
+              "(samples drawn for each client; shards may overlap)")
         return
     scheme = {"non_iid": "two_class_non_iid"}.get(partition, partition)
     shards = make_partition(scheme, data.train_y.numpy(), len(holders), seed, **kw)
+    shard_sizes = getattr(shards, "sizes", None) or [len(s) for s in shards]  # sampled shards know theirs
     sizes = batch_size if len(batch_size) == len(holders) else (batch_size[0],) * len(holders)
-    for name, shard, b in zip(holders, shards, sizes):
-        if b > len(shard):
-            p.add(f"batch_size={b} is larger than the shard of vworker {name} ({len(shard)} samples with "
+    for name, size, b in zip(holders, shard_sizes, sizes):
+        if b > size:
+            p.add(f"batch_size={b} is larger than the shard of vworker {name} ({size} samples with "
                   f"data.partition={partition} over {len(holders)} workers); accepted: a batch_size <= "
-                  f"{len(shard)}, or fewer workers.")
+                  f"{size}, or fewer workers.")
             return
 

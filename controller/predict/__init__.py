@@ -337,7 +337,7 @@ def summary_entry(rc: Any, summary: dict[str, Any]) -> dict[str, Any]:
     for m in result["models"]:
         if "samples_per_s" in m and emulated > 0:
             m["error"] = (m["samples_per_s"] - emulated) / emulated
-    return result
+    return json.loads(json.dumps(result))  # plain JSON data: the run's summary equals the summary.json it writes
 
 
 # ---------------------------------------------------------------------- the CLI

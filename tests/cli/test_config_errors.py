@@ -37,10 +37,31 @@ ROOT = Path(__file__).resolve().parents[2]
     ("trace.mode=window", r"trace.window=null is not valid; accepted: \[start, end\]"),
     ("controller.port=70000", r"controller.port=70000 is not valid; accepted: an integer >= 0 and <= 65535\."),
     ("compute.stragglers={w1:-2}", r"compute.stragglers=\{w1:-2\} is not valid; accepted: a mapping"),
+    ("compute.batch=fast", r"compute.batch=fast is not valid; accepted: off \| loop \| vmap \| auto"),
+    ("compute.max_batch=0", r"compute.max_batch=0 is not valid; accepted: an integer >= 1"),
+    ("compute.overlap=sometimes", r"compute.overlap=sometimes is not valid; accepted: auto \(on with at least 2"),
+    ("controller.windows=ring", r"controller.windows=ring is not valid; accepted: direct \| hub"),
+    ("workers=70000", r"workers=70000 is not valid; accepted: at most the 60000 training samples, or set "
+                      r"data.per_client"),
+    ("data.per_client=32", None),  # valid with data.partition=iid: no error
 ])
 def test_bad_value_names_key_and_accepted_values(override, expected):
+    if expected is None:
+        load([override])
+        return
     with pytest.raises(ConfigError, match=expected):
         load([override])
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["data.partition=dirichlet", "data.per_client=8"], r"data.per_client=8 is not valid; accepted: null unless "
+                                                        r"data.partition=iid"),
+    (["data.per_client=70000"], r"data.per_client=70000 is not valid; accepted: at most the 60000 training"),
+    (["data.per_client=8", "batch_size=16"], r"batch_size=16 is larger than the shard of vworker w0 \(8 samples"),
+])
+def test_per_client_shards_are_checked(overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load(overrides)
 
 
 def test_constant_compute_without_a_duration_names_the_key():

@@ -43,7 +43,7 @@ def build(workers, links, node_of, routes=None, nic=1e15, latency_ns=0):
     topo = TopologySpec("test", tuple(links), tuple(node_of), build_routes(tuple(links), nodes, routes))
     k = Kernel()
     n = len(names)
-    env = Environment(k, names, NetworkSpec(ConstantLatency(latency_ns), (nic,) * n, (nic,) * n, "fair", "fair", topo),
+    env = Environment(k, names, NetworkSpec(ConstantLatency(latency_ns), (nic,) * n, (nic,) * n, "fair", "fair", topology=topo),
                       ComputeSpec(model="constant", constant_s={"gradient": 0.0, "update": 0.0, "aggregate": 0.0}))
     objs = {}
     for vid, name in enumerate(names):
@@ -136,3 +136,25 @@ def test_a_bad_topology_stops_lockstep_run_with_one_sentence_and_exit_2(tmp_path
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["lockstep: invalid configuration:", f"  {sentence}"]
     assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_network_tcp_with_a_tree_stops_lockstep_run_with_one_sentence_and_exit_2(tmp_path):
+    p = _lockstep_run("network=tcp", "network.topology=tree", f"hydra.run.dir={tmp_path}")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "lockstep: invalid configuration:",
+        "  network.topology=tree is not valid with network.model=tcp; accepted: star (the tcp model has no links "
+        "beyond the NICs; tree, fat_tree and custom topologies run on network=ideal)."]
+    assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_a_tree_on_the_ideal_network_preset_routes_through_the_cloud(tmp_path):
+    from controller.config import load
+    from controller.plan import make_plan
+
+    plan = make_plan(load(["model=mlp", "compute=constant", "workers=2", "network=ideal", "network.topology=tree"],
+                          check_data=False))
+    topo = plan.network.topology
+    assert plan.network.tcp is None and topo.name == "tree"
+    assert topo.node_of == ("edge0", "edge1", "cloud")
+    assert topo.routes[("edge0", "edge1")] == ("edge0", "cloud", "edge1")
