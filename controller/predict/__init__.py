@@ -290,6 +290,16 @@ def inputs_of(rc: Any) -> Inputs:
     layers, source = layer_costs(rc, plan)
     lat = _mean_latency(net.latency, workers, ps)
     notes = []
+    scale = 1.0  # goodput / the configured rate
+    if net.tcp is not None:  # the closed forms on the tcp model's steady state: goodput and host latency
+        tcp = net.tcp
+        scale = tcp.mss / (tcp.mss + tcp.header_bytes + tcp.frame_bytes)
+        lat += tcp.host_latency_ns / 1e9
+        notes.append(f"network.model=tcp: links at the goodput ({scale:.2%} of the line rate) and latency plus "
+                     "host latency; slow start, windows and ACKs are not modelled (exact only on network=ideal)")
+    if rc.strategy_settings.get("collective") == "gloo":
+        notes.append("strategy.collective=gloo: Eq. 11 is the ideal ring; gloo's segments and notifications are "
+                     "not modelled")
     if net.topology is not None:
         notes.append(f"network.topology={net.topology.name}: the paper's models see the NICs only, not the "
                      "topology's links")
@@ -299,9 +309,9 @@ def inputs_of(rc: Any) -> Inputs:
                   model_bytes=sum(l.nbytes for l in layers), layers=tuple(layers), layer_source=source,
                   gradient_s=times.gradient, update_s=times.update, aggregate_s=times.aggregate,
                   compute_source=times.source,
-                  bandwidth_ps_out=net.bandwidth_out[ps], bandwidth_ps_in=net.bandwidth_in[ps],
-                  bandwidth_worker_out=tuple(net.bandwidth_out[i] for i in workers),
-                  bandwidth_worker_in=tuple(net.bandwidth_in[i] for i in workers),
+                  bandwidth_ps_out=net.bandwidth_out[ps] * scale, bandwidth_ps_in=net.bandwidth_in[ps] * scale,
+                  bandwidth_worker_out=tuple(net.bandwidth_out[i] * scale for i in workers),
+                  bandwidth_worker_in=tuple(net.bandwidth_in[i] * scale for i in workers),
                   latency_s=lat, egress=net.egress, ingress=net.ingress, layerwise=rc.compute.layerwise,
                   forward_fraction=rc.compute.forward_fraction, allreduce_share=rc.compute.allreduce_share,
                   rho_threshold=rc.predictor.rho_threshold, flow_cap=rc.flow_cap, steps=rc.predictor.steps,

@@ -134,17 +134,17 @@ def _measured(rc: Any, plan: Any) -> tuple[list[float], float, float, str]:
     # profiled (and measured, which has no better guess than a profile): the database or the device profile
     from agents.sim.compute import signature
 
+    fallbacks: list[str] = []
+
     def seconds(kind: str, fn: Any, args: tuple, run: Any) -> float:
         sig = signature(kind, fn, args)
         if spec.profile_name and sig in spec.profile:
             return spec.profile[sig]
+        if spec.profile_name:  # as the emulation does: the host's database, else timed now (a profile fallback)
+            fallbacks.append(kind)
         got = compute.db.get(compute.device, sig)
         if got is not None:
             return got
-        if spec.profile_name:
-            raise PredictInputError(f"compute.profile={spec.profile_name!r} has no entry for the {kind} call of this "
-                                    f"config ({sig}); add it with `lockstep profile --name {spec.profile_name}` "
-                                    "and the same overrides, or use compute.profile=null")
         return compute.profile(kind, run, args)  # timed now and stored, as an agent does ahead of a run
 
     grads = {}
@@ -155,6 +155,8 @@ def _measured(rc: Any, plan: Any) -> tuple[list[float], float, float, str]:
     upd = seconds("update", *calls["update"][:2], Training.apply)
     agg = seconds("aggregate", *calls["aggregate"][:2], Training.aggregate)
     src = f"device profile {spec.profile_name}" if spec.profile_name else "this host's profile database"
+    if fallbacks:
+        src += f" ({', '.join(fallbacks)} not in it: this host's profile database, as the emulation falls back)"
     return [grads[b] for b in wl.batch_size], upd, agg, src
 
 

@@ -93,6 +93,14 @@ def test_predict_command_with_a_bad_value_says_one_sentence_and_exits_2():
     assert "Traceback" not in p.stderr
 
 
+def test_network_tcp_is_predicted_at_its_goodput_with_the_host_latency_and_a_note():
+    ideal = inputs_of(load(FAST + ["strategy=ring_allreduce", "workers=4"], check_data=False))
+    tcp = inputs_of(load(FAST + ["strategy=ring_allreduce", "workers=4", "network=tcp"], check_data=False))
+    assert tcp.bandwidth_ps_out == pytest.approx(ideal.bandwidth_ps_out * 1448 / 1538, rel=1e-12)
+    assert tcp.latency_s == pytest.approx(ideal.latency_s + 257e-6, rel=1e-12)
+    assert ideal.notes == () and tcp.notes[0].startswith("network.model=tcp: links at the goodput (94.15% ")
+
+
 def test_lockstep_plot_draws_the_predictions_beside_a_sweep(tmp_path):
     from controller.plotcli import main, predicted_curves, prediction_of, sweep_points
 
