@@ -14,6 +14,7 @@ clock read, the Python call), which dominates an operation of a few microseconds
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -66,28 +67,63 @@ def layer_signature(layer: Layer, phase: str) -> str:
     return f"layer_{phase}|{layer.kind}({cfg})|float32({shape})"
 
 
-def layer_table(model: nn.Module, sample: torch.Tensor) -> list[Layer]:
-    """The layers of ``model`` in forward order, found by running it once on ``sample`` (a batch)."""
-    from torch.utils.flop_counter import FlopCounterMode
+_NO_FLOPS = (nn.GroupNorm, nn.LayerNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.Embedding)
+"""Layers torch's FlopCounterMode counts no FLOPs for (it counts matrix products and convolutions only)."""
 
+
+def _own_flops(m: nn.Module, x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> float | None:
+    """What FlopCounterMode counts for one call of ``m``, by formula (None: a kind without one).
+
+    A linear layer is one matrix product, ``2·rows·in·out``; a convolution ``2·n·c_out·(c_in/groups)·k…·out…``
+    (torch.utils.flop_counter's ``conv_flop_count``); biases are not counted, as there.
+    """
+    if isinstance(m, nn.Linear):
+        return 2.0 * math.prod(x_shape[:-1]) * m.in_features * m.out_features
+    if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and len(out_shape) >= 3:
+        return 2.0 * x_shape[0] * math.prod(m.weight.shape) * math.prod(out_shape[2:])
+    if isinstance(m, _NO_FLOPS):
+        return 0.0
+    return None
+
+
+def layer_table(model: nn.Module, sample: torch.Tensor) -> list[Layer]:
+    """The layers of ``model`` in forward order, found by running it once on ``sample`` (a batch).
+
+    Forward FLOPs per layer come from :func:`_own_flops` where every layer has a formula (no need to import
+    torch's compiler stack, seconds of `lockstep predict`'s start), else from FlopCounterMode.
+    """
     index = {id(p): i for i, p in enumerate(model.parameters())}
     owners = {name: m for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
     order: list[str] = []
     shapes: dict[str, tuple[int, ...]] = {}
+    own: dict[str, float | None] = {}
     hooks = []
     for name, m in owners.items():
         def pre(mod: nn.Module, args: tuple, name: str = name) -> None:
             if name not in shapes:
                 order.append(name)
                 shapes[name] = tuple(args[0].shape) if args and hasattr(args[0], "shape") else ()
+
+        def post(mod: nn.Module, args: tuple, out: Any, name: str = name) -> None:
+            if name in own and own[name] is None:
+                return
+            x = tuple(args[0].shape) if args and hasattr(args[0], "shape") else ()
+            y = tuple(out.shape) if hasattr(out, "shape") else ()
+            f = _own_flops(mod, x, y) if x else None
+            own[name] = None if f is None else own.get(name, 0.0) + f
+
         hooks.append(m.register_forward_pre_hook(pre))
+        hooks.append(m.register_forward_hook(post))
     try:
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        with torch.no_grad():
             model(sample)
     finally:
         for h in hooks:
             h.remove()
-    flops = counter.get_flop_counts()
+    if all(own.get(name) is not None for name in order):
+        flops = {name: {"formula": own[name]} for name in order}
+    else:
+        flops = _counted_flops(model, sample)
     seen: set[int] = set()
     out = []
     for name in order:
@@ -95,8 +131,9 @@ def layer_table(model: nn.Module, sample: torch.Tensor) -> list[Layer]:
         ids = tuple(index[id(p)] for p in m.parameters(recurse=False) if id(p) not in seen)
         seen.update(id(p) for p in m.parameters(recurse=False))
         nbytes = sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
-        own = flops.get(f"{type(model).__name__}.{name}", flops.get(name, {}))
-        out.append(Layer(name, type(m).__name__, ids, nbytes, float(sum(own.values())), shapes[name], _config(m)))
+        counts = flops.get(f"{type(model).__name__}.{name}", flops.get(name, {}))
+        out.append(Layer(name, type(m).__name__, ids, nbytes, float(sum(counts.values())), shapes[name],
+                         _config(m)))
     unused = [i for i, p in enumerate(model.parameters()) if id(p) not in seen]
     if unused and out:  # parameters no forward call touched still travel: with the last layer
         last = out[-1]
@@ -105,6 +142,15 @@ def layer_table(model: nn.Module, sample: torch.Tensor) -> list[Layer]:
         out[-1] = Layer(last.name, last.kind, last.params + tuple(unused), last.param_bytes + extra,
                         last.forward_flops, last.input_shape, last.config)
     return out
+
+
+def _counted_flops(model: nn.Module, sample: torch.Tensor) -> dict[str, dict[Any, int]]:
+    """Forward FLOPs per module path, as torch's FlopCounterMode counts them (any layer kind)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(sample)
+    return counter.get_flop_counts()
 
 
 def time_nm(fn: Callable[[], Any], n: int = 1, m: int = 4, repeats: int = 5,

@@ -25,6 +25,18 @@ def test_the_cnns_layers_in_forward_order_hold_every_parameter_once():
     assert layer_signature(table[2], "forward") == "layer_forward|Linear(in_features=256,out_features=120)|float32(16x256)"
 
 
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet", "flat"])
+def test_each_layers_flops_are_what_torchs_flop_counter_counts(name):
+    from agents.workloads.layers import _counted_flops
+
+    model = build_model(name, 0)
+    sample = torch.randn(4, 1, 28, 28)
+    counted = _counted_flops(model, sample)
+    for layer in layer_table(model, sample):
+        own = counted.get(f"{type(model).__name__}.{layer.name}", counted.get(layer.name, {}))
+        assert layer.forward_flops == float(sum(own.values())), layer.name
+
+
 def _profile(tmp_path, entries):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"name": "p", "signatures": entries}))
