@@ -100,7 +100,7 @@ def profile_main(argv: list[str]) -> int:
     import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="lockstep profile", usage=USAGE)
+    p = argparse.ArgumentParser(prog="lockstep profile", usage=USAGE.removeprefix("usage: "))
     p.add_argument("--name", required=True, help="the profile's name (letters, digits, . _ -)")
     p.add_argument("--out", help="where to write it (default: conf/profiles/NAME.json)")
     p.add_argument("--layers", action="store_true", help="also time every layer's forward and backward pass")

@@ -363,7 +363,7 @@ per-layer traces; with the inputs they used. Nothing is emulated.
 def predict_main(argv: list[str]) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="lockstep predict", usage=USAGE)
+    p = argparse.ArgumentParser(prog="lockstep predict", usage=USAGE.removeprefix("usage: "))
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--no-finegrained", action="store_true", help="the coarse-grained models only")
     p.add_argument("overrides", nargs="*")
