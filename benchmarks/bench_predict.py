@@ -5,7 +5,8 @@
 2. --table: the async-PS sweep of 1-64 workers (MLP, compute=constant, batch 16, 1 Gbit/s, 100 us,
    the network=ideal disciplines fifo and fair): the emulated updates/s and each model's error
    (the paper reports 2.5-5.8 % mean errors for its models against real clusters).
-Run: .venv/bin/python benchmarks/bench_predict.py [--table]
+   --jitter S gives every compute call a keyed log-normal factor (sigma S): random service times.
+Run: .venv/bin/python benchmarks/bench_predict.py [--table [--jitter S]] [--no-speed]
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def speed() -> None:
                   flush=True)
 
 
-def table() -> None:
+def table(jitter: float = 0.0) -> None:
     models = ("async_ps_mva_fcfs", "async_ps_mva_ps", "async_ps_hybrid", "finegrained_fcfs", "finegrained_ps")
     print("| discipline | K | emulated updates/s | " + " | ".join(models) + " |")
     print("|---|---|---|" + "---|" * len(models))
@@ -48,7 +49,7 @@ def table() -> None:
     for disc in ("fifo", "fair"):
         for k in (1, 2, 4, 8, 16, 32, 64):
             ov = ["model=mlp", "compute=constant", "network=ideal", "strategy=ps_async", f"workers={k}",
-                  f"network.discipline={disc}", f"stop.updates={20 * k + 40}", *QUIET]
+                  f"network.discipline={disc}", f"stop.updates={20 * k + 40}", f"compute.jitter={jitter}", *QUIET]
             rc = load(ov, check_data=False)
             with tempfile.TemporaryDirectory() as d:
                 execute(rc, Path(d))
@@ -71,7 +72,11 @@ def table() -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--table", action="store_true")
+    p.add_argument("--jitter", type=float, default=0.0, help="compute.jitter of the table's runs (sigma of a "
+                   "keyed log-normal factor per call): random service times, as the MVA assumes")
+    p.add_argument("--no-speed", action="store_true")
     a = p.parse_args()
-    speed()
+    if not a.no_speed:
+        speed()
     if a.table:
-        table()
+        table(a.jitter)
