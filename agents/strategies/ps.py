@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from agents.observe.statelog import log_model, log_result, log_version
+from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
 __all__ = ["PSSync", "PSAsync", "ParameterServer", "PSWorker", "TensorShards"]
@@ -127,12 +128,22 @@ class ParameterServer(TrainingWorker):
             self._owned_set = set(self._owned)
         params = self.params()
         log_version(self, 0, params)
-        for w in self.workers:
-            self.send(w, (params, 0), tag="params")
+        self.layerwise = self.env.compute.spec.layerwise  # one message per layer (agents.strategies.layerwise)
+        await self._send_params(self.workers, params, (0,))
         if self.sync:
             await self._run_sync()
         else:
             await self._run_async()
+
+    async def _recv_grad(self):
+        if self.layerwise:
+            return await layerwise.ps_recv_gradient(self)
+        if not self.env.faults.crashes:
+            return await self.recv(tag="grad")
+        while True:  # a restarted worker's pull is answered on the way (faults)
+            m = await self.recv()
+            if not self._pulled(m):
+                return m
 
     def _pulled(self, m) -> bool:
         """A worker restarted after a crash asks for the parameters (faults): send them; True if ``m`` was that."""
@@ -143,11 +154,16 @@ class ParameterServer(TrainingWorker):
         self.send(m.src, (self.params(), self.version), tag="params")
         return True
 
+    async def _send_params(self, workers: list[str], params, meta: tuple) -> None:
+        if self.layerwise:
+            await layerwise.ps_send_params(self, workers, params, meta)
+            return
+        for w in workers:
+            self.send(w, (params, *meta), tag="params")
+
     async def _run_async(self) -> None:
         while True:
-            m = await self.recv()
-            if self._pulled(m):
-                continue
+            m = await self._recv_grad()
             grad, version, loss, samples = m.payload
             staleness = self.version - version
             await self.apply(grad)
@@ -158,7 +174,7 @@ class ParameterServer(TrainingWorker):
             if self.record(loss, staleness, samples, m.nbytes):
                 return
             if self.bound is None:
-                self.send(m.src, (self.params(), self.version), tag="params")
+                await self._send_params([m.src], self.params(), (self.version,))
                 continue
             self.held.append(m.src)
             await self._release()
@@ -192,14 +208,14 @@ class ParameterServer(TrainingWorker):
             nbytes = sum(m.nbytes for m in msgs)
             if self.record(loss, 0, samples, nbytes):
                 return
-            params = self.params()
-            for w in self.workers:
-                self.send(w, (params, self.version, loss, samples, nbytes), tag="params")
+            await self._send_params(self.workers, self.params(), (self.version, loss, samples, nbytes))
 
     async def _gather(self) -> list:
         """One gradient of the current version from every worker. A gradient of another version or a second
         one from a worker (faults: a restarted worker, a duplicated message) is dropped; a restarted worker's
         pull is answered unless its gradient is in already (it gets the next version with the others)."""
+        if self.layerwise or not self.env.faults:  # (crashes are not supported with compute.layerwise)
+            return [await self._recv_grad() for _ in self.workers]
         got: dict[str, Any] = {}
         while len(got) < len(self.workers):
             m = await self.recv()
@@ -225,6 +241,9 @@ class PSWorker(TrainingWorker):
         self.counts = counts  # a sharded sync PS: this worker records version v once it holds all of it
 
     async def run(self) -> None:
+        if self.env.compute.spec.layerwise:
+            await self._run_layerwise()
+            return
         split = shards_of(self.training, len(self.shards)) if len(self.shards) > 1 else None
         keeps_model = split is not None and self.name == "w0"  # the result vworker of a sharded PS
         every = self.setting("eval_every", 0)
@@ -250,6 +269,21 @@ class PSWorker(TrainingWorker):
             parts = [grad] if split is None else split.split(grad)
             for s, part, v in zip(self.shards, parts, versions):
                 self.send(s, (part, v, loss, samples), tag="grad")
+
+
+    async def _run_layerwise(self) -> None:
+        """One PS shard, the parameters and the gradient one message per layer (compute.layerwise)."""
+        ps = self.shards[0]
+
+        async def recv_layer(i: int):
+            m = await self.recv(src=ps, tag=("p", i))
+            return m.payload[0], m.payload[1]
+
+        def send_layer(i: int, g, loss: float, samples: int, version: int):
+            return self.send(ps, (g, version, loss, samples), tag=("g", i))
+
+        while True:
+            await layerwise.worker_step(self, recv_layer, send_layer)
 
 
 class _PS(Strategy):

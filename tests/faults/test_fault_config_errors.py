@@ -47,8 +47,11 @@ PS = ["strategy=ps_async", "workers=4"]
     (["faults=[{kind:slow_link,workers:[w1],factor:2}]"],
      "faults[0].factor=2.0 is not valid; accepted: the share of the NIC rate left, in (0, 1] for slow_link."),
     (["network=tcp", "faults=[{kind:slow_link,workers:[w1],factor:0.5}]"],
-     "faults[0] (kind slow_link) is not supported with network.model=tcp; accepted: network.model=ideal, or a "
-     "straggler, loss or partition fault."),
+     "faults[0] (kind slow_link) is not supported with network.model=tcp or a network.topology other than star; "
+     "accepted: network.model=ideal with network.topology=star, or a straggler, loss or partition fault."),
+    (["compute.layerwise=true", "faults=[{kind:crash,workers:[w1]}]"],
+     "faults[0] (kind crash) is not supported with compute.layerwise=true (a restarted worker rejoins with "
+     "whole-model messages); accepted: compute.layerwise=false."),
     (["faults=[{kind:straggler,workers:[w1],factor:0.5}]"],
      "faults[0].factor=0.5 is not valid; accepted: a slowdown >= 1 for straggler."),
     (["faults=[{kind:byzantine,workers:[w1],mode:noise}]"],
