@@ -24,7 +24,7 @@ from agents.common.plan import Plan
 from controller.config.schema import RecoveryAgents, RecoveryConfig
 from controller.launchers.base import AgentFailure
 
-__all__ = ["Recovery", "NotResumable", "resumable_run_id", "check_resumable", "resume_state"]
+__all__ = ["Recovery", "NotResumable", "resumable_run_id", "check_resumable", "resume_state", "load_run_config"]
 
 log = logging.getLogger("lockstep.controller")
 
@@ -46,6 +46,30 @@ def resume_state(run_dir: Path) -> str:
     except (OSError, ValueError):
         pass
     return "unfinished"
+
+
+def load_run_config(run_dir: Path) -> Any:
+    """The validated RunConfig of the run in ``run_dir``, from its ``config.yaml`` (the resolved config)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from controller.config import validate
+    from controller.config.schema import GROUP_SCHEMAS
+
+    path = Path(run_dir) / "config.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise NotResumable(f"{path} cannot be read ({e})") from e
+    if not isinstance(raw, dict):
+        raise NotResumable(f"{path} does not hold a lockstep configuration")
+    cfg = OmegaConf.create(raw)
+    # group nodes are typed by the option Hydra composed; config.yaml keeps the launcher's name
+    launchers = {cls.name: cls for cls in GROUP_SCHEMAS["launcher"].values()}
+    node = raw.get("launcher")
+    if isinstance(node, dict) and node.get("name") in launchers:
+        cfg.launcher = OmegaConf.merge(OmegaConf.structured(launchers[node["name"]]), node)
+    return validate(cfg)
 
 
 def resumable_run_id(run_dir: Path) -> str:
