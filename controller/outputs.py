@@ -70,6 +70,11 @@ class _Table:
     def replaying(self) -> bool:
         return bool(self._done)
 
+    @property
+    def to_replay(self) -> int:
+        """Rows on disk the replay has not reproduced yet."""
+        return len(self._done)
+
     def write(self, rows: list[tuple]) -> int:
         """Append ``rows``, skipping (after checking) those already on disk; returns how many were new."""
         new = 0

@@ -130,7 +130,7 @@ class Recovery:
                       self.cfg.max_restarts)
             return False
         self.restarts += 1
-        rows = out.metrics.replayed + len(out.metrics._done) if out.replaying else out.n_updates
+        rows = out.metrics.replayed + out.metrics.to_replay if out.replaying else out.n_updates
         log.warning("agent %s was lost (%s); restarting every agent and replaying the run to the %d rows "
                     "already written (restart %d of at most %d, recovery.max_restarts)", e.agent, e.reason, rows,
                     self.restarts, self.cfg.max_restarts)
@@ -141,7 +141,7 @@ class Recovery:
 
     def resumed(self, out: Any) -> None:
         self.resumes += 1
-        rows = len(out.metrics._done)
+        rows = out.metrics.to_replay
         log.warning("resuming the run: replaying it to the %d rows of metrics.csv already written", rows)
         self._record(event="resume", rows_written=rows)
         self._replay_from = time.perf_counter()

@@ -185,7 +185,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     if resume:
         recovery.resumed(out)
         if progress is not None:
-            progress.update(len(out.metrics._done))
+            progress.update(out.metrics.to_replay)
     if handles is None:
         handles = start_agents()
 

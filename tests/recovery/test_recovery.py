@@ -155,8 +155,8 @@ def test_a_controller_killed_mid_run_is_finished_by_lockstep_resume_with_identic
     written = (d / "metrics.csv").read_bytes()
     # the orphaned agents notice their controller is gone and exit
     wait_until(lambda: not any(_alive(p) for p in pids), timeout=120, what="the orphaned agents to exit")
-    assert not json.loads((d / "summary.json").read_text()).get("complete", False) if (d / "summary.json").exists() \
-        else True
+    if (d / "summary.json").exists():
+        assert not json.loads((d / "summary.json").read_text())["complete"]
     res = _cli("resume", str(d))
     err, _ = res.communicate(timeout=600)
     assert res.returncode == 0, err
@@ -202,7 +202,8 @@ def test_a_resumed_run_keeps_the_rows_on_disk_and_appends_the_rest(tmp_path):
     r = execute(rc, cut, resume=True)
     assert (cut / "metrics.csv").read_bytes().startswith(kept)
     assert_same_outputs(whole, cut)
-    assert r.summary["recovery"] == {"agent_restarts": 0, "resumes": 1, "replay_wall_s": r.summary["recovery"]["replay_wall_s"]}
+    rec = r.summary["recovery"]
+    assert (rec["agent_restarts"], rec["resumes"]) == (0, 1) and rec["replay_wall_s"] > 0
     with open(cut / "metrics.csv", newline="") as f:
         assert len(list(csv.reader(f))) == 201
 
