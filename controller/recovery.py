@@ -111,7 +111,12 @@ class Recovery:
 
     def restartable(self, e: AgentFailure) -> bool:
         impl = getattr(self.launcher, "launcher", None)
-        if self.cfg.agents != RecoveryAgents.restart or not getattr(impl, "restartable", False):
+        if self.cfg.agents != RecoveryAgents.restart:
+            return False
+        if not getattr(impl, "restartable", False):
+            if e.lost and impl is not None:
+                log.warning("recovery.agents=restart restarts the agents of launcher=local only (docs/recovery.md); "
+                            "this launcher's lost agent stops the run")
             return False
         if not e.lost:  # an error it reported may come from a peer that died: the launcher knows
             try:
