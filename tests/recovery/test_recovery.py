@@ -230,3 +230,24 @@ def test_lockstep_resume_of_a_directory_without_a_run_says_so_in_one_sentence(tm
     assert p.returncode == 2
     assert err.strip() == (f"lockstep resume: {tmp_path} holds no run to resume (a run writes config.yaml and "
                            "plan.json there when it starts)")
+
+
+def test_lockstep_run_with_recovery_resume_auto_resumes_an_unfinished_run_directory(tmp_path):
+    # what the Helm chart's Job does when it restarts its controller pod: the same command line again
+    from tests.helpers import FAST
+
+    whole = tmp_path / "whole"
+    first = _cli("run", *FAST, *SMALL, f"hydra.run.dir={whole}")
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, out
+    d = tmp_path / "run"
+    shutil.copytree(whole, d)
+    _cut(d, 60)
+    p = _cli("run", *FAST, *SMALL, "recovery.resume=auto", f"hydra.run.dir={d}")
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+    assert f"resuming the unfinished run in {d} (recovery.resume=auto)" in out, out
+    assert_same_outputs(whole, d)
+    again = _cli("run", *FAST, *SMALL, "recovery.resume=auto", f"hydra.run.dir={d}")
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0 and "is complete (summary.json); nothing to resume" in out, out
