@@ -216,29 +216,17 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         col.on_window(w)
         recovery.progress(out)
 
-    try:
-        while True:
-            try:
-                if plan.n_agents > 1 and launcher is not None and rc.controller.windows.value == "direct":
-                    from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
+    def drive() -> tuple[Any, int, Any, dict[str, Any]]:
+        """The windows, then the final calls (parameters, final evaluation, info) of the current agents."""
+        if plan.n_agents > 1 and launcher is not None and rc.controller.windows.value == "direct":
+            from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
 
-                    t_loop = time.perf_counter()
-                    stop, n_windows = run_direct(handles, on_window, should_abort=should_abort)
-                    col.barrier_s = time.perf_counter() - t_loop
-                else:
-                    stop = run_windows(handles, plan.placement, plan.lookahead(), on_window,
-                                       should_abort=should_abort)
-                break
-            except AgentFailure as e:
-                if not recovery.restart(e, out):
-                    raise
-                # every agent starts again from virtual time 0 and replays to where the run was
-                launcher.close(abort=f"agent {e.agent} was lost; the run restarts its agents")
-                out.rewind()
-                if observer is not None:
-                    observer.rewind()
-                col = collector()
-                handles = start_agents()
+            t_loop = time.perf_counter()
+            stop, n_windows = run_direct(handles, on_window, should_abort=should_abort)
+            col.barrier_s = time.perf_counter() - t_loop
+        else:
+            stop = run_windows(handles, plan.placement, plan.lookahead(), on_window,
+                               should_abort=should_abort)
         col.stop_time = stop
         col.flush(None)
         # agents report stop.virtual_time as their stop time from the start, so stop is None only when
@@ -267,6 +255,22 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             info.setdefault("memory", []).append(i.get("memory") or {})
             if observer is not None and getattr(h, "metrics_address", ""):
                 observer.add_agent_exposition(h.agent_id, h.metrics_text())
+        return stop, end_ns, params, info
+
+    try:
+        while True:
+            try:  # a lost agent: every agent starts again from virtual time 0 and replays to where the run was
+                stop, end_ns, params, info = drive()
+                break
+            except AgentFailure as e:
+                if not recovery.restart(e, out):
+                    raise
+                launcher.close(abort=f"agent {e.agent} was lost; the run restarts its agents")
+                out.rewind()
+                if observer is not None:
+                    observer.rewind()
+                col = collector()
+                handles = start_agents()
     except BaseException as e:
         try:  # what the run reached, for a run that failed (metrics.csv has every row)
             partial()
