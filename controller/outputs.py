@@ -113,10 +113,11 @@ def _cut_partial_line(path: Path) -> None:
 class RunDir:
     """Writers for one run directory. ``resume``: keep the CSVs already there and append after them."""
 
-    def __init__(self, path: Path, resume: bool = False):
+    def __init__(self, path: Path, extra_columns: tuple[str, ...] = (), resume: bool = False):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self.metrics = _Table(self.path / "metrics.csv", UPDATE_COLUMNS, resume)
+        # extra: e.g. the data-on-network totals
+        self.metrics = _Table(self.path / "metrics.csv", (*UPDATE_COLUMNS, *extra_columns), resume)
         self.evals = _Table(self.path / "eval.csv", EVAL_COLUMNS, resume)
         self.n_updates = 0
 
