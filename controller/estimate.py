@@ -48,18 +48,14 @@ def _random_op(kind: str, g: Any) -> tuple[Any, Any, dict[str, float]]:
     import torch
     from torch import nn
 
-    from agents.sim.estimator import features_of
-
     if kind == "Linear":
         n, i, o = int(g.integers(1, 129)), int(g.integers(8, 1025)), int(g.integers(8, 1025))
         return nn.Linear(i, o), torch.randn(n, i), {"n": n, "in": i, "out": o}
     n, c, hw, co = int(g.integers(1, 17)), int(g.integers(1, 17)), int(g.integers(8, 29)), int(g.integers(4, 33))
     k, s = int(g.choice([1, 3, 5])), int(g.choice([1, 2]))
     p = k // 2
-    conv = nn.Conv2d(c, co, k, s, p)
-    return conv, torch.randn(n, c, hw, hw), features_of("Conv2d", {"kernel_size": conv.kernel_size, "stride": conv.stride,
-                                                                  "padding": conv.padding, "out_channels": co},
-                                                       (n, c, hw, hw))
+    feats = {"n": n, "c_in": c, "h": hw + 2 * p, "w": hw + 2 * p, "c_out": co, "k_h": k, "k_w": k, "s_h": s, "s_w": s}
+    return nn.Conv2d(c, co, k, s, p), torch.randn(n, c, hw, hw), feats
 
 
 def random_samples(kind: str, count: int, seed: int, repeats: int) -> dict[str, list[tuple[dict[str, float], float]]]:

@@ -34,18 +34,13 @@ class OpKind:
     linear: tuple[str, ...]  # tensor dimensions: linear or null
     inverse: tuple[str, ...]  # strides: inversely proportional or null
     modes: tuple[str, ...] = ()  # at most a handful of values (kernel sizes, strides): one model per value
-    outputs: tuple[str, ...] = ()  # output dimensions, computed from ``outputs_of``: linear, never beside them
-    outputs_of: tuple[str, ...] = ()
 
 
 OP_KINDS = {
     "Linear": OpKind("Linear", ("n", "in", "out"), ("n", "in", "out"), ()),
     # kernel sizes and strides take few values: Tianshu's pruning rule makes them mode selectors
-    # h_out = (h - k_h) // s_h + 1 is the exact count of the window's positions, which h / s_h (Eq. 2) only
-    # approaches for images much larger than the kernel: at 8-28 pixels and k = 5 they differ by up to 50 %
-    "Conv2d": OpKind("Conv2d", ("n", "c_in", "h", "w", "c_out", "k_h", "k_w", "s_h", "s_w", "h_out", "w_out"),
-                     ("n", "c_in", "h", "w", "c_out", "k_h", "k_w"), ("s_h", "s_w"), ("k_h", "k_w", "s_h", "s_w"),
-                     ("h_out", "w_out"), ("h", "w", "s_h", "s_w")),
+    "Conv2d": OpKind("Conv2d", ("n", "c_in", "h", "w", "c_out", "k_h", "k_w", "s_h", "s_w"),
+                     ("n", "c_in", "h", "w", "c_out", "k_h", "k_w"), ("s_h", "s_w"), ("k_h", "k_w", "s_h", "s_w")),
 }
 
 
@@ -59,9 +54,8 @@ def features_of(kind: str, config: dict[str, Any], input_shape: tuple[int, ...])
         if isinstance(p_h, str):  # padding="same"
             return None
         n, c, h, w = input_shape
-        h, w = h + 2 * p_h, w + 2 * p_w
-        return {"n": n, "c_in": c, "h": h, "w": w, "c_out": config["out_channels"], "k_h": k_h, "k_w": k_w,
-                "s_h": s_h, "s_w": s_w, "h_out": (h - k_h) // s_h + 1, "w_out": (w - k_w) // s_w + 1}
+        return {"n": n, "c_in": c, "h": h + 2 * p_h, "w": w + 2 * p_w, "c_out": config["out_channels"],
+                "k_h": k_h, "k_w": k_w, "s_h": s_h, "s_w": s_w}
     return None
 
 
@@ -75,7 +69,8 @@ def _elements(kind: str, f: dict[str, float]) -> float:
     """Elements an operation reads and writes: its input, weights and output."""
     if kind == "Linear":
         return f["n"] * f["in"] + f["in"] * f["out"] + f["n"] * f["out"]
-    h_out, w_out = f["h_out"], f["w_out"]
+    h_out = (f["h"] - f["k_h"]) // f["s_h"] + 1
+    w_out = (f["w"] - f["k_w"]) // f["s_w"] + 1
     return (f["n"] * f["c_in"] * f["h"] * f["w"] + f["c_out"] * f["c_in"] * f["k_h"] * f["k_w"]
             + f["n"] * f["c_out"] * h_out * w_out)
 
@@ -186,18 +181,14 @@ def _mode(op: OpKind, f: dict[str, float]) -> str:
 
 
 def _candidates(kind: OpKind) -> list[tuple[int, ...]]:
-    """Every PC of the pruned space: each linear parameter in or out, each inverse one in (as 1/p) or out;
-    then the output dimensions in place of the parameters they are computed from."""
+    """Every PC of the pruned space: each linear parameter in or out, each inverse one in (as 1/p) or out."""
     out = []
     for lin in itertools.product((0, 1), repeat=len(kind.linear)):
+        if not any(lin):
+            continue
         for inv in itertools.product((0, -1), repeat=len(kind.inverse)):
             e = dict(zip(kind.linear, lin)) | dict(zip(kind.inverse, inv))
-            for outs in itertools.product((0, 1), repeat=len(kind.outputs)):
-                if any(outs) and any(e.get(p) for p in kind.outputs_of):
-                    continue
-                e_all = e | dict(zip(kind.outputs, outs))
-                if any(e_all.get(p) == 1 for p in kind.params):
-                    out.append(tuple(e_all.get(p, 0) for p in kind.params))
+            out.append(tuple(e.get(p, 0) for p in kind.params))
     return out
 
 
