@@ -6,7 +6,7 @@ deferred and overlapped without vmap, to tell the two gains apart):
 * 64 workers, model=mlp, ps_async, UPDATES updates, in-process (target: auto >= 1.5x faster than off);
 * the default experiment (the thesis CNN), the same updates (target: auto no slower than off).
 
-It prints each side's best wall time and window-loop time, their ratios, how the gradients were batched
+It prints each side's best wall time and window-loop time, their ratios, each side's least CPU time, how the gradients were batched
 (mean and largest batch, share of tasks run by vmap) and the load average. ``auto`` probes loop against
 vmap at start-up and keeps the figures in the profile database; the script warms that database first,
 so both sides measure the run, not the probe.
@@ -43,7 +43,9 @@ def main() -> None:
               f"{auto['wall_time_s']:.2f} s (loop {auto['wall_barrier_s']:.2f} s): auto is "
               f"{off['wall_time_s'] / auto['wall_time_s']:.2f}x faster (window loop "
               f"{off['wall_barrier_s'] / auto['wall_barrier_s']:.2f}x); loop (deferred, overlapped, no vmap) "
-              f"{loop['wall_time_s']:.2f} s: {off['wall_time_s'] / loop['wall_time_s']:.2f}x; auto's batches: mean "
+              f"{loop['wall_time_s']:.2f} s: {off['wall_time_s'] / loop['wall_time_s']:.2f}x; least CPU: off "
+              f"{min(s['cpu_s'] for s in res['off']):.1f} s, loop {min(s['cpu_s'] for s in res['loop']):.1f} s, "
+              f"auto {min(s['cpu_s'] for s in res['auto']):.1f} s; auto's batches: mean "
               f"{cb['mean_batch']:.2f}, "
               f"largest {cb['largest_batch']}, {share:.0%} of tasks by vmap, overlap {cb['overlap']}; "
               f"load average {load_average()}")

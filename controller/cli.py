@@ -11,6 +11,7 @@ USAGE = """usage: lockstep <command> [args]
 
 commands:
   run [overrides...]        run an experiment (Hydra: key=value overrides, --multirun to sweep)
+  resume RUN_DIR            finish a run whose controller died, bit-identical to an undisturbed run
   sweep [--kubernetes] [overrides...]   a Hydra sweep; --kubernetes: one Helm release per point
   fetch RELEASE [DIR] | --sweep NAME [DIR]  copy run directories out of a cluster's results volume
   profile --name NAME [overrides...]   measure this machine's compute calls into a device profile
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "run":
         return _run(rest)
+    if cmd == "resume":
+        return _resume(rest)
     if cmd == "sweep":
         from controller.cluster import sweep_main
 
@@ -129,8 +132,62 @@ def _task(cfg) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     from controller.session import run_session
 
+    if rc.recovery.resume.value == "auto":
+        from controller.recovery import resume_state
+
+        state = resume_state(run_dir)
+        if state == "complete":
+            print(f"lockstep: the run in {run_dir} is complete (summary.json); nothing to resume", file=sys.stderr)
+            return {}
+        if state == "unfinished":  # recovery.resume=auto: e.g. the chart's Job restarted its controller pod
+            print(f"lockstep: resuming the unfinished run in {run_dir} (recovery.resume=auto)", file=sys.stderr)
+            from controller.recovery import load_run_config
+
+            return run_session(load_run_config(run_dir), run_dir, resume=True).summary
     result = run_session(rc, run_dir)
     return result.summary
+
+
+def _resume(args: list[str]) -> int:
+    """``lockstep resume RUN_DIR``: replay the run of RUN_DIR/config.yaml and append to its outputs."""
+    from controller.config import ConfigError
+    from controller.recovery import NotResumable, load_run_config, resume_state
+
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: lockstep resume RUN_DIR   (the run directory of a run whose controller died)",
+              file=sys.stderr)
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    run_dir = Path(args[0])
+    state = resume_state(run_dir)
+    if state == "empty":
+        print(f"lockstep resume: {run_dir} holds no run to resume (a run writes config.yaml and plan.json "
+              "there when it starts)", file=sys.stderr)
+        return 2
+    if state == "complete":
+        print(f"lockstep resume: the run in {run_dir} is complete (summary.json); nothing to resume", file=sys.stderr)
+        return 0
+    try:
+        rc = load_run_config(run_dir)
+    except NotResumable as e:
+        print(f"lockstep resume: {e}", file=sys.stderr)
+        return 2
+    except ConfigError as e:
+        _invalid([f"{run_dir / 'config.yaml'}: {p}" for p in e.problems])
+    _log_to(run_dir / "lockstep.log", rc.log_level)
+    from controller.session import run_session
+
+    run_session(rc, run_dir, resume=True)
+    return 0
+
+
+def _log_to(path: Path, level: str) -> None:
+    """What Hydra's job logging does for ``lockstep run``: the run's log file (appended to) and stderr."""
+    fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    root = logging.getLogger()
+    for h in (logging.StreamHandler(), logging.FileHandler(path, mode="a")):
+        h.setFormatter(fmt)
+        root.addHandler(h)
+    root.setLevel(level)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -90,7 +90,7 @@ def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s
                 silent = time.monotonic() - h.session.last_seen
                 if silent > h.timeout_s:
                     raise h.fail(f"sent nothing for {silent:.1f} s during the direct windows "
-                                 f"(controller.agent_timeout_s={h.timeout_s:g})")
+                                 f"(controller.agent_timeout_s={h.timeout_s:g})", lost=True)
             if should_abort is not None:
                 should_abort()
             threading.Event().wait(_POLL_S)

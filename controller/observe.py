@@ -86,13 +86,7 @@ class Observer:
         ts = plan.trace = trace_spec(t.mode, t.sample_every, t.window_s, t.max_events,
                                      [v.holds_data for v in plan.vworkers])
         plan.statelog = StatelogSpec(s.enabled, s.checksum, s.snapshot_every)
-        if ts.mode != "off":
-            self.trace = TraceWriter(self.run_dir / "trace.json", plan.names, plan.placement,
-                                     keep=ts.keep, window_ns=ts.window_ns,
-                                     max_events=ts.max_events,
-                                     meta={"run_id": plan.run_id, "strategy": plan.strategy, "trace_mode": ts.mode})
-        if s.enabled:
-            self.statelog = StateLogWriter(self.run_dir)
+        self._open_writers()
         # remote agents serve their own /metrics whenever the controller serves (agents/agent.py)
         plan.metrics = AgentMetricsSpec(serve=self.port is not None, host=self.host, port=self.agent_port,
                                         per_worker=self.per_worker)
@@ -103,6 +97,22 @@ class Observer:
             self.endpoints["controller"] = f"{_scrape_host(self.host)}:{port}"
             print(f"lockstep: metrics on http://{self.endpoints['controller']}/metrics", file=sys.stderr)
             self._write_endpoints()
+
+    def _open_writers(self) -> None:
+        plan, ts, s = self.plan, self.plan.trace, self.rc.statelog
+        if ts.mode != "off":
+            self.trace = TraceWriter(self.run_dir / "trace.json", plan.names, plan.placement,
+                                     keep=ts.keep, window_ns=ts.window_ns,
+                                     max_events=ts.max_events,
+                                     meta={"run_id": plan.run_id, "strategy": plan.strategy, "trace_mode": ts.mode})
+        if s.enabled:
+            self.statelog = StateLogWriter(self.run_dir)
+
+    def rewind(self) -> None:
+        """The run replays from virtual time 0 (docs/recovery.md): trace.json and the state log start over
+        (both are written at the end of the run, from memory)."""
+        if self.plan is not None:
+            self._open_writers()
 
     def agent_metrics(self, agent_id: int) -> Metrics:
         """An in-process agent's Metrics, on its own registry (and endpoint when serving)."""

@@ -13,7 +13,7 @@ from typing import Any
 from agents.common.files import write_atomic
 from agents.sim.env import EVAL_COLUMNS, UPDATE_COLUMNS
 
-__all__ = ["RunDir", "read_csv", "upload", "write_json_atomic"]
+__all__ = ["RunDir", "ReplayDiverged", "read_csv", "upload", "write_json_atomic"]
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -30,34 +30,117 @@ def _fmt(v: Any) -> Any:
     return repr(v) if isinstance(v, float) else v
 
 
-class RunDir:
-    """Writers for one run directory."""
+class ReplayDiverged(RuntimeError):
+    """A replayed run produced a row that differs from the one already written (docs/recovery.md)."""
 
-    def __init__(self, path: Path, extra_columns: tuple[str, ...] = ()):
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(self.path / "metrics.csv", "w", newline="")
-        self._eval = open(self.path / "eval.csv", "w", newline="")
-        self._mw = csv.writer(self._metrics)
-        self._ew = csv.writer(self._eval)
-        self._mw.writerow((*UPDATE_COLUMNS, *extra_columns))  # extra: e.g. the data-on-network totals
-        self._ew.writerow(EVAL_COLUMNS)
-        self.n_updates = 0
 
-    def write_updates(self, rows: list[tuple]) -> None:
+class _Table:
+    """One CSV of the run directory, appended to; after :meth:`rewind` (a replay) the rows already on disk
+    are checked against the replayed ones (every column but ``wall_*``) instead of being written again."""
+
+    def __init__(self, path: Path, columns: tuple[str, ...], keep: bool):
+        self.path, self.columns = path, columns
+        self._wall = [i for i, c in enumerate(columns) if c.startswith("wall_")]
+        existing = keep and path.exists() and path.stat().st_size > 0
+        if existing:
+            _cut_partial_line(path)
+        self._f = open(path, "a" if existing else "w", newline="")
+        self._w = csv.writer(self._f)
+        if not existing:
+            self._w.writerow(columns)
+            self._f.flush()
+        self._done: list[list[str]] = []  # rows on disk the replay has not reached yet
+        self.replayed = 0  # rows of this attempt that were already on disk
+        if existing:
+            self.rewind()
+
+    def rewind(self) -> None:
+        """The run starts again from virtual time 0: the rows on disk are what it must reproduce first."""
+        self._f.flush()
+        with open(self.path, newline="") as f:
+            rows = list(csv.reader(f))
+        if rows and tuple(rows[0]) != tuple(self.columns):
+            raise ReplayDiverged(f"{self.path} has the columns {rows[0]}, not {list(self.columns)}: "
+                                 "it was written by another lockstep version")
+        self._done = rows[1:]
+        self._done.reverse()  # pop() from the end: the oldest row first
+        self.replayed = 0
+
+    @property
+    def replaying(self) -> bool:
+        return bool(self._done)
+
+    @property
+    def to_replay(self) -> int:
+        """Rows on disk the replay has not reproduced yet."""
+        return len(self._done)
+
+    def write(self, rows: list[tuple]) -> int:
+        """Append ``rows``, skipping (after checking) those already on disk; returns how many were new."""
+        new = 0
         for r in rows:
-            self._mw.writerow([_fmt(v) for v in r])
-        self.n_updates += len(rows)
-        self._metrics.flush()
-
-    def write_evals(self, rows: list[tuple]) -> None:
-        for r in rows:
-            self._ew.writerow([_fmt(v) for v in r])
-        self._eval.flush()
+            cells = [str(_fmt(v)) if v is not None else "" for v in r]
+            if self._done:
+                old = self._done.pop()
+                diff = [self.columns[i] for i in range(len(cells))
+                        if i not in self._wall and (i >= len(old) or old[i] != cells[i])]
+                if diff or len(old) != len(cells):
+                    raise ReplayDiverged(
+                        f"the replayed run differs from {self.path.name} row {self.replayed + 1} "
+                        f"(columns {', '.join(diff) or 'count'}: {old} on disk, {cells} replayed); "
+                        "the run directory was written by another version or configuration")
+                self.replayed += 1
+                continue
+            self._w.writerow(cells)
+            new += 1
+        if new:
+            self._f.flush()
+        return new
 
     def close(self) -> None:
-        self._metrics.close()
-        self._eval.close()
+        self._f.close()
+
+
+def _cut_partial_line(path: Path) -> None:
+    """Drop a last line without its newline (the process died while writing it)."""
+    with open(path, "rb+") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            f.truncate(end)
+
+
+class RunDir:
+    """Writers for one run directory. ``resume``: keep the CSVs already there and append after them."""
+
+    def __init__(self, path: Path, extra_columns: tuple[str, ...] = (), resume: bool = False):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        # extra: e.g. the data-on-network totals
+        self.metrics = _Table(self.path / "metrics.csv", (*UPDATE_COLUMNS, *extra_columns), resume)
+        self.evals = _Table(self.path / "eval.csv", EVAL_COLUMNS, resume)
+        self.n_updates = 0
+
+    def rewind(self) -> None:
+        """The run replays from virtual time 0 (its agents restarted): check, do not rewrite, what is written."""
+        self.metrics.rewind()
+        self.evals.rewind()
+        self.n_updates = 0
+
+    @property
+    def replaying(self) -> bool:
+        return self.metrics.replaying or self.evals.replaying
+
+    def write_updates(self, rows: list[tuple]) -> int:
+        self.n_updates += len(rows)
+        return self.metrics.write(rows)
+
+    def write_evals(self, rows: list[tuple]) -> int:
+        return self.evals.write(rows)
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.evals.close()
 
 
 def upload(run_dir: Path, url: str) -> str:

@@ -73,8 +73,8 @@ class RemoteAgent:
         self.metrics_address = ""  # HOST:PORT of the agent's /metrics, from Ready ("" = not serving)
 
     # ------------------------------------------------------------ waiting
-    def fail(self, reason: str) -> AgentFailure:
-        return AgentFailure(str(self.agent_id), reason, self._log_tail(self.agent_id))
+    def fail(self, reason: str, lost: bool = False) -> AgentFailure:
+        return AgentFailure(str(self.agent_id), reason, self._log_tail(self.agent_id), lost=lost)
 
     def _receive(self, what: str) -> tuple[pb.AgentFrame, dict]:
         """The next decoded frame of this agent; raises AgentFailure when it died, fell silent or erred."""
@@ -87,7 +87,7 @@ class RemoteAgent:
                 silent = time.monotonic() - sess.last_seen
                 if silent > self.timeout_s:
                     raise self.fail(f"sent nothing for {silent:.1f} s while the controller waited for its {what} "
-                                    f"(controller.agent_timeout_s={self.timeout_s:g})") from None
+                                    f"(controller.agent_timeout_s={self.timeout_s:g})", lost=True) from None
                 continue
             return self.interpret(item)
 
@@ -99,7 +99,7 @@ class RemoteAgent:
             while time.monotonic() < deadline:
                 self._poll()
                 nap.wait(0.02)
-            raise self.fail(item[1])
+            raise self.fail(item[1], lost=True)
         msg, blobs = item[1], item[2]
         if msg.WhichOneof("body") == "failure":
             raise self.fail(f"reported an error: {msg.failure.error}")

@@ -16,8 +16,10 @@ from agents.common.plan import Plan
 from agents.sim.types import NS_PER_S
 from controller.clock import Window, run_windows
 from controller.config import RunConfig, config_hash
+from controller.launchers.base import AgentFailure
 from controller.outputs import RunDir, write_json_atomic
 from controller.plan import make_plan
+from controller.recovery import Recovery, check_resumable, resumable_run_id
 
 __all__ = ["execute", "RunResult", "InProcessAgent", "DATA_COLUMNS"]
 
@@ -145,17 +147,17 @@ class _Collector:
         return d["data_hits"], d["data_misses"], d["data_bytes"], d["data_wait_ns"] / NS_PER_S
 
     def _write_updates(self, rows: list[UpdateRow]) -> None:
-        self.out.write_updates(rows)
+        new = self.out.write_updates(rows)  # a replay (docs/recovery.md) reproduces rows already written
         rows = [UpdateRow(*r[:len(UpdateRow._fields)]) for r in rows]
-        for r in rows:
+        for i, r in enumerate(rows):
             self.n_updates += 1
             self.samples += r.samples
             self.max_time = max(self.max_time, r.virtual_time_ns)
-            if self.metrics is not None:
+            if self.metrics is not None and i >= len(rows) - new:
                 self.metrics.record_update(r.virtual_time_ns, r.loss, r.staleness)
         last = self.last_update = rows[-1]
-        if self.progress is not None:
-            self.progress.update(len(rows))
+        if self.progress is not None and new:
+            self.progress.update(new)
             self.progress.set_postfix_str(f"virtual {last.virtual_time_s:.3f}s loss {last.loss:.4f}", refresh=False)
 
     def _write_evals(self, rows: list[EvalRow]) -> None:
@@ -178,37 +180,53 @@ def build_inprocess(plan: Plan, observer: Any = None) -> list[InProcessAgent]:
 
 
 def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metrics: Any = None,
-            progress: Any = None, launcher: Any = None, observer: Any = None) -> RunResult:
+            progress: Any = None, launcher: Any = None, observer: Any = None, resume: bool = False) -> RunResult:
     """Run the experiment described by ``rc`` and write its outputs into ``run_dir``.
 
     ``observer`` (a controller.observe.Observer) adds metrics endpoints, trace.json and the state log.
+    ``resume``: ``run_dir`` holds the outputs of this run cut short (its controller died): replay the run
+    and append to them (docs/recovery.md).
     """
     wall0 = time.perf_counter()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    plan = make_plan(rc)
+    plan = make_plan(rc, run_id=resumable_run_id(run_dir) if resume else None)
     if observer is not None:
         observer.prepare(plan)
         metrics = observer.metrics if metrics is None else metrics
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(rc.raw)))
-    (run_dir / "plan.json").write_text(plan.to_json())
+    if resume:
+        check_resumable(run_dir, plan)
+    else:
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(rc.raw)))
+        (run_dir / "plan.json").write_text(plan.to_json())
     if metrics is not None:
         metrics.set_run_info(run_id=plan.run_id, config_hash=config_hash(rc.raw), strategy=rc.strategy_name,
                              workers=rc.workers, agents=rc.agents)
-    if handles is None:
+
+    def start_agents() -> list:
         if launcher is None:
-            handles = build_inprocess(plan, observer)
-        else:
-            handles = launcher.start_agents(plan, run_dir)
-            for h in handles:  # remote agents serving their own /metrics (docs/observability.md)
-                if observer is not None and getattr(h, "metrics_address", ""):
-                    observer.add_agent_endpoint(h.agent_id, h.metrics_address)
+            return build_inprocess(plan, observer)
+        started = launcher.start_agents(plan, run_dir)
+        for h in started:  # remote agents serving their own /metrics (docs/observability.md)
+            if observer is not None and getattr(h, "metrics_address", ""):
+                observer.add_agent_endpoint(h.agent_id, h.metrics_address)
+        return started
+
     remote_data = rc.data.placement == "end_devices"
-    out = RunDir(run_dir, DATA_COLUMNS if remote_data else ())
-    col = _Collector(out, progress, metrics, observer,
-                     partial_every_s=rc.outputs.summary_every_s)
-    if remote_data:
-        col.data_rows = []
+    out = RunDir(run_dir, DATA_COLUMNS if remote_data else (), resume=resume)
+    recovery = Recovery(rc.recovery, launcher, run_dir)
+    if resume:
+        recovery.resumed(out)
+        if progress is not None:
+            progress.update(out.metrics.to_replay)
+    if handles is None:
+        handles = start_agents()
+
+    def collector() -> _Collector:
+        c = _Collector(out, progress, metrics, observer, partial=partial, partial_every_s=rc.outputs.summary_every_s)
+        if remote_data:
+            c.data_rows = []
+        return c
 
     def partial() -> None:
         """summary.json so far ("complete": false): what a run that dies or is still going has reached."""
@@ -222,21 +240,29 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             "final_loss": col.last_update[4] if col.last_update else None,
             "test_accuracy": col.last_eval[5] if col.last_eval else None,
             "test_loss": col.last_eval[4] if col.last_eval else None,
-            "wall_time_s": wall, "speed_ratio": vt_s / wall if wall > 0 else 0.0, "windows": col.windows})
-    col.partial = partial
+            "wall_time_s": wall, "speed_ratio": vt_s / wall if wall > 0 else 0.0, "windows": col.windows,
+            "recovery": recovery.summary()})
+    col = collector()
     should_abort = getattr(launcher, "check", None)
     stop = None
     if observer is not None:
         observer.running()
-    try:
+
+    def on_window(w: Window) -> None:
+        col.on_window(w)
+        recovery.progress(out)
+
+    def drive() -> tuple[Any, int, Any, dict[str, Any]]:
+        """The windows, then the final calls (parameters, final evaluation, info) of the current agents."""
         if plan.n_agents > 1 and launcher is not None and rc.controller.windows.value == "direct":
             from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
 
             t_loop = time.perf_counter()
-            stop, n_windows = run_direct(handles, col.on_window, should_abort=should_abort)
+            stop, n_windows = run_direct(handles, on_window, should_abort=should_abort)
             col.barrier_s = time.perf_counter() - t_loop
         else:
-            stop = run_windows(handles, plan.placement, plan.lookahead(), col.on_window, should_abort=should_abort)
+            stop = run_windows(handles, plan.placement, plan.lookahead(), on_window,
+                               should_abort=should_abort)
         col.stop_time = stop
         col.flush(None)
         # agents report stop.virtual_time as their stop time from the start, so stop is None only when
@@ -265,6 +291,22 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             info.setdefault("memory", []).append(i.get("memory") or {})
             if observer is not None and getattr(h, "metrics_address", ""):
                 observer.add_agent_exposition(h.agent_id, h.metrics_text())
+        return stop, end_ns, params, info
+
+    try:
+        while True:
+            try:  # a lost agent: every agent starts again from virtual time 0 and replays to where the run was
+                stop, end_ns, params, info = drive()
+                break
+            except AgentFailure as e:
+                if not recovery.restart(e, out):
+                    raise
+                launcher.close(abort=f"agent {e.agent} was lost; the run restarts its agents")
+                out.rewind()
+                if observer is not None:
+                    observer.rewind()
+                col = collector()
+                handles = start_agents()
     except BaseException as e:
         try:  # what the run reached, for a run that failed (metrics.csv has every row)
             partial()
@@ -332,6 +374,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "wall_barrier_s": col.barrier_s,
         "compute_batch": compute_batch_summary(rc.compute, info.get("executors", [])),
         "peak_memory": memory_summary(info.get("memory", [])),
+        "recovery": recovery.summary(),
     }
     if remote_data:  # sim4DistrDL's data on the network: what the caches saved, what the wait cost
         summary.update({"data_cache_hits": col.data["data_hits"], "data_cache_misses": col.data["data_misses"],

@@ -11,13 +11,15 @@ from tqdm import tqdm
 from controller.config import RunConfig
 from controller.launchers.base import AgentFailure, LauncherConfigError
 from controller.observe import Observer
+from controller.outputs import ReplayDiverged
 from controller.plot import plot_loss
+from controller.recovery import NotResumable
 from controller.run import RunResult, execute
 
 __all__ = ["run_session"]
 
 
-def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
+def run_session(rc: RunConfig, run_dir: Path, resume: bool = False) -> RunResult:
     from controller.remote import launcher_for  # launcher=inprocess|local|kubernetes|ray (DESIGN §10)
 
     bar = tqdm(total=rc.stop_updates, unit="upd", desc="lockstep", file=sys.stderr, disable=not rc.progress,
@@ -31,7 +33,7 @@ def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
         print(f"lockstep: invalid configuration: {e}", file=sys.stderr)
         sys.exit(2)
     try:
-        result = execute(rc, run_dir, progress=bar, launcher=launcher, observer=observer)
+        result = execute(rc, run_dir, progress=bar, launcher=launcher, observer=observer, resume=resume)
     except AgentFailure as e:
         bar.close()
         tail = f"\n--- last log lines of agent {e.agent} ---\n{e.log_tail}" if e.log_tail else ""
@@ -40,6 +42,16 @@ def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
         print(f"\n{line}{tail}", file=sys.stderr)
         short = re.match(r"[A-Z][A-Za-z]+\b", e.reason)  # ImagePullBackOff, OOMKilled, Unschedulable...
         report_failure(launcher, short.group(0) if short else "AgentFailed", line)
+        sys.exit(1)
+    except NotResumable as e:
+        bar.close()
+        print(f"lockstep resume: {e}", file=sys.stderr)
+        sys.exit(2)
+    except ReplayDiverged as e:
+        bar.close()
+        line = f"lockstep: {e}. The outputs written so far are in {run_dir}."
+        print(f"\n{line}", file=sys.stderr)
+        report_failure(launcher, "ReplayDiverged", line)
         sys.exit(1)
     except LauncherConfigError as e:  # e.g. no reachable cluster, a controller address pods cannot reach
         bar.close()

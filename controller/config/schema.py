@@ -113,6 +113,16 @@ class Windows(str, Enum):
     hub = "hub"
 
 
+class RecoveryAgents(str, Enum):
+    restart = "restart"
+    fail = "fail"
+
+
+class ResumeMode(str, Enum):
+    never = "never"
+    auto = "auto"
+
+
 class BatchMode(str, Enum):
     off = "off"
     loop = "loop"
@@ -249,6 +259,19 @@ class OutputsConfig:
                                        "wall seconds; 0 = only at the end", lo=0)
     upload: Optional[str] = doc(None, "at the end copy the run directory to this fsspec URL (s3://bucket/prefix, "
                                       "gs://..., file:///...); null = none")
+
+
+@dataclass
+class RecoveryConfig:
+    """What happens when an agent process or the controller dies (docs/recovery.md, DESIGN §11)."""
+
+    agents: RecoveryAgents = doc(RecoveryAgents.restart, "restart: a dead or silent agent process (launcher=local) "
+                                 "makes the controller restart every agent and replay the run from virtual time 0 "
+                                 "to where it was, bit-identically; fail: the run stops with the agent's error")
+    max_restarts: int = doc(10, "restarts of the agents one run may make before it fails", lo=0)
+    resume: ResumeMode = doc(ResumeMode.never, "auto: lockstep run into a run directory that holds an unfinished "
+                             "run resumes it (as lockstep resume RUN_DIR; the Helm chart's Job sets it); never: "
+                             "start afresh")
 
 
 @dataclass
@@ -581,6 +604,7 @@ class LockstepConfig:
     trace: TraceConfig = doc(help="trace.json", factory=TraceConfig)
     statelog: StatelogConfig = doc(help="statelog.jsonl", factory=StatelogConfig)
     outputs: OutputsConfig = doc(help="summary.json while running, uploads", factory=OutputsConfig)
+    recovery: RecoveryConfig = doc(help="agent restarts and resuming a run (docs/recovery.md)", factory=RecoveryConfig)
     predict: bool = doc(False, "also predict the throughput with the throughput-prediction paper's models "
                                "(`lockstep predict`) and write it into summary.json beside the emulated figures")
     predictor: PredictorConfig = doc(help="settings of the predictions", factory=PredictorConfig)

@@ -165,6 +165,7 @@ class RunConfig:
     metrics: MetricsSettings
     statelog: S.StatelogConfig
     outputs: S.OutputsConfig
+    recovery: S.RecoveryConfig
     progress: bool
     log_level: str
     predict: bool = False
@@ -174,8 +175,8 @@ class RunConfig:
 
 
 def config_hash(raw: dict[str, Any]) -> str:
-    """A short stable hash of the resolved config (without run_id, hydra and where outputs go)."""
-    d = {k: v for k, v in raw.items() if k not in ("run_id", "hydra", "outputs")}
+    """A short stable hash of the resolved config (without run_id, hydra, where outputs go and how a run recovers)."""
+    d = {k: v for k, v in raw.items() if k not in ("run_id", "hydra", "outputs", "recovery")}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -499,8 +500,8 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         stop_virtual_time_ns=None if stop_vt is None else seconds_to_ns(stop_vt), eval_every=c.eval.every,
         eval_samples=c.eval.samples, data_root=c.data.root, partition=partition, partition_kw=partition_kw,
         network=network, compute=compute, launcher=launcher, controller=ctl, trace=trace, metrics=metrics,
-        statelog=c.statelog, outputs=c.outputs, progress=c.progress, log_level=c.log_level.value,
-        predict=c.predict, predictor=c.predictor, flow_cap=flow_cap, data=c.data)
+        statelog=c.statelog, outputs=c.outputs, recovery=c.recovery, progress=c.progress,
+        log_level=c.log_level.value, predict=c.predict, predictor=c.predictor, flow_cap=flow_cap, data=c.data)
 
 
 def _plain(node: Any) -> dict[str, Any]:

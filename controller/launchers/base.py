@@ -31,10 +31,14 @@ class LauncherConfigError(ValueError):
 
 
 class AgentFailure(RuntimeError):
-    """An agent died, could not start, or stopped answering. Names the agent and why."""
+    """An agent died, could not start, or stopped answering. Names the agent and why.
 
-    def __init__(self, agent: str, reason: str, log_tail: str = ""):
-        self.agent, self.reason, self.log_tail = agent, reason, log_tail
+    ``lost``: the agent's process died or fell silent (not an error it reported, nor a malformed message):
+    what ``recovery.agents=restart`` recovers from (docs/recovery.md).
+    """
+
+    def __init__(self, agent: str, reason: str, log_tail: str = "", lost: bool = False):
+        self.agent, self.reason, self.log_tail, self.lost = agent, reason, log_tail, lost
         msg = f"agent {agent} failed: {reason}"
         if log_tail:
             msg += "\n--- last log lines ---\n" + log_tail

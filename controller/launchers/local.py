@@ -37,7 +37,10 @@ def log_tail(path: Path, lines: int = 20) -> str:
 
 
 class LocalLauncher:
-    """Agent subprocesses on this machine."""
+    """Agent subprocesses on this machine. ``start`` may be called again after ``stop`` (a restart,
+    docs/recovery.md): the new agents append to the same log files."""
+
+    restartable = True
 
     def __init__(self, cfg: LocalLauncherConfig | None = None, *, python: str | None = None):
         self.stop_grace_s = (cfg or LocalLauncherConfig()).stop_grace_s
@@ -54,6 +57,7 @@ class LocalLauncher:
         env.update(spec.extra_env)
         env["LOCKSTEP_TOKEN"] = spec.token
         env.setdefault("PYTHONUNBUFFERED", "1")
+        self.procs, self.logs, self._stopping = [], [], False
         atexit.register(self.stop)
         for i in range(spec.n_agents):
             path = log_dir / f"agent-{i}.log"
@@ -77,7 +81,7 @@ class LocalLauncher:
             rc = p.poll()
             if rc is not None:
                 how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
-                raise AgentFailure(str(i), f"its process (pid {p.pid}) {how}", self.log_tail(i))
+                raise AgentFailure(str(i), f"its process (pid {p.pid}) {how}", self.log_tail(i), lost=True)
 
     def stop(self) -> None:
         """Let agents that were told to shut down exit, then SIGTERM, then SIGKILL; reap all. Idempotent."""

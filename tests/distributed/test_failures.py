@@ -1,4 +1,6 @@
-"""Failure handling: a killed agent, a silent agent, Ctrl-C — bounded time, clear error, outputs kept."""
+"""Failure handling: a killed agent, a silent agent, Ctrl-C — bounded time, clear error, outputs kept.
+
+The agent failures here run with recovery.agents=fail; tests/recovery has what restart does."""
 from __future__ import annotations
 
 import csv
@@ -18,6 +20,7 @@ from controller.launchers.base import AgentFailure
 from .conftest import ROOT, run, wait_until
 
 LONG = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=1000000", "eval.every=0",
+        "recovery.agents=fail",
         "progress=false", "launcher=local", "controller.heartbeat_s=0.5", "network.latency=1ms"]
 
 

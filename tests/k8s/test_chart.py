@@ -453,3 +453,19 @@ def test_the_charts_service_account_may_do_everything_the_launcher_does(helm, ku
                                   "token_secret": {"name": "exp1-lockstep", "key": "token"}}))
     with pytest.raises(KubernetesLauncherError, match="403 Forbidden"):
         outside.start(spec)
+
+
+def test_a_restarted_controller_pod_resumes_the_run_and_only_lockstep_failures_are_final(helm):
+    # docs/recovery.md: the Job starts a new controller pod after one was killed or evicted, and that pod
+    # resumes the unfinished run in the results volume; exit status 1 or 2 (lockstep's own) fails the Job
+    [job] = by_kind(render(helm, "--kube-version", "1.29.0"))["Job"]
+    assert arg(job_args([job]), "recovery.resume") == "auto"
+    assert job["spec"]["backoffLimit"] == 3
+    fail, ignore = job["spec"]["podFailurePolicy"]["rules"]
+    assert fail == {"action": "FailJob", "onExitCodes": {"containerName": "controller", "operator": "In",
+                                                         "values": [1, 2]}}
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    # clusters before 1.26 know no podFailurePolicy: the Job only retries
+    [old] = by_kind(render(helm, "--kube-version", "1.20.0", "--set", "controller.resumeOnRestart=false"))["Job"]
+    assert "podFailurePolicy" not in old["spec"]
+    assert arg(job_args([old]), "recovery.resume") == "never"

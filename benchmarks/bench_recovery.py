@@ -1,0 +1,175 @@
+"""Recovery (docs/recovery.md): what losing agents, or the controller, costs a run — and that it costs nothing else.
+
+The default experiment (64 workers, ps_async, the thesis CNN) with ``agents=4`` over local agent processes
+(direct windows, the defaults), three runs of ``lockstep run`` / ``lockstep resume``, each its own process:
+
+1. *undisturbed*: the reference outputs and wall time;
+2. *agent kills*: one agent SIGKILLed (agents 1, 2, 3, 0, ... in turn) ``EVERY`` wall seconds after the
+   run's first row, and after that ``EVERY`` wall seconds after each replay caught up; the run must end
+   byte-identical to (1). Reported: kills, the wall time against (1) (the overhead of recovery) and the
+   replays' wall time (``summary.json``'s ``recovery.replay_wall_s``);
+3. *controller kill*: the controller SIGKILLed once half the updates are in metrics.csv, then
+   ``lockstep resume``; must end byte-identical to (1). Reported: the resume's wall time, the replay's
+   (time to resume: until it caught up with the rows on disk) and the whole wall time against (1).
+
+Why not a kill every 30 s regardless: every recovery replays the run from virtual time 0, so once the
+replay of what a run has done takes longer than the kill period, a fixed period never lets it finish
+(docs/recovery.md, "Cost").
+
+usage: python benchmarks/bench_recovery.py [UPDATES=30000] [EVERY_S=30] [AGENTS=4]
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ROOT, load_average
+
+WALL = ("wall_time_s", "wall_compute_s", "wall_barrier_s", "speed_ratio", "peak_memory", "recovery", "run_id")
+
+
+def lockstep(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "controller.cli", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def rows(d: Path) -> int:
+    try:
+        with open(d / "metrics.csv", "rb") as f:
+            return max(0, sum(1 for _ in f) - 1)
+    except FileNotFoundError:
+        return 0
+
+
+def agent_pid(d: Path, agent: int) -> int | None:
+    p = d / "agents" / f"agent-{agent}.log"
+    found = re.findall(r"pid (\d+) hosting", p.read_text()) if p.exists() else []
+    return int(found[-1]) if found else None
+
+
+def events(d: Path) -> list[dict]:
+    p = d / "recovery.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def poll(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(0.2)
+
+
+def without_wall(path: Path) -> list[list[str]]:
+    with open(path, newline="") as f:
+        data = list(csv.reader(f))
+    keep = [i for i, name in enumerate(data[0]) if not name.startswith("wall_")]
+    return [[r[i] for i in keep] for r in data]
+
+
+def summary(d: Path) -> dict:
+    s = json.loads((d / "summary.json").read_text())
+    s["compute_batch"].pop("overlap_wait_s", None)
+    return {k: v for k, v in s.items() if k not in WALL}
+
+
+def identical(a: Path, b: Path) -> bool:
+    import torch
+
+    same = all(without_wall(a / n) == without_wall(b / n) for n in ("metrics.csv", "eval.csv"))
+    same = same and (a / "params.pt").read_bytes() == (b / "params.pt").read_bytes()
+    pa, pb = torch.load(a / "params.pt"), torch.load(b / "params.pt")
+    return same and torch.equal(pa, pb) and summary(a) == summary(b)
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("-")]
+    updates = int(args[0]) if args else 30000
+    every = float(args[1]) if len(args) > 1 else 30.0
+    agents = int(args[2]) if len(args) > 2 else 4
+    run = ["progress=false", f"agents={agents}", f"stop.updates={updates}", "recovery.max_restarts=100"]
+    print(f"load average before: {load_average()}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
+        base, killed, resumed = Path(tmp) / "undisturbed", Path(tmp) / "agent-kills", Path(tmp) / "controller-kill"
+
+        t0 = time.monotonic()
+        p = lockstep("run", *run, f"hydra.run.dir={base}")
+        assert p.wait() == 0, "the undisturbed run failed"
+        wall_base = time.monotonic() - t0
+        print(f"undisturbed: {wall_base:.1f} s", file=sys.stderr, flush=True)
+
+        t0 = time.monotonic()
+        p = lockstep("run", *run, f"hydra.run.dir={killed}")
+        kills = 0
+        poll(lambda: rows(killed) > 0 or p.poll() is not None, 600, "the first row")
+        mark = time.monotonic()
+        while p.poll() is None:
+            if time.monotonic() - mark < every:
+                time.sleep(0.2)
+                continue
+            victim = (kills + 1) % agents
+            pid = agent_pid(killed, victim)
+            if pid is None or not alive(pid):
+                time.sleep(0.2)
+                continue
+            os.kill(pid, signal.SIGKILL)
+            kills += 1
+            print(f"  killed agent {victim} (pid {pid}) at {time.monotonic() - t0:.1f} s, {rows(killed)} rows",
+                  file=sys.stderr, flush=True)
+            n = sum(1 for e in events(killed) if e["event"] == "caught_up")
+            poll(lambda: p.poll() is not None or sum(1 for e in events(killed) if e["event"] == "caught_up") > n,
+                 3600, "the replay to catch up")
+            mark = time.monotonic()
+        assert p.returncode == 0, "the run with agent kills failed"
+        wall_killed = time.monotonic() - t0
+        replay = json.loads((killed / "summary.json").read_text())["recovery"]
+
+        t0 = time.monotonic()
+        p = lockstep("run", *run, f"hydra.run.dir={resumed}")
+        poll(lambda: rows(resumed) >= updates // 2, 3600, "half the updates")
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        pids = [agent_pid(resumed, a) for a in range(agents)]
+        poll(lambda: not any(alive(x) for x in pids if x), 120, "the orphaned agents to exit")
+        wall_first = time.monotonic() - t0
+        at = rows(resumed)
+        t1 = time.monotonic()
+        assert lockstep("resume", str(resumed)).wait() == 0, "lockstep resume failed"
+        wall_resume = time.monotonic() - t1
+        caught = [e for e in events(resumed) if e["event"] == "caught_up"][-1]["replay_wall_s"]
+
+        ok_kills, ok_resume = identical(base, killed), identical(base, resumed)
+    print(f"load average after: {load_average()}", file=sys.stderr)
+    print(f"| agents={agents}, {updates} updates, one agent SIGKILLed {every:g} s after the start or the last "
+          f"catch-up | {kills} kills; wall {wall_killed:.1f} s vs undisturbed {wall_base:.1f} s: **ratio "
+          f"{wall_killed / wall_base:.2f}**; replays {replay['replay_wall_s']:.1f} s; outputs "
+          f"{'byte-identical' if ok_kills else 'DIFFERENT'} |")
+    print(f"| the same, controller SIGKILLed at {at} of {updates} rows, then `lockstep resume` | killed after "
+          f"{wall_first:.1f} s; resume {wall_resume:.1f} s, of which {caught:.1f} s to catch up (time to resume); "
+          f"total {wall_first + wall_resume:.1f} s vs {wall_base:.1f} s: **ratio "
+          f"{(wall_first + wall_resume) / wall_base:.2f}**; outputs {'byte-identical' if ok_resume else 'DIFFERENT'} |")
+    if not (ok_kills and ok_resume):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

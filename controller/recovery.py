@@ -1,0 +1,170 @@
+"""Nothing lost (DESIGN §11, docs/recovery.md): restarting lost agents, resuming a run whose controller died.
+
+Both rest on one property the engine already has: a run is a deterministic function of its config and
+seed (rerun identity, DESIGN §5). So a run that lost an agent, or its controller, is *replayed* from
+virtual time 0 by fresh agents — the same plan, the same keyed draws, the same windows — and the rows it
+already wrote are checked against the replay instead of being written again (``controller.outputs``);
+from the first row past them it goes on as if nothing happened. Nothing but the run directory's
+``config.yaml``, ``plan.json`` and CSVs is needed, so it works with every launcher and with direct
+windows, and costs nothing while nothing fails. What it costs when something does — the wall time to
+get back to where the run was — is measured in docs/benchmarks.md.
+
+``recovery.jsonl`` in the run directory records each loss, restart, resume and catch-up, one JSON
+object a line, appended.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.common.plan import Plan
+from controller.config.schema import RecoveryAgents, RecoveryConfig
+from controller.launchers.base import AgentFailure
+
+__all__ = ["Recovery", "NotResumable", "resumable_run_id", "check_resumable", "resume_state", "load_run_config"]
+
+log = logging.getLogger("lockstep.controller")
+
+LOG_NAME = "recovery.jsonl"
+
+
+class NotResumable(ValueError):
+    """``lockstep resume RUN_DIR`` cannot resume that directory: one sentence, exit status 2."""
+
+
+def resume_state(run_dir: Path) -> str:
+    """``"unfinished"`` (resumable), ``"complete"``, or ``"empty"`` (no run was started there)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / "plan.json").is_file():
+        return "empty"
+    try:
+        if json.loads((run_dir / "summary.json").read_text()).get("complete"):
+            return "complete"
+    except (OSError, ValueError):
+        pass
+    return "unfinished"
+
+
+def load_run_config(run_dir: Path) -> Any:
+    """The validated RunConfig of the run in ``run_dir``, from its ``config.yaml`` (the resolved config)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from controller.config import validate
+    from controller.config.schema import GROUP_SCHEMAS
+
+    path = Path(run_dir) / "config.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise NotResumable(f"{path} cannot be read ({e})") from e
+    if not isinstance(raw, dict):
+        raise NotResumable(f"{path} does not hold a lockstep configuration")
+    cfg = OmegaConf.create(raw)
+    # group nodes are typed by the option Hydra composed; config.yaml keeps the launcher's name
+    launchers = {cls.name: cls for cls in GROUP_SCHEMAS["launcher"].values()}
+    node = raw.get("launcher")
+    if isinstance(node, dict) and node.get("name") in launchers:
+        cfg.launcher = OmegaConf.merge(OmegaConf.structured(launchers[node["name"]]), node)
+    return validate(cfg)
+
+
+def resumable_run_id(run_dir: Path) -> str:
+    try:
+        return str(json.loads((Path(run_dir) / "plan.json").read_text())["run_id"])
+    except (OSError, ValueError, KeyError) as e:
+        raise NotResumable(f"{Path(run_dir) / 'plan.json'} cannot be read ({e}); it is written when a run "
+                           "starts, so this directory holds no run to resume") from e
+
+
+def check_resumable(run_dir: Path, plan: Plan) -> None:
+    """The plan rebuilt from ``config.yaml`` must be the one the run started with (same version of lockstep)."""
+    on_disk = (Path(run_dir) / "plan.json").read_text()
+    if on_disk.strip() != plan.to_json().strip():
+        raise NotResumable(f"{Path(run_dir) / 'plan.json'} differs from the plan its config.yaml gives with this "
+                           "version of lockstep; resume it with the version that started it")
+
+
+class Recovery:
+    """Decides whether a lost agent is restarted, and records what recovery did."""
+
+    def __init__(self, cfg: RecoveryConfig, launcher: Any, run_dir: Path):
+        self.cfg, self.launcher, self.path = cfg, launcher, Path(run_dir) / LOG_NAME
+        self.restarts = 0
+        self.resumes = sum(1 for e in self._events() if e.get("event") == "resume")
+        self.replay_wall_s = 0.0
+        self._replay_from: float | None = None
+
+    def _events(self) -> list[dict[str, Any]]:
+        try:
+            return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError):
+            return []
+
+    def _record(self, **event: Any) -> None:
+        event["wall_clock"] = time.time()
+        with open(self.path, "a") as f:
+            f.write(json.dumps(event, sort_keys=True) + "\n")
+
+    def restartable(self, e: AgentFailure) -> bool:
+        impl = getattr(self.launcher, "launcher", None)
+        if self.cfg.agents != RecoveryAgents.restart:
+            return False
+        if not getattr(impl, "restartable", False):
+            if e.lost and impl is not None:
+                log.warning("recovery.agents=restart restarts the agents of launcher=local only (docs/recovery.md); "
+                            "this launcher's lost agent stops the run")
+            return False
+        if not e.lost:  # an error it reported may come from a peer that died: the launcher knows
+            try:
+                self.launcher.check()
+            except AgentFailure as dead:
+                return dead.lost
+            return False
+        return True
+
+    def restart(self, e: AgentFailure, out: Any) -> bool:
+        """Whether to restart the agents after ``e`` (and, if so, record it)."""
+        if not self.restartable(e):
+            return False
+        if self.restarts >= self.cfg.max_restarts:
+            log.error("agent %s was lost (%s) and recovery.max_restarts=%d restarts are spent", e.agent, e.reason,
+                      self.cfg.max_restarts)
+            return False
+        self.restarts += 1
+        rows = out.metrics.replayed + out.metrics.to_replay if out.replaying else out.n_updates
+        log.warning("agent %s was lost (%s); restarting every agent and replaying the run to the %d rows "
+                    "already written (restart %d of at most %d, recovery.max_restarts)", e.agent, e.reason, rows,
+                    self.restarts, self.cfg.max_restarts)
+        self._record(event="restart", agent=e.agent, reason=e.reason, restart=self.restarts, rows_written=rows)
+        self._finish_replay(None)
+        self._replay_from = time.perf_counter()
+        return True
+
+    def resumed(self, out: Any) -> None:
+        self.resumes += 1
+        rows = out.metrics.to_replay
+        log.warning("resuming the run: replaying it to the %d rows of metrics.csv already written", rows)
+        self._record(event="resume", rows_written=rows)
+        self._replay_from = time.perf_counter()
+
+    def progress(self, out: Any) -> None:
+        """After each window: note when a replay has reproduced every row already written."""
+        if self._replay_from is not None and not out.replaying:
+            self._finish_replay(out.metrics.replayed)
+
+    def _finish_replay(self, rows: int | None) -> None:
+        if self._replay_from is None:
+            return
+        took = time.perf_counter() - self._replay_from
+        self._replay_from = None
+        self.replay_wall_s += took
+        if rows is not None:
+            log.warning("the replay caught up with the %d rows already written in %.1f wall s", rows, took)
+            self._record(event="caught_up", rows=rows, replay_wall_s=took)
+
+    def summary(self) -> dict[str, Any]:
+        return {"agent_restarts": self.restarts, "resumes": self.resumes, "replay_wall_s": self.replay_wall_s}
