@@ -70,3 +70,18 @@ def test_nm_differencing_cancels_a_constant_overhead():
         state["t"] += 3.0
 
     assert time_nm(op, n=2, m=10, repeats=3, clock=clock) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("form, truth, coef", [
+    ("linear", lambda f: 3e-6 + 2e-9 * f["n"] * f["in"] * f["out"], (3e-6, 2e-9)),
+    ("power", lambda f: 5e-10 * (f["n"] * f["in"] * f["out"]) ** 0.9, (5e-10, 0.9)),
+])
+def test_a_noiseless_law_is_recovered_exactly_and_predicts_held_out_shapes_exactly(form, truth, coef):
+    m = fit("Linear", "forward", _samples("Linear", truth, noise=0.0))
+    assert m.exponents == (1, 1, 1)
+    assert m.heldout_error < 1e-9  # the 20 held-out shapes, never fitted, predicted to rounding
+    f = m.fits["*"]
+    if form == "power" or f.form == "linear":
+        assert f.form == form and f.coef == pytest.approx(coef, rel=1e-6)
+    else:  # a roofline with no memory term is the same law: a + b·PC + 0·elements
+        assert f.form == "roofline" and f.coef == pytest.approx((*coef, 0.0), rel=1e-6, abs=1e-18)
