@@ -21,9 +21,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agents.common import wire
+from agents.common.trust import TRUST_ENV, modules_to_trust
 from agents.core import Reached
+from agents.direct import pair_key
 from agents.sim.kernel import RemoteEvent
 from agents.common.plan import Plan
+from controller.checks import RowError, check_rows
 from controller.launchers.base import AgentFailure, LaunchSpec
 from controller.server import AgentSession, ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb
@@ -133,15 +136,16 @@ class RemoteAgent:
         r = msg.reached
         try:
             outbound = [wire.decode_event(e, blobs, wire.keep_refs(self.agent_id)) for e in r.outbound]
-            rows = [wire.decode_value(v) or [] for v in (r.updates, r.evals, r.events)]
+            rows = [[] if v.WhichOneof("kind") in (None, "none") else wire.decode_value(v, blobs)
+                    for v in (r.updates, r.evals, r.events)]
             stats = wire.decode_stats(r.stats)
         except wire.WireError as e:
             raise self.fail(f"sent a malformed Reached: {e}") from e
         self._check_events(outbound)
-        for name, rs in zip(("updates", "evals"), rows):
-            if not isinstance(rs, list) or any(not (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple))
-                                               for x in rs):
-                raise self.fail(f"sent a malformed Reached: {name} must be a list of (key, row) tuples")
+        try:
+            check_rows(self.plan, self.agent_id, *rows, self.session.limits.max_blob_bytes)
+        except RowError as e:
+            raise self.fail(f"sent a malformed Reached: {e}") from e
         self._set_times("Reached", r.next_time, r.horizon)
         return Reached(r.next_time, outbound, r.stop_time if r.HasField("stop_time") else None,
                        r.horizon, rows[0], rows[1], rows[2], stats)
@@ -230,11 +234,15 @@ class RemoteAgents:
     def start_agents(self, plan: Plan, run_dir: Path) -> list[RemoteAgent]:
         s = self.settings
         token = resolve_token(s.token_file)
-        self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s)
+        self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s,
+                                       wire.Limits.from_dict(plan.settings.get("limits")))
         address = self.server.start()
         m = plan.settings.get("metrics") or {}
+        # the agents this controller starts trust the modules of its own config, and verify it with TLS
+        env = {**self.extra_env, TRUST_ENV: ",".join(modules_to_trust(plan)),
+               **(s.tls.agent_env() if s.tls is not None else {})}
         spec = LaunchSpec(run_id=plan.run_id, n_agents=plan.n_agents, controller_address=address, token=token,
-                          run_dir=Path(run_dir), log_level=self.log_level, extra_env=self.extra_env,
+                          run_dir=Path(run_dir), log_level=self.log_level, extra_env=env,
                           metrics_port=int(m.get("port") or 0) if m.get("serve") else 0)
         try:
             self._started = True
@@ -283,14 +291,16 @@ class RemoteAgents:
                 with srv.lock:
                     srv.changed.wait(_POLL_S)
         handles = [ready[a] for a in range(plan.n_agents)]
-        # where each agent takes direct tensor streams (agents/direct.py), before the first Advance
-        f = pb.ControllerFrame()
-        f.peers.SetInParent()
+        # where each agent takes direct tensor streams (agents/direct.py), before the first Advance: every
+        # agent gets its own key for each peer, so none can present itself as another
         for h in handles:
-            if h.session.info.get("data_address"):
-                f.peers.peers.add(agent_id=h.agent_id, address=h.session.info["data_address"],
-                                  secret=h.session.info["data_secret"])
-        for h in handles:
+            f = pb.ControllerFrame()
+            f.peers.SetInParent()
+            for peer in handles:
+                info = peer.session.info
+                if peer is not h and info.get("data_address") and len(info.get("data_secret") or b"") == 32:
+                    f.peers.peers.add(agent_id=peer.agent_id, address=info["data_address"],
+                                      secret=pair_key(info["data_secret"], h.agent_id, peer.agent_id))
             h.session.send(f)
         return handles
 

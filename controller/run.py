@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from agents.common import wire
 from agents.core import AgentCore
 from agents.sim.env import Stats
 from agents.common.plan import Plan
@@ -145,6 +146,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = make_plan(rc)
+    plan.settings["limits"] = plan_limits(plan, rc).to_dict()  # what a peer may make a process hold
     if observer is not None:
         observer.prepare(plan)
         metrics = observer.metrics if metrics is None else metrics
@@ -259,6 +261,15 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
 def plan_model_bytes(plan: Plan, training: Any) -> int:
     if training is not None:
         return training.model_bytes
+    if "model_bytes" in plan.settings:
+        return plan.settings["model_bytes"]
     from agents.workloads.models import build_model, param_bytes
 
-    return param_bytes(build_model(plan.workload["model"], plan.seed))
+    plan.settings["model_bytes"] = param_bytes(build_model(plan.workload["model"], plan.seed))
+    return plan.settings["model_bytes"]
+
+
+def plan_limits(plan: Plan, rc: RunConfig) -> wire.Limits:
+    """The sizes any peer of this run may make a process hold: a small multiple of the model and messages."""
+    max_message = (rc.controller or {}).get("max_message_bytes") or wire.DEFAULT_MAX_MESSAGE_BYTES
+    return wire.limits_for(plan_model_bytes(plan, None), len(plan.vworkers), max_message)

@@ -40,11 +40,17 @@ def server(plan):
     s.stop(grace=0)
 
 
-def _register(server, **kw):
-    req = dict(agent_id=0, token=TOKEN, protocol_version=wire.PROTOCOL_VERSION, run_id="test-run")
+def register_metadata(agent_id: int = 0, token: str = TOKEN, protocol_version: int = wire.PROTOCOL_VERSION):
+    return ((wire.METADATA_TOKEN, token), (wire.METADATA_PROTOCOL, str(protocol_version)),
+            (wire.METADATA_AGENT, str(agent_id)))
+
+
+def _register(server, token: str = TOKEN, **kw):
+    req = dict(agent_id=0, protocol_version=wire.PROTOCOL_VERSION, run_id="test-run")
     req.update(kw)
+    md = register_metadata(req["agent_id"], token, req["protocol_version"])
     with grpc.insecure_channel(server.address) as ch:
-        return pb_grpc.ControllerStub(ch).Register(pb.RegisterRequest(**req), timeout=10)
+        return pb_grpc.ControllerStub(ch).Register(pb.RegisterRequest(**req), metadata=md, timeout=10)
 
 
 @pytest.mark.parametrize("token", ["", "wrong", TOKEN + "x"])
