@@ -141,8 +141,7 @@ class AgentProcess:
             hb.start()
             try:
                 status = await self._serve(a)
-                if status == EXIT_OK:
-                    await self.call.done_writing()
+                await self.call.done_writing()  # a Failure just written must reach the controller before a cancel
                 return status
             except grpc.RpcError as e:
                 if self._stop.is_set():

@@ -29,6 +29,9 @@ commands:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from controller import signals
+
+    signals.install()  # first: Ctrl-C / SIGTERM only record a stop from here on (controller/signals.py)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
@@ -74,7 +77,12 @@ def _task(cfg) -> dict:
         sys.exit(2)
     logging.getLogger().setLevel(rc.log_level)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    from controller import signals
     from controller.session import run_session
+
+    if signals.requested():  # asked to stop while the config was composed and checked: nothing started yet
+        print("lockstep: interrupted before the run started; nothing was started.", file=sys.stderr)
+        sys.exit(128 + signals.requested())
 
     result = run_session(rc, run_dir)
     return result.summary

@@ -28,6 +28,7 @@ from agents.sim.kernel import RemoteEvent
 from agents.common.plan import Plan
 from controller.checks import RowError, check_rows
 from controller.launchers.base import AgentFailure, LaunchSpec
+from controller import signals
 from controller.server import AgentSession, ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb
 
@@ -227,7 +228,8 @@ class RemoteAgents:
         return fn(agent_id) if fn is not None else ""
 
     def check(self) -> None:
-        """Raise AgentFailure when an agent process died (the launcher's check)."""
+        """Raise Stopped on a requested stop (SIGINT, SIGTERM), AgentFailure when an agent process died."""
+        signals.check()
         if self._started:
             self.launcher.check()
 

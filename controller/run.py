@@ -14,7 +14,8 @@ from agents.common import wire
 from agents.core import AgentCore
 from agents.sim.env import Stats
 from agents.common.plan import Plan
-from agents.sim.types import NS_PER_S
+from agents.sim.types import INFINITY, NS_PER_S
+from controller import signals
 from controller.clock import Window, run_windows
 from controller.config import RunConfig, config_hash
 from controller.outputs import RunDir, write_json_atomic
@@ -77,9 +78,11 @@ class _Collector:
         self.barrier_s = 0.0
         self.max_time = 0
         self.stop_time: int | None = None
+        self.done_before = 0  # every event before this virtual time is done (the last window's next start)
 
     def on_window(self, w: Window) -> None:
         self.windows += 1
+        self.done_before = w.next_start
         self.barrier_s += w.barrier_wall_s
         for r in w.reached:
             self.updates.extend(r.updates)
@@ -91,6 +94,8 @@ class _Collector:
         if self.metrics is not None:
             self.metrics.observe_window(w.start, w.barrier_wall_s)
         self.flush(w.next_start)
+        if self.observer is not None:  # the trace and the state log go to disk with the rows
+            self.observer.flush(w.next_start)
 
     def flush(self, before: int | None) -> None:
         """Write rows whose time is final (< ``before``; None = all), never past the stop time."""
@@ -155,28 +160,33 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     if metrics is not None:
         metrics.set_run_info(run_id=plan.run_id, config_hash=config_hash(rc.raw), strategy=rc.strategy_name,
                              workers=rc.workers, agents=rc.agents)
-    if handles is None:
-        if launcher is None:
-            handles = build_inprocess(plan, observer)
-        else:
-            handles = launcher.start_agents(plan, run_dir)
-            for h in handles:  # remote agents serving their own /metrics (docs/observability.md)
-                if observer is not None and getattr(h, "metrics_address", ""):
-                    observer.add_agent_endpoint(h.agent_id, h.metrics_address)
     out = RunDir(run_dir)
     col = _Collector(out, progress, metrics, observer)
-    should_abort = getattr(launcher, "check", None)
-    stop = None
-    if observer is not None:
-        observer.running()
+    # a stop request (SIGINT, SIGTERM) is seen between windows and while waiting for agents
+    should_abort = getattr(launcher, "check", None) or signals.check
+    stop: int | None = None
+    stopped: signals.Stopped | None = None
+    finished = False
+    params, info = None, {"profile_misses": 0, "reproducible": True}
+    handles = list(handles or [])
     try:
+        if not handles:
+            if launcher is None:
+                handles = build_inprocess(plan, observer)
+            else:
+                handles = launcher.start_agents(plan, run_dir)
+                for h in handles:  # remote agents serving their own /metrics (docs/observability.md)
+                    if observer is not None and getattr(h, "metrics_address", ""):
+                        observer.add_agent_endpoint(h.agent_id, h.metrics_address)
+        if observer is not None:
+            observer.running()
         stop = run_windows(handles, plan.placement, plan.lookahead(), col.on_window, should_abort=should_abort)
+        finished = True
         col.stop_time = stop
         col.flush(None)
         # agents report stop.virtual_time as their stop time from the start, so stop is None only when
         # the run ran out of events
         end_ns = stop if stop is not None else col.max_time
-        params, info = None, {"profile_misses": 0, "reproducible": True}
         for h in handles:
             p = h.result_params()
             if p is not None:
@@ -196,6 +206,18 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                 info.setdefault("devices", set()).add(i["device"])
             if observer is not None and getattr(h, "metrics_address", ""):
                 observer.add_agent_exposition(h.agent_id, h.metrics_text())
+    except signals.Stopped as e:
+        # graceful: Shutdown(abort) to every agent, then the outputs up to the last complete window
+        stopped = e
+        if hasattr(launcher, "close"):
+            launcher.close(abort=f"the controller was stopped by {e.name}")
+        params = None
+        if finished:  # stopped during the final calls: the run itself was complete
+            end_ns = stop if stop is not None else col.max_time
+        else:  # rows before the next window's start are final; the rest is dropped
+            end_ns = col.done_before if col.done_before < INFINITY else col.max_time
+            stop = end_ns - 1 if end_ns else None
+            col.stop_time = stop
     except BaseException as e:
         if hasattr(launcher, "close"):  # stop remote agents at once, telling them why
             launcher.close(abort=f"{type(e).__name__}: {e}")
@@ -211,7 +233,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             if hasattr(launcher, "close"):
                 launcher.close()
         # a lingering observer keeps remote agents serving their final /metrics; it stops them after
-        if not (launcher is not None and observer is not None and observer.hold(close_agents)):
+        if stopped is not None or not (launcher is not None and observer is not None
+                                       and observer.hold(close_agents)):
             close_agents()
     if params is not None:
         torch.save(params, run_dir / "params.pt")
@@ -240,7 +263,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "reproducible": info["reproducible"],
         "profile_misses": info["profile_misses"],
         "device": ",".join(sorted(info.get("devices", ()))) or None,
-        "stopped_by": ("no_more_events" if stop is None else
+        "stopped_by": ("signal" if stopped is not None else "no_more_events" if stop is None else
                        "virtual_time" if stop == plan.stop_virtual_time_ns else "updates"),
         "windows": col.windows,
         "events": col.stats.events,
@@ -252,9 +275,13 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "compute_virtual_s": {k: v / NS_PER_S for k, v in col.stats.compute_virtual_ns.items()},
         "wall_barrier_s": col.barrier_s,
     }
+    if stopped is not None:
+        summary["signal"] = stopped.name
     if metrics is not None:
         metrics.set_speed_ratio(summary["speed_ratio"])
     write_json_atomic(run_dir / "summary.json", summary)
+    if stopped is not None:
+        raise stopped
     return RunResult(summary, run_dir, params, col.stats)
 
 

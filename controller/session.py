@@ -11,6 +11,7 @@ from controller.launchers.base import AgentFailure
 from controller.observe import Observer
 from controller.plot import plot_loss
 from controller.run import RunResult, execute
+from controller.signals import Stopped
 
 __all__ = ["run_session"]
 
@@ -30,7 +31,12 @@ def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
         print(f"\nlockstep: the run stopped because agent {e.agent} failed: {e.reason}. The outputs written so "
               f"far are in {run_dir}.{tail}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
+    except Stopped as e:  # SIGINT or SIGTERM (controller/signals.py): agents stopped, outputs finalised
+        bar.close()
+        print(f"\nlockstep: interrupted by {e.name}; every agent was stopped. The outputs so far are in {run_dir} "
+              "(summary.json: stopped_by=signal).", file=sys.stderr)
+        sys.exit(e.exit_status)
+    except KeyboardInterrupt:  # an interrupt that did not go through controller.signals (e.g. an API caller)
         bar.close()
         print(f"\nlockstep: interrupted; every agent was stopped. Outputs so far are in {run_dir}.", file=sys.stderr)
         sys.exit(130)

@@ -72,17 +72,17 @@ class Trust:
         module = _module_of(path)
         return bool(module) and _under(module, BUILTIN_MODULES + self.modules)
 
-    def check(self, path: str, what: str) -> None:
+    def check(self, path: str, what: str, hint: str | None = None) -> None:
         if not self.allows(path):
-            hint = (f"start the agent with --trust-module {_module_of(path) or path} (or ${TRUST_ENV}) "
-                    "if you trust it")
+            hint = hint or (f"start the agent with --trust-module {_module_of(path) or path} "
+                            f"(or ${TRUST_ENV}) if you trust it")
             raise UntrustedClass(f"{what} names {path!r}, which is not one of lockstep's strategies or models; "
                                  f"{hint}")
 
-    def check_model(self, model: Any, what: str = "model._target_") -> None:
+    def check_model(self, model: Any, what: str = "model._target_", hint: str | None = None) -> None:
         for target in _targets(model):
             if target not in _SHORT_MODELS:
-                self.check(target, what)
+                self.check(target, what, hint)
 
     def check_plan(self, plan: Any) -> None:
         """Raise UntrustedClass when the plan names a class this agent was not told to trust."""
