@@ -299,6 +299,38 @@ def _controller(c: _Checker) -> dict[str, Any]:
     if tf is not None and not isinstance(tf, str):
         c.bad("controller.token_file", tf, "a path, or null")
     out["token_file"] = tf
+    if c.get("controller.call_timeout_s") is not None:
+        out["call_timeout_s"] = c.number("controller.call_timeout_s", 0, lo_open=True)
+    out["tls"] = _tls(c)
+    return out
+
+
+def _tls(c: _Checker) -> dict[str, Any] | None:
+    """``controller.tls``: certificate files of the gRPC service and the direct streams (docs/security.md)."""
+    tls = c.get("controller.tls")
+    if tls is None or tls.get("enabled") in (None, False):
+        return None
+    if tls.get("enabled") is not True:
+        c.bad("controller.tls.enabled", tls.get("enabled"), "true | false")
+        return None
+    from pathlib import Path
+
+    out: dict[str, Any] = {"enabled": True, "client_auth": tls.get("client_auth", True)}
+    if not isinstance(out["client_auth"], bool):
+        c.bad("controller.tls.client_auth", out["client_auth"], "true (mutual TLS) | false")
+    local = c.get("launcher.name") == "local"  # the agents read their files on this machine too
+    for key in ("cert", "key", "ca", "agent_cert", "agent_key", "server_name"):
+        v = tls.get(key)
+        required = key in ("cert", "key", "ca")
+        if v is None and not required:
+            continue
+        if not isinstance(v, str) or not v:
+            c.bad(f"controller.tls.{key}", v, "a PEM file path" if key != "server_name" else "a host name")
+            continue
+        must_exist = key in ("cert", "key", "ca") or (local and key in ("agent_cert", "agent_key"))
+        if must_exist and not Path(v).is_file():
+            c.bad(f"controller.tls.{key}", v, "a readable PEM file (it does not exist)")
+        out[key] = v
     return out
 
 
