@@ -31,7 +31,7 @@ commands:
 def main(argv: list[str] | None = None) -> int:
     from controller import signals
 
-    signals.install()  # first: Ctrl-C / SIGTERM only record a stop from here on (controller/signals.py)
+    signals.install()  # first: Ctrl-C / SIGTERM exit now, or stop a started run gracefully (controller/signals.py)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
@@ -77,12 +77,7 @@ def _task(cfg) -> dict:
         sys.exit(2)
     logging.getLogger().setLevel(rc.log_level)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    from controller import signals
     from controller.session import run_session
-
-    if signals.requested():  # asked to stop while the config was composed and checked: nothing started yet
-        print("lockstep: interrupted before the run started; nothing was started.", file=sys.stderr)
-        sys.exit(128 + signals.requested())
 
     result = run_session(rc, run_dir)
     return result.summary

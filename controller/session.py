@@ -11,6 +11,7 @@ from controller.launchers.base import AgentFailure
 from controller.observe import Observer
 from controller.plot import plot_loss
 from controller.run import RunResult, execute
+from controller import signals
 from controller.signals import Stopped
 
 __all__ = ["run_session"]
@@ -18,6 +19,8 @@ __all__ = ["run_session"]
 
 def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
     from controller.remote import launcher_for  # launcher=inprocess|local|kubernetes (DESIGN §10)
+
+    signals.defer()  # from here a signal stops the run gracefully (controller/signals.py)
 
     bar = tqdm(total=rc.stop_updates, unit="upd", desc="lockstep", file=sys.stderr, disable=not rc.progress,
                dynamic_ncols=True, mininterval=0.5)

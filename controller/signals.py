@@ -8,21 +8,27 @@ printed tracebacks, aborted the process, or was lost and the run went on (the
 docs/security.md). SIGTERM, what Kubernetes sends on every pod deletion,
 eviction and preemption, killed the controller outright.
 
-:func:`install` (first thing the CLI does) makes both signals only *record* the
-request; :func:`check` raises :class:`Stopped` where the controller can act on
-it — between windows, while it waits for an agent, before it starts anything.
-A second signal ends the process at once (the default action).
+:func:`install` (first thing the CLI does) takes both signals over. Until
+:func:`defer` — while the config is composed and checked, when nothing has been
+started — a signal ends the process at once (status 128 + signal), from the
+handler itself, so no library frame can swallow it. From :func:`defer` on (a
+run is starting) a signal only *records* the request; :func:`check` raises
+:class:`Stopped` where the controller can act on it — between windows, while
+it waits for an agent — and the run stops gracefully. A second signal ends the
+process at once (the default action).
 """
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
-__all__ = ["Stopped", "install", "check", "requested", "wait", "reset"]
+__all__ = ["Stopped", "install", "defer", "check", "requested", "wait", "reset"]
 
 _event = threading.Event()
 _signum: int | None = None
+_immediate = False  # between install() and defer(): nothing to clean up, exit on the spot
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -42,6 +48,11 @@ class Stopped(BaseException):
 
 def _handler(signum: int, frame: object) -> None:
     global _signum
+    if _immediate:
+        sys.stderr.write(f"\nlockstep: interrupted by {signal.Signals(signum).name} before the run started; "
+                         "nothing was started.\n")
+        sys.stderr.flush()
+        os._exit(128 + signum)
     if _event.is_set():  # asked twice: stop now, as the signal's default action would
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -51,11 +62,19 @@ def _handler(signum: int, frame: object) -> None:
 
 
 def install() -> None:
-    """Record SIGINT and SIGTERM instead of acting on them (main thread only; a no-op elsewhere)."""
+    """Take SIGINT and SIGTERM over: exit at once until :func:`defer` (main thread only; a no-op elsewhere)."""
+    global _immediate
     if threading.current_thread() is not threading.main_thread():
         return
+    _immediate = True
     for sig in SIGNALS:
         signal.signal(sig, _handler)
+
+
+def defer() -> None:
+    """A run starts: from now on a signal is a request, acted on at the next :func:`check`."""
+    global _immediate
+    _immediate = False
 
 
 def requested() -> int | None:
