@@ -16,21 +16,9 @@ from pathlib import Path
 from tests.distributed.test_failures import LONG, _agent_pids, _alive, _cli
 from tests.helpers import wait_until
 
+from .procs import agents_of as _agents_of
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _agents_of(run_id: str) -> list[int]:
-    """Pids of the agent processes started for ``run_id`` (their argv names it)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"agents" in argv and run_id.encode() in argv and _alive(int(d.name)):
-                pids.append(int(d.name))
-    return pids
 
 
 def test_sigterm_mid_run_stops_within_the_grace_period_with_every_output_present_and_parseable(tmp_path):
