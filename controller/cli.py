@@ -58,9 +58,44 @@ def main(argv: list[str] | None = None) -> int:
 def _run(overrides: list[str]) -> int:
     import hydra
 
+    if not any(o.startswith("-") for o in overrides):  # flags (--multirun, --cfg): Hydra's own handling
+        problem = _override_problem(overrides)
+        if problem:
+            print(f"lockstep: invalid configuration:\n  {problem}", file=sys.stderr)
+            return 2
     sys.argv = ["lockstep run", *overrides]
     hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(_task)()
     return 0
+
+
+def _override_problem(overrides: list[str]) -> str | None:
+    """One sentence when Hydra cannot compose the config from ``overrides`` (syntax, unknown key or option)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            compose(config_name="config", overrides=overrides)
+    except MissingConfigException as e:
+        group = (e.missing_cfg_file or "").rpartition("/")[0]
+        bad = next((o for o in overrides if o.split("=", 1)[0].lstrip("+~") == group), group)
+        return (f"{bad} names no config; accepted: {' | '.join(e.options)}." if e.options else
+                f"{bad}: {str(e).splitlines()[0]}.")
+    except OverrideParseException as e:
+        return (f"cannot parse an override ({str(e).splitlines()[0]}); accepted: key=value "
+                "(https://hydra.cc/docs/advanced/override_grammar/basic).")
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if first.startswith("Ambiguous value for argument"):
+            return (f"{first.split(' ', 4)[-1]} has several values; accepted: a list as key=[a,b], or a sweep of "
+                    "runs with --multirun.")
+        if first.startswith("Could not override"):
+            key = first.split("'")[1]
+            return (f"{key} is not a configuration key; accepted: the keys of conf/config.yaml "
+                    f"(docs/configuration.md), or +{key}=VALUE to add one.")
+        return f"{first.rstrip('.')}."
+    return None
 
 
 def _task(cfg) -> dict:

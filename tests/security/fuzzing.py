@@ -247,3 +247,86 @@ def agent_takes(event: pb.Event) -> str:
         return "accepted"
     except wire.WireError:
         return "refused: WireError"
+
+
+# ------------------------------------------------------------------ configs
+CONF = __import__("pathlib").Path(__file__).resolve().parents[2] / "conf"
+GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml") if not p.stem.startswith("_")) + ["nope", "../x"]
+          for g in ("strategy", "model", "network", "compute", "launcher")}
+VALUES = ["-1", "0", "1", "2", "3", "64", "1000000000000", "9223372036854775808", "0.5", "-0.0", "1e-9", "inf",
+          "nan", "1e999", "abc", "10ms", "250us", "2s", "-5ms", "1Gbit/s", "100MB/s", "0bit/s", "fifo", "fair",
+          "unlimited", "cpu", "cuda", "cuda:7", "round_robin", "ps_alone", "iid", "dirichlet", "''", "null", "true",
+          "false", "[]", "[1,2]", "[a]", "[0.1,0.2,0.3]", "[[1,2],[3,4]]", "{}", "{a:1}",
+          "{distribution:normal,mean:1,std:2}", "{distribution:weibull,scale:1,shape:0}", "{classes:[]}",
+          "${workers}", "${nope}", "[[", "=", "a b", "'x,y'", "os.system", "torch.load", "agents.strategies.ps.PSAsync"]
+
+
+def config_leaves() -> list[str]:
+    """Every settable key of the default config (dotted), from conf/config.yaml and its default groups."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="config"), resolve=False)
+    out: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            out.append(prefix)
+    walk({k: v for k, v in cfg.items() if k != "hydra"}, "")
+    return out
+
+
+@st.composite
+def overrides(draw: Any, leaves: list[str]) -> list[str]:
+    """One to four overrides: a key set to a value (valid or not), a group choice, an added or deleted key."""
+    out = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["set", "set", "set", "group", "add", "delete"]))
+        if kind == "group":
+            g = draw(st.sampled_from(sorted(GROUPS)))
+            out.append(f"{g}={draw(st.sampled_from(GROUPS[g]))}")
+        elif kind == "add":
+            out.append(f"+{draw(st.sampled_from(['foo', 'strategy.extra', 'network.latency.x']))}="
+                       f"{draw(st.sampled_from(VALUES))}")
+        elif kind == "delete":
+            out.append(f"~{draw(st.sampled_from(leaves))}")
+        else:
+            value = draw(st.one_of(st.sampled_from(VALUES), st.integers(-(1 << 64), 1 << 64).map(str),
+                                   st.floats().map(repr)))
+            out.append(f"{draw(st.sampled_from(leaves))}={value}")
+    return out
+
+
+def one_sentence(text: str) -> bool:
+    return bool(text) and "\n" not in text and text.rstrip().endswith(".") and len(text) < 600 \
+        and "Traceback" not in text
+
+
+def config_outcome(ovr: list[str]) -> str:
+    """"refused: ..." with one clear sentence per problem, or "accepted" once the run's plan is built.
+
+    Anything else (an exception other than the config errors) is a crash and propagates.
+    """
+    from hydra import compose, initialize_config_dir
+
+    from controller.cli import _override_problem
+    from controller.config import ConfigError, validate
+    from controller.plan import make_plan
+
+    problem = _override_problem(ovr)
+    if problem is not None:
+        assert one_sentence(problem), problem
+        return "refused: override"
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=ovr)
+    try:
+        rc = validate(cfg)
+    except ConfigError as e:
+        assert e.problems and all(one_sentence(p) for p in e.problems), e.problems
+        return "refused: config"
+    make_plan(rc)
+    return "accepted"

@@ -19,6 +19,7 @@ from protos.lockstep.v1 import agent_pb2 as pb
 from tests.distributed.conftest import assert_same_outputs, run
 from tests.distributed.fakes import TOKEN, register_metadata
 
+from . import fuzzing
 from .fuzzing import agent_takes, controller_takes, events, frame_streams
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -106,3 +107,36 @@ def test_random_bytes_on_an_authenticated_session_fail_only_that_session(plan, s
         assert register(s, agent_id=63).agent_id == 63  # still serving
     finally:
         s.stop(grace=0)
+
+
+LEAVES = fuzzing.config_leaves()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ovr=fuzzing.overrides(LEAVES))
+def test_fuzzed_configs_give_a_plan_or_one_clear_sentence_per_problem(ovr):
+    assert fuzzing.config_outcome(ovr) in ("accepted", "refused: override", "refused: config")
+
+
+CLI_SAMPLE = [["workers=[["], ["strategy=nope"], ["foo=1"], ["network.latency=-5ms", "workers=0"],
+              ["batch_size=[1,2]"], ["workers=1,2"], ["~workers"], ["network.bandwidth={distribution:weibull}"],
+              ["compute=distribution"], ["seed=9223372036854775808"], ["network=wan", "workers=3"]]
+
+
+@pytest.mark.parametrize("ovr", CLI_SAMPLE, ids=[" ".join(o) for o in CLI_SAMPLE])
+def test_the_cli_runs_a_config_or_exits_2_with_one_sentence_never_a_traceback(ovr, tmp_path):
+    import subprocess
+    import sys
+
+    small = ["model=mlp", "compute=constant", "stop.updates=3", "eval.every=0", "progress=false",
+             "launcher=inprocess", "trace.mode=off"]
+    p = subprocess.run([sys.executable, "-m", "controller.cli", "run", *small, *ovr, f"hydra.run.dir={tmp_path}"],
+                       cwd=fuzzing.CONF.parent, capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in p.stderr, p.stderr
+    if p.returncode == 2:
+        head, *problems = p.stderr.strip().splitlines()
+        assert head == "lockstep: invalid configuration:" and problems
+        assert all(fuzzing.one_sentence(x.strip()) for x in problems), p.stderr
+    else:
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert (tmp_path / "summary.json").exists()
