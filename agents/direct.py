@@ -242,13 +242,13 @@ class DirectServer:
                 lim = self.limits
                 if not 0 <= n <= lim.max_blob_bytes:
                     raise WireError(f"direct stream from agent {src} announces a blob of {n} bytes; at most "
-                                    f"{lim.max_blob_bytes} accepted")
+                                    f"{lim.max_blob_bytes} accepted (controller.max_blob_bytes)")
                 with self._cv:
                     if bid <= self._last_bid.get(src, 0):
                         raise WireError(f"direct stream from agent {src} reuses blob id {bid}")
                     if self._held[src] + n > lim.max_pending_bytes:
                         raise WireError(f"direct stream from agent {src} would hold more than "
-                                        f"{lim.max_pending_bytes} bytes nobody took")
+                                        f"{lim.max_pending_bytes} bytes nobody took (controller.max_held_bytes)")
                     self._last_bid[src] = bid
                     self._held[src] += n
                 buf = _recv_growing(conn, n) if n else bytearray()

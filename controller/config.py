@@ -299,6 +299,9 @@ def _controller(c: _Checker) -> dict[str, Any]:
     if tf is not None and not isinstance(tf, str):
         c.bad("controller.token_file", tf, "a path, or null")
     out["token_file"] = tf
+    for key in ("max_blob_bytes", "max_held_bytes"):
+        if c.get(f"controller.{key}") is not None:
+            out[key] = c.integer(f"controller.{key}", 1 << 20, optional=True)
     if c.get("controller.call_timeout_s") is not None:
         out["call_timeout_s"] = c.number("controller.call_timeout_s", 0, lo_open=True)
     out["tls"] = _tls(c)

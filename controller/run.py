@@ -298,5 +298,7 @@ def plan_model_bytes(plan: Plan, training: Any) -> int:
 
 def plan_limits(plan: Plan, rc: RunConfig) -> wire.Limits:
     """The sizes any peer of this run may make a process hold: a small multiple of the model and messages."""
-    max_message = (rc.controller or {}).get("max_message_bytes") or wire.DEFAULT_MAX_MESSAGE_BYTES
-    return wire.limits_for(plan_model_bytes(plan, None), len(plan.vworkers), max_message)
+    c = rc.controller or {}
+    return wire.limits_for(plan_model_bytes(plan, None), len(plan.vworkers),
+                           c.get("max_message_bytes") or wire.DEFAULT_MAX_MESSAGE_BYTES,
+                           c.get("max_blob_bytes"), c.get("max_held_bytes"))

@@ -83,12 +83,14 @@ class Limits:
         return cls(**{k: int(v) for k, v in (d or {}).items() if k in cls.__dataclass_fields__})
 
 
-def limits_for(model_bytes: int, n_vworkers: int, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Limits:
+def limits_for(model_bytes: int, n_vworkers: int, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+               max_blob_bytes: int | None = None, max_held_bytes: int | None = None) -> Limits:
     """The limits of a run: one blob is at most 4x the model or 4x the message limit (a frame sent as an
-    envelope); a frame may carry a few model-sized tensors for every vworker (a PS's broadcast)."""
-    blob = max(4 * model_bytes, 4 * max_message_bytes)
-    return Limits(max_blob_bytes=blob, max_pending_bytes=blob + 4 * model_bytes * max(n_vworkers, 1),
-                  max_pending_blobs=64 + 8 * max(n_vworkers, 1))
+    envelope); a frame may carry a few model-sized tensors for every vworker (a PS's broadcast). A strategy
+    that sends larger tensors sets ``controller.max_blob_bytes`` / ``controller.max_held_bytes``."""
+    blob = max_blob_bytes or max(4 * model_bytes, 4 * max_message_bytes)
+    held = max_held_bytes or blob + 4 * model_bytes * max(n_vworkers, 1)
+    return Limits(max_blob_bytes=blob, max_pending_bytes=max(held, blob), max_pending_blobs=64 + 8 * max(n_vworkers, 1))
 
 
 @dataclass(frozen=True)
@@ -460,7 +462,7 @@ class FrameReader:
         lim = self.limits
         if not 0 <= c.total <= lim.max_blob_bytes:
             raise WireError(f"blob {c.blob} announces {c.total} bytes; at most {lim.max_blob_bytes} accepted "
-                            "(a multiple of the model's size and of controller.max_message_bytes)")
+                            "(controller.max_blob_bytes)")
         entry = self.partial.get(c.blob)
         if entry is None:
             if c.blob in self.blobs:
@@ -475,7 +477,8 @@ class FrameReader:
             raise WireError(f"blob {c.blob}: chunk at offset {c.offset} (+{n} B) does not continue "
                             f"{got} of {total} bytes")
         if self.held + n > lim.max_pending_bytes:
-            raise WireError(f"more than {lim.max_pending_bytes} bytes of blobs held before a frame used them")
+            raise WireError(f"more than {lim.max_pending_bytes} bytes of blobs held before a frame used them "
+                            "(controller.max_held_bytes)")
         buf += c.data  # grows with what arrived, never to the declared size up front
         self.held += n
         if got + n == total:
