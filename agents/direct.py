@@ -155,9 +155,9 @@ class DirectServer:
     def _accept(self) -> None:
         """One thread reads every hello (no thread per stranger), then hands a stream its own reader."""
         sel = selectors.DefaultSelector()
-        sel.register(self._sock, selectors.EVENT_READ, None)
         pending: dict[socket.socket, _Pending] = {}  # insertion order = age
         try:
+            sel.register(self._sock, selectors.EVENT_READ, None)
             while not self._closed:
                 now = time.monotonic()
                 for p in [p for p in pending.values() if p.deadline <= now]:
