@@ -12,6 +12,8 @@ import logging
 import os
 import sys
 
+from agents.observe.logs import configure_logging
+
 __all__ = ["main"]
 
 
@@ -34,8 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tls-server-name", help="the name in the controller's certificate, when it is not the "
                                              "host dialled; also $LOCKSTEP_TLS_SERVER_NAME")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format=f"%(asctime)s agent-{args.agent_id} %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, process=f"agent-{args.agent_id}")
     log = logging.getLogger("lockstep.agent")
     token = os.environ.get("LOCKSTEP_TOKEN")
     if token is None and os.environ.get("LOCKSTEP_TOKEN_FILE"):

@@ -9,7 +9,7 @@ One :class:`AgentProcess` per OS process (a local subprocess, a Kubernetes pod):
    reads the stream, with no hand-off per frame), start heartbeats (the
    ``Beat`` call, from a thread of its own), build an
    :class:`~agents.core.AgentCore` for the vworkers placed here, serve its
-   Prometheus ``/metrics`` when the plan says so (``plan.settings["metrics"]``),
+   Prometheus ``/metrics`` when the plan says so (``plan.metrics``),
    send ``Ready`` with that address.
 3. For every ``Advance``: inject the inbound events, run the window, answer
    ``Reached``. ``Call`` asks for the final parameters / evaluation / info /
@@ -36,7 +36,7 @@ from agents.common import wire
 from agents.common.trust import AgentTLS, Trust, client_ssl_context, server_ssl_context
 from agents.core import AgentCore
 from agents.direct import DIRECT_MIN_BYTES, DirectLinks, DirectServer, local_address_towards
-from agents.observe.metrics import Metrics, serve
+from agents.observe.metrics import AgentMetricsSpec, Metrics, serve
 from agents.common.plan import Plan
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
@@ -157,10 +157,10 @@ class AgentProcess:
         try:
             plan = Plan.from_json(a.plan_json)
             self.trust.check_plan(plan)  # only registered strategies and models, unless the user opted in
-            limits = wire.Limits.from_dict(plan.settings.get("limits"))
+            limits = plan.limits
             if self.direct_server is not None:
                 self.direct_server.limits = limits
-            metrics = self._open_metrics(plan.settings.get("metrics") or {})
+            metrics = self._open_metrics(plan.metrics)
             self.core = AgentCore(plan, self.agent_id, data=_prepare(plan), metrics=metrics)
         except Exception as e:  # noqa: BLE001 - reported to the controller, which stops the run
             log.exception("could not build the vworkers of agent %d", self.agent_id)
@@ -272,18 +272,17 @@ class AgentProcess:
         await self._send(f, blobs)
         return True
 
-    def _open_metrics(self, settings: dict[str, Any]) -> Metrics | None:
-        """This agent's own registry, served on ``settings["host"]:settings["port"]`` when ``settings["serve"]``.
+    def _open_metrics(self, spec: AgentMetricsSpec) -> Metrics | None:
+        """This agent's own registry, served on ``spec.host:spec.port`` when ``spec.serve``.
 
         The controller decides (``metrics.port`` not null: every process serves). The address sent
         in ``Ready`` names the interface that reaches the controller when bound to all interfaces.
         """
-        if not settings.get("serve"):
+        if not spec.serve:
             return None
         self.registry = CollectorRegistry()
-        m = Metrics(self.registry, role="agent", per_worker=bool(settings.get("per_worker", False)))
-        host = settings.get("host", "127.0.0.1")
-        want = int(settings.get("port", 0) or 0)
+        m = Metrics(self.registry, role="agent", per_worker=spec.per_worker)
+        host, want = spec.host, spec.port
         try:
             self.metrics_server, port = serve(self.registry, host, want)
         except OSError as e:  # e.g. metrics.agent_port fixed while several agents share one host
@@ -307,7 +306,7 @@ def _prepare(plan: Plan) -> Any:
     Each takes a second or two at start-up; the data reader spends much of it in zlib and file reads,
     which release the GIL, so doing both at once shortens the time to Ready.
     """
-    wl = plan.workload_spec()
+    wl = plan.workload
     if not getattr(wl, "data_holders", None):
         return None
     from agents.workloads.data import load_fashion_mnist

@@ -12,11 +12,11 @@ import torch
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.sim.env import Environment, Recorder, Stats
+from agents.sim.env import Environment, EvalRow, Recorder, Stats
 from agents.sim.kernel import Kernel, RemoteEvent
 from agents.common.plan import Plan
 from agents.strategies import TrainingWorker, import_path
-from agents.observe.trace import tracer_from_settings
+from agents.observe.trace import tracer_for
 from agents.workloads.training import Training
 from agents.sim.types import INFINITY, VirtualTime
 
@@ -47,19 +47,19 @@ class AgentCore:
         self.plan, self.agent_id = plan, agent_id
         self.metrics = metrics  # an agents.observe.metrics.Metrics of role "agent", or None
         if tracer is None:
-            tracer = tracer_from_settings(plan.settings.get("trace"))
+            tracer = tracer_for(plan.trace)
         # one intra-op thread per agent: tiny per-vworker batches gain nothing from more, and
         # oversubscribed cores make PyTorch's spinning threads 50x slower (measured: 2.6 ms vs 149 ms)
-        torch.set_num_threads(int(plan.workload.get("threads", 1)))
+        torch.set_num_threads(plan.workload.threads)
         self.kernel = Kernel()
         self.local = plan.local_ids(agent_id)
-        wl = plan.workload_spec()
+        wl = plan.workload
         classes = {vid: import_path(plan.vworkers[vid].cls) for vid in self.local}
         needs_training = any(issubclass(c, TrainingWorker) for c in classes.values())
         self.training = Training(wl, plan.seed, data=data) if needs_training else None
-        self.env = Environment(self.kernel, plan.names, plan.network_spec(), plan.compute_spec(),
+        self.env = Environment(self.kernel, plan.names, plan.network, plan.compute,
                                recorder=recorder, workload=self.training, seed=plan.seed,
-                               settings=plan.settings, tracer=tracer)
+                               settings=plan.settings, tracer=tracer, statelog=plan.statelog)
         if self.training is not None and self.env.compute.spec.model == "profiled":
             self.training.profile(self.env.compute, workers=len(wl.data_holders))
         self.workers = {}
@@ -135,4 +135,4 @@ class AgentCore:
             return None
         loss, acc = self.training.evaluate(w.model)
         wall = round(_time.perf_counter() - self.env.recorder.wall_start, 6)
-        return (t, t / 1e9, w.name, int(iteration), float(loss), float(acc), wall)
+        return EvalRow(t, t / 1e9, w.name, int(iteration), float(loss), float(acc), wall)

@@ -19,12 +19,19 @@ from agents.workloads.batches import BatchStream
 from agents.workloads.partition import iid
 
 
+def _config_lr() -> float:
+    from controller.config.schema import LockstepConfig
+
+    return LockstepConfig.lr  # the emulated run's learning rate: the loop steps the same way
+
+
 def plain_loop(updates: int, workers: int, batch: int) -> float:
     """The real work alone: N gradients at the current parameters and N SGD steps."""
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    spec = WorkloadSpec(model={"_target_": "agents.workloads.models.ThesisCNN"}, data_holders=("w0",),
-                        batch_size=(batch,), eval_samples=1)
+    spec = WorkloadSpec(model={"_target_": "agents.workloads.models.ThesisCNN"}, data_root=None, partition="iid",
+                        partition_kw={}, data_holders=("w0",), batch_size=(batch,), lr=_config_lr(), momentum=0.0,
+                        eval_samples=1, device="cpu", threads=1, optimizer="sgd")
     tr = Training(spec, seed=0)
     model, opt = tr.new_model()
     shards = iid(len(tr.data.train_y), workers, 0)

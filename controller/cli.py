@@ -7,17 +7,6 @@ from pathlib import Path
 
 __all__ = ["main"]
 
-def _conf_dir() -> str:
-    """conf/ of the source tree, or the copy a regular install ships as the ``conf`` package."""
-    source_tree = Path(__file__).resolve().parent.parent / "conf"
-    if (source_tree / "config.yaml").is_file():
-        return str(source_tree)
-    import conf
-
-    return str(Path(conf.__file__).resolve().parent)
-
-
-CONF_DIR = _conf_dir()
 USAGE = """usage: lockstep <command> [args]
 
 commands:
@@ -55,47 +44,44 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _run(overrides: list[str]) -> int:
+_HYDRA_FLAGS = {"--multirun", "-m", "--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--resolve",
+                "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+                "--experimental-rerun", "--version", "--run", "-r", "--shell-completion", "-sc"}
+
+
+def _invalid(problems: list[str]) -> None:
+    print("lockstep: invalid configuration:", file=sys.stderr)
+    for p in problems:
+        print(f"  {p}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _preflight(args: list[str]) -> None:
+    """Validate the run, or every job of a sweep, before Hydra starts anything (exit 2 with every problem)."""
+    from controller.config import ConfigError, check_sweep, load, sweep_jobs
+
+    overrides = [a for a in args if not a.startswith("-")]
+    if any(a.startswith("-") and a.split("=")[0] not in _HYDRA_FLAGS for a in args):
+        return  # an option only Hydra knows: let it answer
+    try:
+        if "--multirun" in args or "-m" in args:
+            check_sweep(sweep_jobs(overrides))
+        elif not any(a in args for a in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")):
+            load(overrides)
+    except ConfigError as e:
+        _invalid(e.problems)
+
+
+def _run(args: list[str]) -> int:
     import hydra
 
-    if not any(o.startswith("-") for o in overrides):  # flags (--multirun, --cfg): Hydra's own handling
-        problem = _override_problem(overrides)
-        if problem:
-            print(f"lockstep: invalid configuration:\n  {problem}", file=sys.stderr)
-            return 2
-    sys.argv = ["lockstep run", *overrides]
+    from controller.config import CONF_DIR, register_configs
+
+    register_configs()
+    _preflight(args)
+    sys.argv = ["lockstep run", *args]
     hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(_task)()
     return 0
-
-
-def _override_problem(overrides: list[str]) -> str | None:
-    """One sentence when Hydra cannot compose the config from ``overrides`` (syntax, unknown key or option)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            compose(config_name="config", overrides=overrides)
-    except MissingConfigException as e:
-        group = (e.missing_cfg_file or "").rpartition("/")[0]
-        bad = next((o for o in overrides if o.split("=", 1)[0].lstrip("+~") == group), group)
-        return (f"{bad} names no config; accepted: {' | '.join(e.options)}." if e.options else
-                f"{bad}: {str(e).splitlines()[0]}.")
-    except OverrideParseException as e:
-        return (f"cannot parse an override ({str(e).splitlines()[0]}); accepted: key=value "
-                "(https://hydra.cc/docs/advanced/override_grammar/basic).")
-    except (HydraException, OmegaConfBaseException, ValueError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if first.startswith("Ambiguous value for argument"):
-            return (f"{first.split(' ', 4)[-1]} has several values; accepted: a list as key=[a,b], or a sweep of "
-                    "runs with --multirun.")
-        if first.startswith("Could not override"):
-            key = first.split("'")[1]
-            return (f"{key} is not a configuration key; accepted: the keys of conf/config.yaml "
-                    f"(docs/configuration.md), or +{key}=VALUE to add one.")
-        return f"{first.rstrip('.')}."
-    return None
 
 
 def _task(cfg) -> dict:
@@ -105,11 +91,8 @@ def _task(cfg) -> dict:
 
     try:
         rc = validate(cfg)
-    except ConfigError as e:
-        print("lockstep: invalid configuration:", file=sys.stderr)
-        for p in e.problems:
-            print(f"  {p}", file=sys.stderr)
-        sys.exit(2)
+    except ConfigError as e:  # (the preflight has checked it; a sweeper of another kind may not have)
+        _invalid(e.problems)
     logging.getLogger().setLevel(rc.log_level)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     from controller.session import run_session

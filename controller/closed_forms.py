@@ -10,8 +10,7 @@ emulated step time exactly.
 """
 from __future__ import annotations
 
-__all__ = ["ps_step", "fcfs_step", "hybrid_step", "hybrid_overlap_step", "ring_step", "throughput",
-           "CLOSED_FORMS"]
+__all__ = ["ps_step", "fcfs_step", "hybrid_step", "hybrid_overlap_step", "ring_step", "throughput"]
 
 
 def ps_step(K: int, M: float, B: float, T_C: float, T_S: float = 0.0, latency: float = 0.0) -> float:
@@ -43,6 +42,3 @@ def ring_step(K: int, M: float, B: float, T_C: float, T_S: float = 0.0, latency:
 def throughput(step_s: float, K: int, batch: int) -> float:
     """Samples per second of a synchronous step that consumes K·batch samples."""
     return K * batch / step_s
-
-
-CLOSED_FORMS = {"eq7_ps": ps_step, "eq8_fcfs": fcfs_step, "eq9_hybrid": hybrid_step, "eq11_ring": ring_step}

@@ -3,12 +3,12 @@
 :class:`Observer` is made by the session before the run and handed to
 :func:`controller.run.execute`:
 
-* ``prepare(plan)`` puts the trace and state-log settings into ``plan.settings``
+* ``prepare(plan)`` sets the plan's trace, state-log and agent-metrics specs
   (so every agent, in-process or remote, traces alike), starts the controller's
   ``/metrics`` endpoint when ``metrics.port`` is not null and writes
   ``endpoints.json`` and ``prometheus-targets.json``;
 * ``agent_metrics(agent_id)`` gives an in-process agent its own registry and
-  endpoint; a remote agent serves its own (``plan.settings["metrics"]``, see
+  endpoint; a remote agent serves its own (``plan.metrics``, see
   ``agents/agent.py``), reports the address in ``Ready``, and ``execute()``
   lists it with ``add_agent_endpoint``; its final exposition comes back through
   ``add_agent_exposition``;
@@ -33,16 +33,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from agents.observe.logs import configure_logging
-from agents.observe.metrics import Metrics, serve, write_exposition, write_scrape_targets
 from agents.common.plan import Plan
-from agents.observe.statelog import StateLogWriter, statelog_settings
-from agents.observe.trace import TRACE_KIND, TraceWriter, trace_settings
+from agents.observe.metrics import AgentMetricsSpec, Metrics, serve, write_exposition, write_scrape_targets
+from agents.observe.statelog import StateLogWriter, StatelogSpec
+from agents.observe.trace import TRACE_KIND, TraceWriter, trace_spec
+from agents.sim.env import RowKey
 from controller import signals
 from controller.config import RunConfig
 from controller.outputs import write_json_atomic
 
-__all__ = ["Observer", "agent_log_path", "configure_logging"]
+__all__ = ["Observer", "agent_log_path"]
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,12 @@ def _scrape_host(host: str) -> str:
 class Observer:
     def __init__(self, rc: RunConfig, run_dir: Path):
         self.rc, self.run_dir = rc, Path(run_dir)
-        m = rc.metrics or {}
-        self.port: int | None = m.get("port")
-        self.host: str = m.get("host", "127.0.0.1")
-        self.per_worker: bool = bool(m.get("per_worker", False))
-        self.linger_s: float = float(m.get("linger_s", 0.0) or 0.0)
-        self.agent_port: int = int(m.get("agent_port", 0) or 0)
+        m = rc.metrics
+        self.port: int | None = m.port
+        self.host: str = m.host
+        self.per_worker: bool = m.per_worker
+        self.linger_s: float = m.linger_s
+        self.agent_port: int = m.agent_port
         self.expositions: dict[int, bytes] = {}  # remote agents' final /metrics text
         self._held: list[Any] = []
         self.registry = CollectorRegistry()
@@ -83,23 +83,20 @@ class Observer:
     def prepare(self, plan: Plan) -> None:
         """Settings for the agents, output writers, the controller endpoint."""
         self.plan = plan
-        t, s = self.rc.trace or {}, self.rc.statelog or {}
-        mode = t.get("mode", "full")
-        ts = trace_settings(mode, t.get("sample_every", 8), t.get("window"), t.get("max_events"),
-                            [v.holds_data for v in plan.vworkers])
-        plan.settings["trace"] = ts
-        plan.settings["statelog"] = statelog_settings(s.get("enabled", True), s.get("checksum", True),
-                                                      s.get("snapshot_every", 0))
-        if mode != "off":
-            self.trace = TraceWriter(self.run_dir / "trace.json", plan.names, plan.placement, keep=ts["keep"],
-                                     window_ns=ts["window_ns"], max_events=ts["max_events"],
-                                     meta={"run_id": plan.run_id, "strategy": plan.strategy,
-                                           "trace_mode": mode})
-        if s.get("enabled", True):
+        t, s = self.rc.trace, self.rc.statelog
+        ts = plan.trace = trace_spec(t.mode, t.sample_every, t.window_s, t.max_events,
+                                     [v.holds_data for v in plan.vworkers])
+        plan.statelog = StatelogSpec(s.enabled, s.checksum, s.snapshot_every)
+        if ts.mode != "off":
+            self.trace = TraceWriter(self.run_dir / "trace.json", plan.names, plan.placement,
+                                     keep=ts.keep, window_ns=ts.window_ns,
+                                     max_events=ts.max_events,
+                                     meta={"run_id": plan.run_id, "strategy": plan.strategy, "trace_mode": ts.mode})
+        if s.enabled:
             self.statelog = StateLogWriter(self.run_dir)
         # remote agents serve their own /metrics whenever the controller serves (agents/agent.py)
-        plan.settings["metrics"] = {"serve": self.port is not None, "host": self.host, "port": self.agent_port,
-                                    "per_worker": self.per_worker}
+        plan.metrics = AgentMetricsSpec(serve=self.port is not None, host=self.host, port=self.agent_port,
+                                        per_worker=self.per_worker)
         self.metrics.set_agents({"registered": plan.n_agents})
         if self.port is not None:
             server, port = serve(self.registry, self.host, self.port)
@@ -166,7 +163,7 @@ class Observer:
                     tw.add(fields)
             elif kind.startswith("state."):
                 if sl is not None:
-                    sl.add(key, kind, name, fields)
+                    sl.add(RowKey(*key), kind, name, fields)  # (a plain tuple when it crossed the wire)
 
     def flush(self, before: int) -> None:
         """After every window: trace records and final state-log rows go to disk (a SIGKILL loses one window)."""

@@ -8,19 +8,17 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from agents.common.files import write_atomic
 from agents.sim.env import EVAL_COLUMNS, UPDATE_COLUMNS
 
 __all__ = ["RunDir", "read_csv", "write_json_atomic"]
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

@@ -1,16 +1,18 @@
-"""From a validated config to the run's :class:`~agents.common.plan.Plan`: vworkers, placement, models."""
+"""From a validated config to the run's :class:`~agents.common.plan.Plan`: vworkers, placement, typed specs."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from agents.sim import keyed
 from agents.common.plan import Plan
+from agents.sim import keyed
+from agents.sim.compute import ComputeSpec
+from agents.sim.network import ConstantLatency, DistributionLatency, LatencyModel, MatrixLatency, NetworkSpec
 from agents.strategies import load_strategy
 from agents.strategies.base import VWorkerSpec
-from controller.config import RunConfig, config_hash
+from agents.workloads.training import WorkloadSpec
+from controller.config import BandwidthSetting, ComputeSettings, LatencySetting, NetworkSettings, RunConfig, config_hash
 
-__all__ = ["make_plan", "place"]
+__all__ = ["make_plan", "place", "network_spec", "compute_spec"]
 
 
 def place(vworkers: list[VWorkerSpec], agents: int, how: str) -> list[int]:
@@ -35,70 +37,83 @@ def place(vworkers: list[VWorkerSpec], agents: int, how: str) -> list[int]:
     raise ValueError(f"placement={how!r}; accepted: round_robin | block | ps_alone")
 
 
-def per_vworker_bandwidth(spec: Any, vworkers: list[VWorkerSpec], seed: int) -> list[float]:
-    """Bytes/s of each vworker from a rate, a per-worker list, or a keyed distribution (config ``_bandwidth``)."""
-    n = len(vworkers)
-    if isinstance(spec, (int, float)):
-        return [float(spec)] * n
-    if isinstance(spec, list):  # one per data holder, in order; servers get the largest
-        it = iter(spec)
-        return [float(next(it)) if v.holds_data else float(max(spec)) for v in vworkers]
-    kind, p, unit = spec["distribution"], spec["params"], spec["unit_bps"]
-    out = []
-    for vid in range(n):
+def per_vworker_bandwidth(bw: BandwidthSetting, vworkers: list[VWorkerSpec], seed: int) -> list[float]:
+    """Bytes/s of each vworker: one rate, one per data holder (servers get the largest), or keyed draws."""
+    if bw.rate is not None:
+        return [bw.rate] * len(vworkers)
+    if bw.per_worker is not None:
+        it = iter(bw.per_worker)
+        return [next(it) if v.holds_data else max(bw.per_worker) for v in vworkers]
+    p, out = bw.params, []
+    for vid in range(len(vworkers)):
         for attempt in range(1000):
             g = keyed.generator(seed, "bandwidth", vid, attempt)
-            x = (p[2] + p[0] * g.weibull(p[1]) if kind == "weibull" else g.normal(p[0], p[1]) if kind == "normal"
-                 else g.lognormal(p[0], p[1]))
+            x = (p[2] + p[0] * g.weibull(p[1]) if bw.distribution == "weibull" else g.normal(p[0], p[1])
+                 if bw.distribution == "normal" else g.lognormal(p[0], p[1]))
             if x > 0:
-                out.append(float(x) * unit)
+                out.append(float(x) * bw.unit_bps)
                 break
         else:
-            raise ValueError(f"network bandwidth distribution {spec} gave 1000 samples <= 0")
+            raise ValueError(f"network bandwidth distribution {bw} gave 1000 samples <= 0")
     return out
+
+
+def latency_model(lat: LatencySetting, n: int, seed: int) -> LatencyModel:
+    if lat.kind == "constant":
+        return ConstantLatency(lat.ns)
+    if lat.kind == "matrix":
+        size = len(lat.matrix_ns)
+        groups = lat.groups
+        if groups is None:  # vworker i sits in region i mod size (or region i when there is one per vworker)
+            groups = tuple(range(n)) if size == n else tuple(i % size for i in range(n))
+        if len(groups) != n:
+            raise ValueError(f"network.latency.groups lists {len(groups)} regions for {n} vworkers; give one per "
+                             "vworker (workers first, then servers), or null")
+        return MatrixLatency(lat.matrix_ns, tuple(groups))
+    return DistributionLatency(lat.kind, lat.params, seed, lat.min_s)
+
+
+def network_spec(net: NetworkSettings, vworkers: list[VWorkerSpec], seed: int) -> NetworkSpec:
+    out_bw = per_vworker_bandwidth(net.bandwidth, vworkers, seed)
+    in_bw = out_bw if net.bandwidth_in is None else per_vworker_bandwidth(net.bandwidth_in, vworkers, seed)
+    eff = net.efficiency
+    return NetworkSpec(latency_model(net.latency, len(vworkers), seed), tuple(b * eff for b in out_bw),
+                       tuple(b * eff for b in in_bw), net.egress, net.ingress)
+
+
+def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str, seed: int) -> ComputeSpec:
+    holders = [v.name for v in vworkers if v.holds_data]
+    speed: tuple[float, ...] = ()
+    if comp.speed_workers is not None:
+        by_name = dict(zip(holders, comp.speed_workers))
+        speed = tuple(float(by_name.get(v.name, 1.0)) for v in vworkers)
+    ids = {v.name: i for i, v in enumerate(vworkers)}
+    unknown = sorted(set(comp.stragglers) - set(ids))
+    if unknown:
+        raise ValueError(f"compute.stragglers names {unknown}, which are not vworkers of this run "
+                         f"(they are {', '.join(ids)})")
+    return ComputeSpec(model=comp.model, constant_s=dict(comp.constant_s), dist=comp.dist,
+                       dist_params=comp.dist_params, dist_kinds=comp.dist_kinds, peak_flops=comp.peak_flops,
+                       profile_db=comp.profile_db, profile_runs=comp.profile_runs, speed=speed,
+                       jitter=comp.jitter, stragglers={ids[k]: f for k, f in comp.stragglers.items()},
+                       straggle_p=comp.straggle_p, straggle_factor=comp.straggle_factor, device=device, seed=seed)
 
 
 def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:
     strategy = load_strategy(rc.strategy)
     vworkers = strategy.layout(rc.workers, rc.strategy_settings)
-    n = len(vworkers)
-    holders = [v.name for v in vworkers if v.holds_data]
-    net = rc.network
-    eff = net["efficiency"]
-    latency = dict(net["latency"])
-    if latency["kind"] == "matrix":
-        groups = latency.pop("groups", None)
-        size = len(latency["matrix_ns"])
-        if groups is None:
-            groups = list(range(n)) if size == n else [i % size for i in range(n)]
-        latency["group_of"] = [int(g) for g in groups]
-    out_bw = per_vworker_bandwidth(net["bandwidth"], vworkers, rc.seed)
-    in_bw = out_bw if net["bandwidth_in"] is net["bandwidth"] else per_vworker_bandwidth(net["bandwidth_in"], vworkers,
-                                                                                          rc.seed)
-    network = {"latency": latency, "bandwidth_out": [b * eff for b in out_bw],
-               "bandwidth_in": [b * eff for b in in_bw], "egress": net["egress"], "ingress": net["ingress"]}
-    comp = dict(rc.compute)
-    speed_workers = comp.pop("speed_workers", None)
-    speed = []
-    if speed_workers is not None:
-        by_name = dict(zip(holders, speed_workers))
-        speed = [float(by_name.get(v.name, 1.0)) for v in vworkers]
-    comp["speed"] = speed
-    ids = {v.name: i for i, v in enumerate(vworkers)}
-    unknown = sorted(set(comp.get("stragglers", {})) - set(ids))
-    if unknown:
-        raise ValueError(f"compute.stragglers names {unknown}, which are not vworkers of this run "
-                         f"(they are {', '.join(ids)})")
-    comp["stragglers"] = {ids[k]: f for k, f in comp.get("stragglers", {}).items()}
-    comp["device"] = rc.device
-    workload = {"model": rc.model, "data_root": rc.data_root, "partition": "two_class_non_iid"
-                if rc.partition == "non_iid" else rc.partition, "partition_kw": rc.partition_kw,
-                "data_holders": holders, "batch_size": rc.batch_size[: len(holders)] or [1],
-                "lr": rc.lr, "momentum": rc.momentum, "eval_samples": rc.eval_samples, "device": rc.device,
-                "threads": rc.threads, "optimizer": rc.optimizer}
+    holders = tuple(v.name for v in vworkers if v.holds_data)
+    workload = WorkloadSpec(model=rc.model, data_root=rc.data_root,
+                            partition="two_class_non_iid" if rc.partition == "non_iid" else rc.partition,
+                            partition_kw=rc.partition_kw, data_holders=holders,
+                            batch_size=rc.batch_size[: len(holders)] or (1,), lr=rc.lr, momentum=rc.momentum,
+                            eval_samples=rc.eval_samples, device=rc.device, threads=rc.threads,
+                            optimizer=rc.optimizer)
     settings = {"stop_updates": rc.stop_updates, "eval_every": rc.eval_every, **rc.strategy_settings}
     rid = run_id or rc.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{config_hash(rc.raw)}"
-    return Plan(run_id=rid, seed=rc.seed, strategy=rc.strategy_name, result=strategy.result_for(rc.workers, rc.strategy_settings),  # noqa: E501
-                vworkers=vworkers, placement=place(vworkers, rc.agents, rc.placement), n_agents=rc.agents,
-                network=network, compute=comp, workload=workload, settings=settings,
-                stop_virtual_time_ns=None if rc.stop_virtual_time_s is None else int(round(rc.stop_virtual_time_s * 1e9)))
+    return Plan(run_id=rid, seed=rc.seed, strategy=rc.strategy_name,
+                result=strategy.result_for(rc.workers, rc.strategy_settings), vworkers=vworkers,
+                placement=place(vworkers, rc.agents, rc.placement), n_agents=rc.agents,
+                network=network_spec(rc.network, vworkers, rc.seed),
+                compute=compute_spec(rc.compute, vworkers, rc.device, rc.seed), workload=workload,
+                settings=settings, stop_virtual_time_ns=rc.stop_virtual_time_ns)

@@ -24,12 +24,16 @@ from agents.common import wire
 from agents.common.trust import TRUST_ENV, modules_to_trust
 from agents.core import Reached
 from agents.direct import pair_key
+from agents.sim.env import EvalRow, RowKey, UpdateRow
 from agents.sim.kernel import RemoteEvent
 from agents.common.plan import Plan
 from controller.checks import RowError, check_rows
+from controller.config import RunConfig
+from controller.config.schema import (InprocessLauncherConfig, KubernetesLauncherConfig,
+                                      LocalLauncherConfig)
 from controller.launchers.base import AgentFailure, LaunchSpec
 from controller import signals
-from controller.server import AgentSession, ControllerServer, ControllerSettings
+from controller.server import AgentSession, ControllerServer, ControllerSettings, agent_tls_env
 from protos.lockstep.v1 import agent_pb2 as pb
 
 __all__ = ["RemoteAgent", "RemoteAgents", "ControllerSettings", "resolve_token", "launcher_for"]
@@ -148,8 +152,13 @@ class RemoteAgent:
         except RowError as e:
             raise self.fail(f"sent a malformed Reached: {e}") from e
         self._set_times("Reached", r.next_time, r.horizon)
+        try:
+            updates = [(RowKey(*k), UpdateRow(*row)) for k, row in rows[0]]
+            evals = [(RowKey(*k), EvalRow(*row)) for k, row in rows[1]]
+        except TypeError as e:
+            raise self.fail(f"sent a malformed Reached: a row of the wrong length ({e})") from None
         return Reached(r.next_time, outbound, r.stop_time if r.HasField("stop_time") else None,
-                       r.horizon, rows[0], rows[1], rows[2], stats)
+                       r.horizon, updates, evals, rows[2], stats)
 
     def _check_events(self, events: list[RemoteEvent]) -> None:
         placement = self.plan.placement
@@ -236,16 +245,14 @@ class RemoteAgents:
     def start_agents(self, plan: Plan, run_dir: Path) -> list[RemoteAgent]:
         s = self.settings
         token = resolve_token(s.token_file)
-        self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s,
-                                       wire.Limits.from_dict(plan.settings.get("limits")))
+        self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s, plan.limits)
         address = self.server.start()
-        m = plan.settings.get("metrics") or {}
+        m = plan.metrics
         # the agents this controller starts trust the modules of its own config, and verify it with TLS
-        env = {**self.extra_env, TRUST_ENV: ",".join(modules_to_trust(plan)),
-               **(s.tls.agent_env() if s.tls is not None else {})}
+        env = {**self.extra_env, TRUST_ENV: ",".join(modules_to_trust(plan)), **agent_tls_env(s.tls)}
         spec = LaunchSpec(run_id=plan.run_id, n_agents=plan.n_agents, controller_address=address, token=token,
                           run_dir=Path(run_dir), log_level=self.log_level, extra_env=env,
-                          metrics_port=int(m.get("port") or 0) if m.get("serve") else 0)
+                          metrics_port=m.port if m.serve else 0)
         try:
             self._started = True
             self.launcher.start(spec)
@@ -327,20 +334,20 @@ class RemoteAgents:
             self.server = None
 
 
-def launcher_for(rc: Any) -> RemoteAgents | None:
+def launcher_for(rc: RunConfig) -> RemoteAgents | None:
     """The ``launcher=`` of a validated config: None for inprocess, else RemoteAgents over it."""
-    name = (rc.launcher or {}).get("name", "inprocess")
-    if name == "inprocess":
+    cfg = rc.launcher
+    if isinstance(cfg, InprocessLauncherConfig):
         return None
-    if name == "local":
+    if isinstance(cfg, LocalLauncherConfig):
         from controller.launchers.local import LocalLauncher
 
-        impl: Any = LocalLauncher(rc.launcher)
-    elif name == "kubernetes":
+        impl: Any = LocalLauncher(cfg)
+    elif isinstance(cfg, KubernetesLauncherConfig):
         from controller.launchers.kubernetes import KubernetesLauncher  # imports the kubernetes client lazily
 
-        impl = KubernetesLauncher(rc.launcher)
+        impl = KubernetesLauncher(cfg)
     else:
-        raise ValueError(f"launcher={name!r} is not available in this version; accepted: inprocess | local | "
+        raise ValueError(f"launcher={cfg.name!r} is not available in this version; accepted: inprocess | local | "
                          "kubernetes")
-    return RemoteAgents(impl, ControllerSettings.from_dict(getattr(rc, "controller", None)), log_level=rc.log_level)
+    return RemoteAgents(impl, rc.controller, log_level=rc.log_level)

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from agents.common import wire
 from agents.core import AgentCore
-from agents.sim.env import Stats
+from agents.sim.env import EvalRow, RowKey, Stats, UpdateRow
 from agents.common.plan import Plan
 from agents.sim.types import INFINITY, NS_PER_S
 from controller import signals
@@ -70,8 +70,8 @@ class _Collector:
         self.updates: list[tuple] = []
         self.evals: list[tuple] = []
         self.stats = Stats()
-        self.last_update: tuple | None = None
-        self.last_eval: tuple | None = None
+        self.last_update: UpdateRow | None = None
+        self.last_eval: EvalRow | None = None
         self.samples = 0
         self.n_updates = 0
         self.windows = 0
@@ -103,30 +103,31 @@ class _Collector:
             if not buf:
                 continue
             buf.sort(key=lambda kr: kr[0])
-            cut = len(buf) if before is None else next((i for i, kr in enumerate(buf) if kr[0][0] >= before), len(buf))
-            ready = [row for key, row in buf[:cut] if self.stop_time is None or key[0] <= self.stop_time]
+            cut = len(buf) if before is None else next((i for i, (key, _) in enumerate(buf) if key.time >= before),
+                                                       len(buf))
+            ready = [row for key, row in buf[:cut] if self.stop_time is None or key.time <= self.stop_time]
             del buf[:cut]
             if ready:
                 write(ready)
 
-    def _write_updates(self, rows: list[tuple]) -> None:
+    def _write_updates(self, rows: list[UpdateRow]) -> None:
         self.out.write_updates(rows)
         for r in rows:
             self.n_updates += 1
-            self.samples += r[6]
-            self.max_time = max(self.max_time, r[0])
+            self.samples += r.samples
+            self.max_time = max(self.max_time, r.virtual_time_ns)
             if self.metrics is not None:
-                self.metrics.record_update(r[0], r[4], r[5])
-        self.last_update = rows[-1]
+                self.metrics.record_update(r.virtual_time_ns, r.loss, r.staleness)
+        last = self.last_update = rows[-1]
         if self.progress is not None:
             self.progress.update(len(rows))
-            self.progress.set_postfix_str(f"virtual {rows[-1][1]:.3f}s loss {rows[-1][4]:.4f}", refresh=False)
+            self.progress.set_postfix_str(f"virtual {last.virtual_time_s:.3f}s loss {last.loss:.4f}", refresh=False)
 
-    def _write_evals(self, rows: list[tuple]) -> None:
+    def _write_evals(self, rows: list[EvalRow]) -> None:
         self.out.write_evals(rows)
         self.last_eval = rows[-1]
         if self.metrics is not None:
-            self.metrics.set_accuracy(rows[-1][5])
+            self.metrics.set_accuracy(self.last_eval.test_accuracy)
 
 
 def build_inprocess(plan: Plan, observer: Any = None) -> list[InProcessAgent]:
@@ -151,7 +152,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = make_plan(rc)
-    plan.settings["limits"] = plan_limits(plan, rc).to_dict()  # what a peer may make a process hold
+    model_bytes = plan_model_bytes(plan, None)
+    plan.limits = plan_limits(plan, rc, model_bytes)  # what a peer may make a process hold (docs/security.md)
     if observer is not None:
         observer.prepare(plan)
         metrics = observer.metrics if metrics is None else metrics
@@ -192,11 +194,11 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             if p is not None:
                 params = p
                 # the observer's last look: evaluate the final model if no eval row has it yet
-                last_it = col.last_update[3] if col.last_update else 0
-                if col.last_eval is None or col.last_eval[3] != last_it:
+                last_it = col.last_update.iteration if col.last_update else 0
+                if col.last_eval is None or col.last_eval.iteration != last_it:
                     row = h.final_eval(end_ns, last_it)
                     if row is not None:
-                        col.evals.append(((end_ns, 1 << 62, 0), row))
+                        col.evals.append((RowKey(end_ns, 1 << 62, 0), EvalRow(*row)))
                         col.stop_time = None
                         col.flush(None)
             i = h.info()
@@ -254,12 +256,12 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "updates": col.n_updates,
         "samples": col.samples,
         "throughput_samples_per_s": col.samples / vt_s if vt_s > 0 else 0.0,
-        "final_loss": col.last_update[4] if col.last_update else None,
-        "test_accuracy": col.last_eval[5] if col.last_eval else None,
-        "test_loss": col.last_eval[4] if col.last_eval else None,
+        "final_loss": col.last_update.loss if col.last_update else None,
+        "test_accuracy": col.last_eval.test_accuracy if col.last_eval else None,
+        "test_loss": col.last_eval.test_loss if col.last_eval else None,
         "wall_time_s": wall,
         "speed_ratio": vt_s / wall if wall > 0 else 0.0,
-        "model_bytes": plan_model_bytes(plan, training),
+        "model_bytes": training.model_bytes if training is not None else model_bytes,
         "reproducible": info["reproducible"],
         "profile_misses": info["profile_misses"],
         "device": ",".join(sorted(info.get("devices", ()))) or None,
@@ -288,17 +290,12 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
 def plan_model_bytes(plan: Plan, training: Any) -> int:
     if training is not None:
         return training.model_bytes
-    if "model_bytes" in plan.settings:
-        return plan.settings["model_bytes"]
     from agents.workloads.models import build_model, param_bytes
 
-    plan.settings["model_bytes"] = param_bytes(build_model(plan.workload["model"], plan.seed))
-    return plan.settings["model_bytes"]
+    return param_bytes(build_model(plan.workload.model, plan.seed))
 
 
-def plan_limits(plan: Plan, rc: RunConfig) -> wire.Limits:
+def plan_limits(plan: Plan, rc: RunConfig, model_bytes: int) -> wire.Limits:
     """The sizes any peer of this run may make a process hold: a small multiple of the model and messages."""
-    c = rc.controller or {}
-    return wire.limits_for(plan_model_bytes(plan, None), len(plan.vworkers),
-                           c.get("max_message_bytes") or wire.DEFAULT_MAX_MESSAGE_BYTES,
-                           c.get("max_blob_bytes"), c.get("max_held_bytes"))
+    c = rc.controller
+    return wire.limits_for(model_bytes, len(plan.vworkers), c.max_message_bytes, c.max_blob_bytes, c.max_held_bytes)

@@ -35,10 +35,11 @@ from typing import Any, Awaitable, Callable
 import grpc
 
 from agents.common import wire
+from controller.config.schema import ControllerConfig, TLSConfig
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 
-__all__ = ["ControllerServer", "AgentSession", "ControllerSettings", "TLSSettings", "Refusals"]
+__all__ = ["ControllerServer", "AgentSession", "ControllerSettings", "Refusals", "agent_tls_env", "server_credentials"]
 
 log = logging.getLogger("lockstep.controller")
 
@@ -50,58 +51,19 @@ _PER_AGENT = {"Register": 1, "Session": 1, "Beat": 2}
 _INBOX_FRAMES = 16  # frames an agent may send ahead of the window loop (it answers one Advance at a time)
 
 
-@dataclass(frozen=True)
-class TLSSettings:
-    """``controller.tls``: certificate files (PEM) of the gRPC service and the direct tensor streams."""
-
-    cert: str
-    key: str
-    ca: str | None = None  # verifies the peer: agents check the controller, the controller the agents
-    client_auth: bool = True  # mTLS: an agent without a certificate signed by ``ca`` is refused
-    server_name: str | None = None  # the name agents expect in the controller's certificate
-    agent_cert: str | None = None  # the agents' certificate and key, as they see the files (default: cert/key)
-    agent_key: str | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "TLSSettings | None":
-        d = dict(d or {})
-        if not d.get("enabled"):
-            return None
-        return cls(**{f: d[f] for f in cls.__dataclass_fields__ if d.get(f) is not None})
-
-    def agent_env(self) -> dict[str, str]:
-        """The environment that makes an agent verify the controller and present its certificate."""
-        from agents.common.trust import AgentTLS
-
-        return AgentTLS(ca=self.ca, cert=self.agent_cert or self.cert, key=self.agent_key or self.key,
-                        server_name=self.server_name).env()
-
-    def read(self) -> tuple[bytes, bytes, bytes | None]:
-        """(certificate chain, private key, CA) as bytes; OSError names the file that cannot be read."""
-        return (Path(self.cert).read_bytes(), Path(self.key).read_bytes(),
-                Path(self.ca).read_bytes() if self.ca else None)
+ControllerSettings = ControllerConfig
+"""The ``controller:`` section of the config (its schema, with the one set of defaults); the server reads it."""
 
 
-@dataclass(frozen=True)
-class ControllerSettings:
-    """The ``controller:`` section of the config (see conf/config.yaml)."""
 
-    host: str = "127.0.0.1"
-    port: int = 0
-    max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES
-    heartbeat_s: float = 1.0
-    agent_timeout_s: float = 30.0
-    startup_timeout_s: float = 120.0
-    token_file: str | None = None
-    call_timeout_s: float = 10.0  # a unary request (Register, Beat) must arrive within this
-    tls: TLSSettings | None = None
+def agent_tls_env(tls: TLSConfig) -> dict[str, str]:
+    """The environment that makes an agent verify the controller and present its certificate."""
+    if not tls.enabled:
+        return {}
+    from agents.common.trust import AgentTLS
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "ControllerSettings":
-        d = dict(d or {})
-        if isinstance(d.get("tls"), dict) or d.get("tls") is None:
-            d["tls"] = TLSSettings.from_dict(d.get("tls"))
-        return cls(**{f: d[f] for f in cls.__dataclass_fields__ if f in d})
+    return AgentTLS(ca=tls.ca, cert=tls.agent_cert or tls.cert, key=tls.agent_key or tls.key,
+                    server_name=tls.server_name).env()
 
 
 @dataclass
@@ -373,9 +335,10 @@ class _Servicer(pb_grpc.ControllerServicer):
                     pass
 
 
-def server_credentials(tls: TLSSettings) -> grpc.ServerCredentials:
+def server_credentials(tls: TLSConfig) -> grpc.ServerCredentials:
     """gRPC server credentials from ``controller.tls`` (mTLS when ``client_auth``)."""
-    cert, key, ca = tls.read()
+    cert, key = Path(tls.cert).read_bytes(), Path(tls.key).read_bytes()
+    ca = Path(tls.ca).read_bytes() if tls.ca else None
     if tls.client_auth and ca is None:
         raise ValueError("controller.tls.client_auth needs controller.tls.ca (the CA that signed the agents' "
                          "certificates)")
@@ -422,7 +385,7 @@ class ControllerServer:
         pb_grpc.add_ControllerServicer_to_server(_Servicer(self), self._server)
         where = f"{self.settings.host}:{self.settings.port}"
         tls = self.settings.tls
-        port = (self._server.add_secure_port(where, server_credentials(tls)) if tls is not None
+        port = (self._server.add_secure_port(where, server_credentials(tls)) if tls.enabled
                 else self._server.add_insecure_port(where))
         if port:
             await self._server.start()
@@ -442,7 +405,7 @@ class ControllerServer:
             raise OSError(f"cannot listen on {self.settings.host}:{self.settings.port} "
                           "(controller.host / controller.port)")
         self.port = port
-        log.info("controller listening on %s%s", self.address, " (TLS)" if self.settings.tls else "")
+        log.info("controller listening on %s%s", self.address, " (TLS)" if self.settings.tls.enabled else "")
         return self.address
 
     def stop(self, grace: float | None = 0.5) -> None:

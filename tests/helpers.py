@@ -6,9 +6,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from hydra import compose, initialize_config_dir
-
-from controller.config import validate
+from controller.config import compose_config, load
 from controller.run import execute
 
 T = TypeVar("T")
@@ -19,14 +17,13 @@ FAST = ["model=mlp", "compute=constant", "eval.every=0", "progress=false", "laun
 
 
 def compose_cfg(overrides: list[str]):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+    """conf/ composed with ``overrides`` exactly as ``lockstep run`` composes it."""
+    return compose_config(overrides)
 
 
 def run(tmp: Path, overrides: list[str], fast: bool = True, **kw):
     """Validate and execute a config in this process; returns controller.run.RunResult."""
-    cfg = compose_cfg((FAST if fast else []) + overrides)
-    return execute(validate(cfg), Path(tmp), **kw)
+    return execute(load((FAST if fast else []) + overrides), Path(tmp), **kw)
 
 
 def rows(path: Path, drop_wall: bool = True) -> list[dict[str, str]]:

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import validate
+from controller.config import load
 from controller.plan import make_plan
 from controller.run import build_inprocess, execute
-from tests.helpers import compose_cfg
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 FAST = ["model=mlp", "compute=constant", "eval.every=0", "eval.samples=200", "progress=false",
@@ -39,7 +38,7 @@ class Ran:
 
 
 def run_config(tmp: Path, overrides: list[str], fast: bool = True) -> Ran:
-    rc = validate(compose_cfg((FAST if fast else []) + overrides))
+    rc = load((FAST if fast else []) + overrides)
     handles = build_inprocess(make_plan(rc))
     return Ran(execute(rc, Path(tmp), handles=handles), handles)
 

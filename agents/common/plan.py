@@ -1,7 +1,7 @@
-"""The plan of a run: every vworker, where it lives, and the resolved models — plain JSON data.
+"""The plan of a run: every vworker, where it lives, and the resolved models — typed, and JSON on the wire.
 
-The controller builds it from the config (``controller.plan``); each agent
-receives it whole (in-process, or serialised over gRPC) and builds only the
+The controller builds it from the validated config (``controller.plan``); each
+agent receives it whole (in-process, or as JSON over gRPC) and builds only the
 vworkers placed on it. Nothing in it depends on the wall clock or the host.
 """
 from __future__ import annotations
@@ -10,14 +10,17 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agents.common.wire import Limits
+from agents.observe.metrics import AgentMetricsSpec
+from agents.observe.statelog import StatelogSpec
+from agents.observe.trace import TraceSpec
 from agents.sim.compute import ComputeSpec
-from agents.sim.network import (ConstantLatency, DistributionLatency, LatencyModel, MatrixLatency,
-                            NetworkSpec)
+from agents.sim.network import LatencyModel, MatrixLatency, NetworkSpec
+from agents.sim.types import INFINITY, AgentId, VirtualTime, VWorkerId
 from agents.strategies.base import VWorkerSpec
 from agents.workloads.training import WorkloadSpec
-from agents.sim.types import INFINITY, VirtualTime
 
-__all__ = ["Plan", "latency_model", "lookahead"]
+__all__ = ["Plan", "lookahead"]
 
 
 @dataclass
@@ -27,60 +30,47 @@ class Plan:
     strategy: str
     result: str  # the vworker whose model is the run's final model
     vworkers: list[VWorkerSpec]
-    placement: list[int]  # agent id of each vworker id
+    placement: list[AgentId]  # the agent of each vworker, by vworker id
     n_agents: int
-    network: dict[str, Any]
-    compute: dict[str, Any]
-    workload: dict[str, Any]
-    settings: dict[str, Any] = field(default_factory=dict)  # stop_updates, eval_every, ...
+    network: NetworkSpec
+    compute: ComputeSpec
+    workload: WorkloadSpec
+    settings: dict[str, Any] = field(default_factory=dict)  # what strategies read: their settings, stop_updates, ...
     stop_virtual_time_ns: VirtualTime | None = None
+    trace: TraceSpec = TraceSpec()  # the observer switches these on (controller.observe)
+    statelog: StatelogSpec = StatelogSpec()
+    metrics: AgentMetricsSpec = AgentMetricsSpec()
+    limits: Limits = Limits()  # what a peer may make a process hold (controller.run.plan_limits, docs/security.md)
 
     @property
     def names(self) -> list[str]:
         return [v.name for v in self.vworkers]
 
-    def local_ids(self, agent: int) -> list[int]:
-        return [i for i, a in enumerate(self.placement) if a == agent]
-
-    def network_spec(self) -> NetworkSpec:
-        n = self.network
-        return NetworkSpec(latency_model(n["latency"], self.seed), tuple(n["bandwidth_out"]),
-                           tuple(n["bandwidth_in"]), n["egress"], n["ingress"])
-
-    def compute_spec(self) -> ComputeSpec:
-        c = dict(self.compute)
-        c["stragglers"] = {int(k): v for k, v in c.get("stragglers", {}).items()}
-        for key in ("dist_params", "dist_kinds", "speed"):
-            if key in c:
-                c[key] = tuple(c[key])
-        return ComputeSpec(**c, seed=self.seed)
-
-    def workload_spec(self) -> WorkloadSpec:
-        w = dict(self.workload)
-        w["data_holders"] = tuple(w["data_holders"])
-        w["batch_size"] = tuple(w["batch_size"])
-        return WorkloadSpec(**w)
+    def local_ids(self, agent: AgentId) -> list[VWorkerId]:
+        return [VWorkerId(i) for i, a in enumerate(self.placement) if a == agent]
 
     def lookahead(self) -> VirtualTime:
-        return lookahead(latency_model(self.network["latency"], self.seed), self.placement)
+        return lookahead(self.network.latency, self.placement)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        d = {"run_id": self.run_id, "seed": self.seed, "strategy": self.strategy, "result": self.result,
+             "vworkers": [asdict(v) for v in self.vworkers], "placement": list(self.placement),
+             "n_agents": self.n_agents, "network": self.network.to_dict(), "compute": self.compute.to_dict(),
+             "workload": self.workload.to_dict(), "settings": self.settings,
+             "stop_virtual_time_ns": self.stop_virtual_time_ns, "trace": asdict(self.trace),
+             "statelog": asdict(self.statelog), "metrics": asdict(self.metrics), "limits": self.limits.to_dict()}
+        return json.dumps(d, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         d = json.loads(text)
-        d["vworkers"] = [VWorkerSpec(**v) for v in d["vworkers"]]
-        return cls(**d)
-
-
-def latency_model(d: dict[str, Any], seed: int) -> LatencyModel:
-    kind = d["kind"]
-    if kind == "constant":
-        return ConstantLatency(int(d["ns"]))
-    if kind == "matrix":
-        return MatrixLatency(tuple(tuple(int(x) for x in row) for row in d["matrix_ns"]), tuple(d["group_of"]))
-    return DistributionLatency(kind, tuple(d["params"]), seed, float(d.get("min_s", 0.0)))
+        return cls(run_id=d["run_id"], seed=d["seed"], strategy=d["strategy"], result=d["result"],
+                   vworkers=[VWorkerSpec(**v) for v in d["vworkers"]], placement=d["placement"],
+                   n_agents=d["n_agents"], network=NetworkSpec.from_dict(d["network"]),
+                   compute=ComputeSpec.from_dict(d["compute"]), workload=WorkloadSpec.from_dict(d["workload"]),
+                   settings=d["settings"], stop_virtual_time_ns=d["stop_virtual_time_ns"],
+                   trace=TraceSpec.from_dict(d["trace"]), statelog=StatelogSpec(**d["statelog"]),
+                   metrics=AgentMetricsSpec(**d["metrics"]), limits=Limits.from_dict(d.get("limits")))
 
 
 def lookahead(latency: LatencyModel, placement: list[int]) -> VirtualTime:

@@ -88,13 +88,13 @@ class Trust:
         """Raise UntrustedClass when the plan names a class this agent was not told to trust."""
         for spec in plan.vworkers:
             self.check(spec.cls, f"the plan's vworker {spec.name}")
-        self.check_model(plan.workload.get("model"), "the plan's model")
+        self.check_model(plan.workload.model, "the plan's model")
 
 
 def modules_to_trust(plan: Any) -> list[str]:
     """The modules outside lockstep's own that ``plan`` names: what its launcher tells its agents to trust."""
     paths = [v.cls for v in plan.vworkers]
-    paths += [t for t in _targets(plan.workload.get("model")) if t not in _SHORT_MODELS]
+    paths += [t for t in _targets(plan.workload.model) if t not in _SHORT_MODELS]
     return sorted({_module_of(p) for p in paths if not _under(_module_of(p), BUILTIN_MODULES)})
 
 

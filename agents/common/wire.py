@@ -202,8 +202,8 @@ def encode_value(obj: Any, out: pb.Value, blobs: _Blobs | None = None, _depth: i
         _put_ref(out.tensor, obj)
     elif isinstance(obj, np.generic):
         encode_value(obj.item(), out, blobs, _depth + 1)
-    elif type(obj) is tuple or type(obj) is list:
-        seq = out.tuple if type(obj) is tuple else out.list
+    elif isinstance(obj, tuple) or type(obj) is list:  # a NamedTuple (a row, a row key) travels as a tuple
+        seq = out.tuple if isinstance(obj, tuple) else out.list
         seq.SetInParent()
         for x in obj:
             encode_value(x, seq.items.add(), blobs, _depth + 1)

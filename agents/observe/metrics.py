@@ -26,9 +26,9 @@ import math
 import os
 import re
 import socket
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Literal
@@ -37,9 +37,12 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import make_wsgi_app
 
+from agents.common.files import write_atomic
+from agents.common.net import LOOPBACK
 from agents.sim.types import NS_PER_S, VirtualTime
 
 __all__ = [
+    "AgentMetricsSpec",
     "AGENT_STATES",
     "BARRIER_BUCKETS_S",
     "Metrics",
@@ -67,6 +70,16 @@ in-process barrier (~100 µs) to a slow remote agent (tens of seconds)."""
 _NAMESPACE = "lockstep"
 _LABEL_VALUE = re.compile(r"[a-z][a-z0-9_]*\Z")
 _RUN_INFO_KEYS = ("run_id", "config_hash", "strategy", "workers", "agents")
+
+
+@dataclass(frozen=True)
+class AgentMetricsSpec:
+    """Whether and where an agent process serves its own /metrics (``Plan.metrics``; the controller decides)."""
+
+    serve: bool = False
+    host: str = LOOPBACK
+    port: int = 0
+    per_worker: bool = False
 
 
 class Metrics:
@@ -297,7 +310,7 @@ class _QuietHandler(WSGIRequestHandler):
         """Scrapes every second would flood stderr; stay quiet."""
 
 
-def serve(registry: CollectorRegistry, host: str = "127.0.0.1",
+def serve(registry: CollectorRegistry, host: str = LOOPBACK,
           port: int = 0) -> tuple[WSGIServer, int]:
     """Serve ``registry`` as Prometheus text on ``http://host:port/metrics`` from a daemon thread.
 
@@ -317,7 +330,7 @@ def serve(registry: CollectorRegistry, host: str = "127.0.0.1",
 
 def write_exposition(registry: CollectorRegistry, path: str | os.PathLike[str]) -> Path:
     """Write the registry's Prometheus text exposition to ``path`` (e.g. ``metrics.prom``)."""
-    return _write_atomic(Path(path), generate_latest(registry))
+    return write_atomic(path, generate_latest(registry))
 
 
 def write_scrape_targets(path: str | os.PathLike[str], targets: Mapping[str, Sequence[str]],
@@ -331,18 +344,4 @@ def write_scrape_targets(path: str | os.PathLike[str], targets: Mapping[str, Seq
     """
     groups = [{"targets": list(addrs), "labels": {"job": job, **labels}}
               for job, addrs in targets.items()]
-    return _write_atomic(Path(path), (json.dumps(groups, indent=2) + "\n").encode())
-
-
-def _write_atomic(path: Path, data: bytes) -> Path:
-    """Write to a temporary file and rename it, so a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; Prometheus may run as another user
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, json.dumps(groups, indent=2) + "\n")

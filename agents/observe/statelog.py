@@ -42,13 +42,21 @@ from agents.sim.types import VirtualTime
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.worker import Message, Worker
 
-__all__ = ["Exchange", "KINDS", "StateLog", "StateLogWriter", "checksum", "log_model", "log_result", "snapshot_path",
-           "read_jsonl",
-           "log_version", "statelog_settings"]
+__all__ = ["Exchange", "KINDS", "StateLog", "StateLogWriter", "checksum", "log_model", "log_result",
+           "log_version", "StatelogSpec", "snapshot_path", "read_jsonl"]
 
 KINDS = ("state.model", "state.result", "state.version")
 LOG_NAME = "statelog.jsonl"
 SNAPSHOT_DIR = "snapshots"
+
+
+@dataclass(frozen=True)
+class StatelogSpec:
+    """What an agent records for statelog.jsonl (``Plan.statelog``); disabled unless the observer asks."""
+
+    enabled: bool = False
+    checksum: bool = True
+    snapshot_every: int = 0
 
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -85,11 +93,6 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Any]:
     return out
 
 
-def statelog_settings(enabled: bool = True, checksum: bool = True, snapshot_every: int = 0) -> dict[str, Any]:
-    """The plain-data settings an agent receives in ``plan.settings["statelog"]``."""
-    return {"enabled": bool(enabled), "checksum": bool(checksum), "snapshot_every": int(snapshot_every)}
-
-
 def checksum(tensor: Any) -> str:
     """CRC-32 (8 hex digits) of a tensor's bytes, as they are in memory on the CPU."""
     t = tensor.detach()
@@ -99,9 +102,9 @@ def checksum(tensor: Any) -> str:
     return f"{zlib.crc32(memoryview(arr).cast('B')):08x}"
 
 
-def _settings(w: "Worker") -> dict[str, Any] | None:
-    s = w.env.settings.get("statelog")
-    return s if s and s.get("enabled") else None
+def _settings(w: "Worker") -> StatelogSpec | None:
+    s = w.env.statelog
+    return s if s is not None and s.enabled else None
 
 
 def log_model(w: "Worker", msg: "Message", version: int) -> None:
@@ -131,9 +134,9 @@ def log_version(server: "Worker", version: int, params: Any) -> None:
     if callable(params):
         params = params()
     fields: dict[str, Any] = {"version": int(version)}
-    if s.get("checksum", True):
+    if s.checksum:
         fields["crc"] = checksum(params)
-    every = s.get("snapshot_every") or 0
+    every = s.snapshot_every
     if every and version % every == 0:
         fields["params"] = params.detach().cpu().clone()
     server.env.recorder.event(server, "state.version", **fields)
@@ -162,7 +165,7 @@ class StateLogWriter:
 
             path = snapshot_path(self.run_dir, vworker, fields["version"])
             path.parent.mkdir(exist_ok=True)
-            torch.save({"version": fields["version"], "virtual_time_ns": key[0], "vworker": vworker,
+            torch.save({"version": fields["version"], "virtual_time_ns": key.time, "vworker": vworker,
                         "params": params}, path)
             self.snapshots += 1
             fields = {k: v for k, v in fields.items() if k != "params"}
@@ -172,14 +175,14 @@ class StateLogWriter:
         if self._f is None:
             self._f = open(self.path, "w")
         for key, kind, name, fields in rows:
-            self._f.write(json.dumps({"t": key[0], "vworker": name, "kind": kind.removeprefix("state."),
+            self._f.write(json.dumps({"t": key.time, "vworker": name, "kind": kind.removeprefix("state."),
                                       **fields}, separators=(",", ":")) + "\n")
         self._f.flush()
 
     def flush(self, before: VirtualTime) -> None:
         """Write the rows before ``before`` (final: no later window can add an earlier one)."""
         self.rows.sort(key=lambda r: r[0])
-        cut = bisect.bisect_left(self.rows, before, key=lambda r: r[0][0])
+        cut = bisect.bisect_left(self.rows, before, key=lambda r: r[0].time)
         if cut:
             self._write(self.rows[:cut])
             del self.rows[:cut]
@@ -187,7 +190,7 @@ class StateLogWriter:
     def close(self, stop_time: VirtualTime | None = None) -> Path:
         """Write the rest, sorted by (time, vworker id, record counter), leaving out rows past ``stop_time``."""
         self.rows.sort(key=lambda r: r[0])
-        self._write([r for r in self.rows if stop_time is None or r[0][0] <= stop_time])
+        self._write([r for r in self.rows if stop_time is None or r[0].time <= stop_time])
         self.rows = []
         self._f.close()
         return self.path

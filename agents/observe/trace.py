@@ -33,16 +33,18 @@ import heapq
 import json
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.sim.types import VirtualTime
+from agents.common.files import atomic_file
+from agents.sim.types import VirtualTime, seconds_to_ns
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.network import Transfer
     from agents.sim.worker import Worker
 
-__all__ = ["MODES", "TRACE_KIND", "Tracer", "TraceWriter", "trace_settings", "tracer_from_settings", "spool_path"]
+__all__ = ["MODES", "TRACE_KIND", "Tracer", "TraceSpec", "TraceWriter", "trace_spec", "tracer_for", "spool_path"]
 
 MODES = ("full", "sample", "window", "off")
 TRACE_KIND = "trace"
@@ -56,13 +58,25 @@ def spool_path(trace_path: str | os.PathLike[str]) -> Path:
     return Path(trace_path).with_name("trace.records.jsonl")
 
 
-def trace_settings(mode: str = "full", sample_every: int = 8, window_s: Sequence[float] | None = None,
-                   max_events: int | None = DEFAULT_MAX_EVENTS,
-                   holds_data: Sequence[bool] = ()) -> dict[str, Any]:
-    """The plain-data trace settings an agent receives in ``plan.settings["trace"]``.
+@dataclass(frozen=True)
+class TraceSpec:
+    """What an agent records for trace.json (``Plan.trace``); ``mode="off"`` records nothing."""
 
-    ``holds_data[vid]`` tells servers (False) from workers (True) for ``sample``.
-    """
+    mode: str = "off"
+    keep: tuple[int, ...] | None = None  # sample: the vworker ids kept (servers and every N-th worker)
+    window_ns: tuple[VirtualTime, VirtualTime] | None = None
+    max_events: int | None = DEFAULT_MAX_EVENTS
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TraceSpec":
+        keep, w = d.get("keep"), d.get("window_ns")
+        return cls(d["mode"], None if keep is None else tuple(keep), None if w is None else (int(w[0]), int(w[1])),
+                   d.get("max_events"))
+
+
+def trace_spec(mode: str = "full", sample_every: int = 8, window_s: Sequence[float] | None = None,
+               max_events: int | None = DEFAULT_MAX_EVENTS, holds_data: Sequence[bool] = ()) -> TraceSpec:
+    """The trace settings of a run. ``holds_data[vid]`` tells servers (False) from workers (True) for ``sample``."""
     keep = None
     if mode == "sample":
         keep, k = [], 0
@@ -72,17 +86,15 @@ def trace_settings(mode: str = "full", sample_every: int = 8, window_s: Sequence
             k += bool(holder)
     window = None
     if mode == "window" and window_s is not None:
-        window = [int(round(window_s[0] * 1e9)), int(round(window_s[1] * 1e9))]
-    return {"mode": mode, "keep": keep, "window_ns": window, "max_events": max_events}
+        window = (seconds_to_ns(window_s[0]), seconds_to_ns(window_s[1]))
+    return TraceSpec(mode, None if keep is None else tuple(keep), window, max_events)
 
 
-def tracer_from_settings(settings: dict[str, Any] | None) -> "Tracer | None":
-    """The agent's Tracer for ``plan.settings["trace"]``, or None when tracing is off."""
-    if not settings or settings.get("mode", "off") == "off":
+def tracer_for(spec: TraceSpec) -> "Tracer | None":
+    """The agent's Tracer for ``spec``, or None when tracing is off."""
+    if spec.mode == "off":
         return None
-    w = settings.get("window_ns")
-    return Tracer(keep=settings.get("keep"), window_ns=None if w is None else (int(w[0]), int(w[1])),
-                  max_records=settings.get("max_events"))
+    return Tracer(keep=spec.keep, window_ns=spec.window_ns, max_records=spec.max_events)
 
 
 class Tracer:
@@ -188,11 +200,9 @@ class TraceWriter:
     def close(self, stop_time: VirtualTime | None = None) -> Path:
         """Write ``trace.json`` (see :meth:`document`) and remove the spool."""
         doc = self.document(stop_time)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w") as f:
+        with atomic_file(self.path) as f:
             json.dump(doc, f, separators=(",", ":"))
             f.write("\n")
-        os.replace(tmp, self.path)
         if self._spool is not None:
             self._spool.close()
         self.spool.unlink(missing_ok=True)

@@ -23,10 +23,11 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from agents.common.files import write_atomic
 from agents.sim import keyed
 from agents.sim.types import NS_PER_S, VirtualTime
 
@@ -129,9 +130,7 @@ class ProfileDB:
             existing = data.get(device, {}).get(sig)
             if existing is None:
                 data.setdefault(device, {})[sig] = seconds
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-                tmp.replace(self.path)
+                write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True))
                 existing = seconds
             self._cache = data
         return existing
@@ -156,6 +155,21 @@ class ComputeSpec:
     straggle_factor: float = 1.0  # slowdown of a straggling call
     device: str = "cpu"
     seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (the plan travels to agents as JSON)."""
+        d = asdict(self)
+        d["stragglers"] = {str(k): v for k, v in self.stragglers.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ComputeSpec":
+        d = dict(d)
+        d["stragglers"] = {int(k): float(v) for k, v in d.get("stragglers", {}).items()}
+        for key in ("dist_params", "dist_kinds", "speed"):
+            if key in d:
+                d[key] = tuple(d[key])
+        return cls(**d)
 
 
 class ComputeModel:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agents.sim.compute import ComputeModel, ComputeSpec
 from agents.sim.kernel import Kernel
@@ -13,12 +13,45 @@ from agents.sim.types import VirtualTime
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.worker import Worker
 
-__all__ = ["Environment", "Recorder", "UPDATE_COLUMNS", "EVAL_COLUMNS", "Stats"]
+__all__ = ["Environment", "Recorder", "RowKey", "UpdateRow", "EvalRow", "UPDATE_COLUMNS", "EVAL_COLUMNS", "Stats"]
 
-UPDATE_COLUMNS = ("virtual_time_ns", "virtual_time_s", "vworker", "iteration", "loss", "staleness",
-                  "samples", "bytes", "wall_time_s")
-EVAL_COLUMNS = ("virtual_time_ns", "virtual_time_s", "vworker", "iteration", "test_loss", "test_accuracy",
-                "wall_time_s")
+
+class RowKey(NamedTuple):
+    """Orders rows the same whatever the placement: virtual time, vworker id, that vworker's row counter."""
+
+    time: VirtualTime
+    vworker_id: int
+    n: int
+
+
+class UpdateRow(NamedTuple):
+    """One global model update: a row of metrics.csv."""
+
+    virtual_time_ns: VirtualTime
+    virtual_time_s: float
+    vworker: str
+    iteration: int
+    loss: float
+    staleness: int
+    samples: int
+    bytes: int
+    wall_time_s: float
+
+
+class EvalRow(NamedTuple):
+    """One evaluation of the global model: a row of eval.csv."""
+
+    virtual_time_ns: VirtualTime
+    virtual_time_s: float
+    vworker: str
+    iteration: int
+    test_loss: float
+    test_accuracy: float
+    wall_time_s: float
+
+
+UPDATE_COLUMNS = UpdateRow._fields
+EVAL_COLUMNS = EvalRow._fields
 
 
 @dataclass
@@ -60,14 +93,14 @@ class Recorder:
         self.wall_start = time.perf_counter() if wall_start is None else wall_start
         self.listeners: list[Any] = []  # objects with on_update(row) / on_eval(row)
 
-    def _key(self, t: VirtualTime, w: "Worker") -> tuple[int, int, int]:
+    def _key(self, t: VirtualTime, w: "Worker") -> RowKey:
         n = self._n.get(w.id, 0) + 1
         self._n[w.id] = n
-        return (t, w.id, n)
+        return RowKey(t, w.id, n)
 
     def update(self, w: "Worker", iteration: int, loss: float, staleness: int, samples: int, nbytes: int) -> None:
         t = w.now
-        row = (t, t / 1e9, w.name, int(iteration), float(loss), int(staleness), int(samples), int(nbytes),
+        row = UpdateRow(t, t / 1e9, w.name, int(iteration), float(loss), int(staleness), int(samples), int(nbytes),
                round(time.perf_counter() - self.wall_start, 6))
         self.updates.append((self._key(t, w), row))
         for li in self.listeners:
@@ -75,7 +108,7 @@ class Recorder:
 
     def evaluation(self, w: "Worker", iteration: int, loss: float, accuracy: float) -> None:
         t = w.now
-        row = (t, t / 1e9, w.name, int(iteration), float(loss), float(accuracy),
+        row = EvalRow(t, t / 1e9, w.name, int(iteration), float(loss), float(accuracy),
                round(time.perf_counter() - self.wall_start, 6))
         self.evals.append((self._key(t, w), row))
         for li in self.listeners:
@@ -97,7 +130,7 @@ class Environment:
 
     def __init__(self, kernel: Kernel, names: list[str], network: NetworkSpec, compute: ComputeSpec,
                  recorder: Recorder | None = None, workload: Any = None, seed: int = 0,
-                 settings: dict[str, Any] | None = None, tracer: Any = None):
+                 settings: dict[str, Any] | None = None, tracer: Any = None, statelog: Any = None):
         self.kernel = kernel
         self.names = names
         self.ids = {n: i for i, n in enumerate(names)}
@@ -106,7 +139,8 @@ class Environment:
         self.settings = settings or {}
         self.recorder = recorder or Recorder()
         self.stats = Stats()
-        self.tracer = tracer
+        self.tracer = tracer  # agents.observe.trace.Tracer, or None
+        self.statelog = statelog  # agents.observe.statelog.StatelogSpec, or None
         self.compute = ComputeModel(compute)
         self.network = Network(kernel, network, self)
 

@@ -30,7 +30,7 @@ import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
-from agents.sim.types import INFINITY, VirtualTime
+from agents.sim.types import INFINITY, VirtualTime, VWorkerId
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.worker import Worker
@@ -105,9 +105,9 @@ class RemoteEvent:
 
     time: VirtualTime
     priority: int
-    origin: int
+    origin: VWorkerId
     seq: int
-    dst: int
+    dst: VWorkerId
     kind: str
     data: Any
     effect: VirtualTime | None = None  # earliest time it can make ``dst`` act (None: ``time``)

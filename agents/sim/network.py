@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DISCIPLINES", "NetworkSpec", "Network", "Transfer", "transfer_ns",
     "LatencyModel", "ConstantLatency", "MatrixLatency", "DistributionLatency", "payload_nbytes",
+    "latency_to_dict", "latency_from_dict",
 ]
 
 DISCIPLINES = ("fifo", "fair", "unlimited")
@@ -157,6 +158,36 @@ class NetworkSpec:
             if side not in DISCIPLINES:
                 raise ValueError(f"network discipline {side!r}; accepted: {', '.join(DISCIPLINES)}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (the plan travels to agents as JSON)."""
+        return {"latency": latency_to_dict(self.latency), "bandwidth_out": list(self.bandwidth_out),
+                "bandwidth_in": list(self.bandwidth_in), "egress": self.egress, "ingress": self.ingress}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "NetworkSpec":
+        return cls(latency_from_dict(d["latency"]), tuple(float(b) for b in d["bandwidth_out"]),
+                   tuple(float(b) for b in d["bandwidth_in"]), d["egress"], d["ingress"])
+
+
+def latency_to_dict(m: LatencyModel) -> dict[str, Any]:
+    if isinstance(m, ConstantLatency):
+        return {"kind": "constant", "ns": m.ns}
+    if isinstance(m, MatrixLatency):
+        return {"kind": "matrix", "matrix_ns": [list(r) for r in m.matrix_ns], "group_of": list(m.group_of)}
+    if isinstance(m, DistributionLatency):
+        return {"kind": m.kind, "params": list(m.params), "seed": m.seed, "min_s": m.min_s}
+    raise TypeError(f"no plain form for latency model {type(m).__name__}")
+
+
+def latency_from_dict(d: dict[str, Any]) -> LatencyModel:
+    kind = d["kind"]
+    if kind == "constant":
+        return ConstantLatency(int(d["ns"]))
+    if kind == "matrix":
+        return MatrixLatency(tuple(tuple(int(x) for x in row) for row in d["matrix_ns"]),
+                             tuple(int(g) for g in d["group_of"]))
+    return DistributionLatency(kind, tuple(float(x) for x in d["params"]), int(d["seed"]), float(d.get("min_s", 0.0)))
+
 
 # ------------------------------------------------------------ transfers
 class Transfer:
@@ -174,6 +205,18 @@ class Transfer:
         self.done: VirtualTime | None = None  # ingress finished (receiver side)
 
 
+class _Flow:
+    """One transfer sharing a link: bytes still to move, its cap (the sender's rate), its current rate."""
+
+    __slots__ = ("remaining", "cap", "rate", "item")
+
+    def __init__(self, remaining: float, cap: float, item: Any):
+        self.remaining, self.cap, self.rate, self.item = remaining, cap, 0.0, item
+
+    def left_ns(self) -> VirtualTime:
+        return transfer_ns(max(self.remaining, 0.0), self.rate)
+
+
 class _SharedLink:
     """Processor sharing of one NIC direction among active flows, each optionally capped."""
 
@@ -182,13 +225,13 @@ class _SharedLink:
     def __init__(self, kernel: Kernel, owner: "Worker", capacity: float,
                  on_done: Callable[[Any], None]):
         self.kernel, self.owner, self.capacity, self.on_done = kernel, owner, capacity, on_done
-        self.flows: list[list] = []  # [remaining_bytes, cap, rate, item]
+        self.flows: list[_Flow] = []
         self.last: VirtualTime = 0
         self.timer: Timer | None = None  # the next completion; replaced at every arrival or departure
 
     def add(self, nbytes: float, cap: float, item: Any) -> None:
         self._advance()
-        self.flows.append([float(nbytes), cap, 0.0, item])
+        self.flows.append(_Flow(float(nbytes), cap, item))
         self._reschedule()
 
     def _advance(self) -> None:
@@ -196,18 +239,15 @@ class _SharedLink:
         dt = now - self.last
         if dt:
             for f in self.flows:
-                f[0] -= f[2] * dt / NS_PER_S
+                f.remaining -= f.rate * dt / NS_PER_S
         self.last = now
 
     def _rates(self) -> None:
         # max-min fair share with per-flow caps (water-filling); stable order keeps it deterministic
-        order = sorted(range(len(self.flows)), key=lambda i: self.flows[i][1])
-        left, n = self.capacity, len(order)
-        for i in order:
-            share = left / n
-            f = self.flows[i]
-            f[2] = min(f[1], share)
-            left -= f[2]
+        left, n = self.capacity, len(self.flows)
+        for f in sorted(self.flows, key=lambda f: f.cap):
+            f.rate = min(f.cap, left / n)
+            left -= f.rate
             n -= 1
 
     def _reschedule(self) -> None:
@@ -217,17 +257,17 @@ class _SharedLink:
         if not self.flows:
             return
         self._rates()
-        dt = min(transfer_ns(max(f[0], 0.0), f[2]) for f in self.flows)
+        dt = min(f.left_ns() for f in self.flows)
         self.timer = self.kernel.timer(self.kernel.now + dt, PRIO_NET, self.owner, self._tick)
 
     def _tick(self) -> None:
         self.timer = None
         self._advance()
-        done = [f for f in self.flows if transfer_ns(max(f[0], 0.0), f[2]) == 0]
-        self.flows = [f for f in self.flows if transfer_ns(max(f[0], 0.0), f[2]) != 0]
+        done = [f for f in self.flows if f.left_ns() == 0]
+        self.flows = [f for f in self.flows if f.left_ns() != 0]
         self._reschedule()
         for f in done:
-            self.on_done(f[3])
+            self.on_done(f.item)
 
 
 class _Nic:

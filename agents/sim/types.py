@@ -10,7 +10,7 @@ VWorkerId = NewType("VWorkerId", int)
 """Dense integer id of a virtual worker; its stable name is e.g. ``w3`` or ``ps0``."""
 
 AgentId = NewType("AgentId", int)
-Step = NewType("Step", int)
+"""Dense integer id of an agent process (0 .. agents-1)."""
 
 NS_PER_S = 1_000_000_000
 INFINITY: VirtualTime = 2**63 - 1

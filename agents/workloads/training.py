@@ -7,7 +7,7 @@ bound methods of this object, and their profile key includes the model's name.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -25,20 +25,28 @@ __all__ = ["WorkloadSpec", "Training"]
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """The resolved workload of a run (plain values, identical on every agent)."""
+    """The resolved workload of a run (plain values, identical on every agent; the config has the defaults)."""
 
     model: dict[str, Any]  # {"_target_": ..., **kwargs}
-    data_root: str | None = None
-    partition: str = "iid"
-    partition_kw: dict[str, Any] = field(default_factory=dict)
-    data_holders: tuple[str, ...] = ()  # vworkers that own a shard, in shard order
-    batch_size: tuple[int, ...] = ()  # per data holder
-    lr: float = 0.05
-    momentum: float = 0.0
-    eval_samples: int = 10_000
-    device: str = "cpu"
-    threads: int = 1  # torch intra-op threads of each agent process
-    optimizer: str = "sgd"  # sgd | adam: what the model holder (PS, learner) steps with
+    data_root: str | None
+    partition: str  # iid | dirichlet | two_class_non_iid
+    partition_kw: dict[str, Any]
+    data_holders: tuple[str, ...]  # vworkers that own a shard, in shard order
+    batch_size: tuple[int, ...]  # per data holder
+    lr: float
+    momentum: float
+    eval_samples: int
+    device: str
+    threads: int  # torch intra-op threads of each agent process
+    optimizer: str  # sgd | adam: what the model holder (PS, learner) steps with
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (the plan travels to agents as JSON)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "WorkloadSpec":
+        return cls(**{**d, "data_holders": tuple(d["data_holders"]), "batch_size": tuple(d["batch_size"])})
 
 
 class Training:

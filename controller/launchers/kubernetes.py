@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from controller.config.schema import KubernetesLauncherConfig
 from controller.launchers.base import AgentFailure, LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -60,69 +61,6 @@ class LauncherConfigError(ValueError):
 
 class KubernetesLauncherError(RuntimeError):
     """The Kubernetes API refused or failed a request the launcher needs."""
-
-
-@dataclasses.dataclass(frozen=True)
-class KubernetesLauncherConfig:
-    """The ``launcher`` config group for ``name: kubernetes`` (conf/launcher/kubernetes.yaml documents each key)."""
-
-    namespace: str | None = None
-    kubeconfig: str | None = None
-    context: str | None = None
-    image: str | None = None
-    image_pull_policy: str | None = "IfNotPresent"
-    controller_address: str | None = None
-    pod_template_file: str | None = None
-    owner_pod: str | None = None
-    instance: str | None = None
-    startup_timeout_s: float = 600.0
-    unschedulable_grace_s: float = 0.0
-    api_error_grace_s: float = 60.0
-    check_interval_s: float = 1.0
-    delete_grace_period_s: int = 10
-    token_secret_name: str | None = None
-    token_secret_key: str = "token"
-
-    @classmethod
-    def from_node(cls, node: Any) -> "KubernetesLauncherConfig":
-        """Build from the ``launcher`` node: an OmegaConf DictConfig, a mapping, or None (all defaults)."""
-        if node is None:
-            return cls()
-        if not isinstance(node, Mapping):
-            try:
-                from omegaconf import DictConfig, OmegaConf
-            except ImportError:  # pragma: no cover - omegaconf is a core dependency
-                DictConfig = None
-            if DictConfig is not None and isinstance(node, DictConfig):
-                node = OmegaConf.to_container(node, resolve=True)
-            else:
-                raise LauncherConfigError(
-                    f"launcher config must be a mapping, got {type(node).__name__}")
-        raw = dict(node)
-        raw.pop("name", None)
-        raw.pop("_target_", None)
-        secret = raw.pop("token_secret", None) or {}
-        if not isinstance(secret, Mapping):
-            raise LauncherConfigError(
-                "launcher.token_secret must be a mapping {name: SECRET, key: KEY}, "
-                f"got {secret!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise LauncherConfigError(
-                f"unknown launcher.{unknown[0]} for launcher=kubernetes; accepted keys: "
-                + ", ".join(sorted(known - {"token_secret_name", "token_secret_key"}) + ["token_secret"]))
-        raw["token_secret_name"] = secret.get("name")
-        raw["token_secret_key"] = secret.get("key") or "token"
-        cfg = cls(**raw)
-        if cfg.startup_timeout_s <= 0:
-            raise LauncherConfigError(
-                f"launcher.startup_timeout_s must be > 0 seconds, got {cfg.startup_timeout_s}")
-        if cfg.image_pull_policy not in (None, "Always", "IfNotPresent", "Never"):
-            raise LauncherConfigError(
-                f"launcher.image_pull_policy is {cfg.image_pull_policy!r}; "
-                "accepted: Always, IfNotPresent, Never or null")
-        return cfg
 
 
 def _import_kubernetes():
@@ -326,8 +264,8 @@ def _is_loopback(address: str) -> bool:
 class KubernetesLauncher:
     """Runs each agent as a pod; see the module docstring. ``cfg`` is the ``launcher`` config node."""
 
-    def __init__(self, cfg: Any = None):
-        self.cfg = KubernetesLauncherConfig.from_node(cfg)
+    def __init__(self, cfg: KubernetesLauncherConfig | None = None):
+        self.cfg = cfg if cfg is not None else KubernetesLauncherConfig()
         self._k8s = _import_kubernetes()
         self._core = None  # CoreV1Api, made at start()
         self.namespace: str | None = None
@@ -362,9 +300,9 @@ class KubernetesLauncher:
         instance = cfg.instance or spec.run_id
         try:
             owners = self._owner_references()
-            if cfg.token_secret_name:
+            if cfg.token_secret.name:
                 self._verify_token_secret(spec.token)
-                secret = (cfg.token_secret_name, cfg.token_secret_key)
+                secret = (cfg.token_secret.name, cfg.token_secret.key)
             else:
                 created = self._create_token_secret(f"{base}-token", spec, instance, owners)
                 secret = (created["metadata"]["name"], "token")
@@ -375,7 +313,7 @@ class KubernetesLauncher:
             for i in range(spec.n_agents):
                 body = build_agent_pod(
                     spec, i, name=f"{base}-agent-{i}", namespace=ns, image=cfg.image,
-                    image_pull_policy=cfg.image_pull_policy, instance=instance,
+                    image_pull_policy=cfg.image_pull_policy and cfg.image_pull_policy.value, instance=instance,
                     token_secret=secret, owner_references=owners, template=template)
                 name = body["metadata"]["name"]
                 # Recorded before the call: a create that times out may still have happened.
@@ -550,7 +488,7 @@ class KubernetesLauncher:
 
     def _verify_token_secret(self, token: str) -> None:
         """Fail early when the configured Secret is missing or holds a different token than the controller's."""
-        name, key = self.cfg.token_secret_name, self.cfg.token_secret_key
+        name, key = self.cfg.token_secret.name, self.cfg.token_secret.key
         ApiException = self._k8s.client.exceptions.ApiException
         try:
             secret = self._core.read_namespaced_secret(name, self.namespace, _request_timeout=30)

@@ -19,6 +19,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from controller.config.schema import LocalLauncherConfig
 from controller.launchers.base import AgentFailure, LaunchSpec
 
 __all__ = ["LocalLauncher", "log_tail"]
@@ -38,9 +39,8 @@ def log_tail(path: Path, lines: int = 20) -> str:
 class LocalLauncher:
     """Agent subprocesses on this machine."""
 
-    def __init__(self, cfg: Any = None, *, stop_grace_s: float = 1.0, python: str | None = None):
-        cfg = dict(cfg or {})
-        self.stop_grace_s = float(cfg.get("stop_grace_s", stop_grace_s))
+    def __init__(self, cfg: LocalLauncherConfig | None = None, *, python: str | None = None):
+        self.stop_grace_s = (cfg or LocalLauncherConfig()).stop_grace_s
         self.python = python or sys.executable
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []

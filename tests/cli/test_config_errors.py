@@ -8,54 +8,94 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import ConfigError, validate
-from tests.helpers import compose_cfg
+from agents.strategies.sgd import SGD
+from controller.config import ConfigError, load, sweep_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("override, expected", [
     ("strategy._target_=nowhere.Nothing", r"strategy=.*cannot be loaded.*accepted: sgd \| ps_sync \| ps_async"),
-    ("workers=0", r"workers=0 is not valid; accepted: an integer >= 1"),
+    ("workers=0", r"workers=0 is not valid; accepted: an integer >= 1\."),
+    ("workers=abc", r"workers='abc' is not valid; accepted: an integer >= 1\."),
     ("network.latency=-1ms", r"network.latency='-1ms' is not valid; accepted: a duration >= 0"),
     ("network.bandwidth=0", r"network.bandwidth=0 is not valid; accepted: a bandwidth > 0"),
     ("network.bandwidth=fast", r"network.bandwidth='fast' is not valid; accepted: bytes/s"),
-    ("network.discipline=lifo", r"network.discipline='lifo' is not valid; accepted: fifo \| fair \| unlimited"),
+    ("network.discipline=lifo", r"network.discipline='lifo' is not valid; accepted: fifo \| fair \| unlimited\."),
     ("batch_size=5000", r"batch_size=5000 is larger than the shard of vworker w0 \(938 samples"),
     ("data.root=/nonexistent", r"data.root='/nonexistent'.*/nonexistent"),
     ("compute.model=guess", r"compute.model='guess' is not valid; accepted: profiled \| measured"),
-    ("lr=-0.1", r"lr=-0.1 is not valid; accepted: a number > 0"),
+    ("lr=-0.1", r"lr=-0.1 is not valid; accepted: a number > 0\."),
+    ("momentum=1", r"momentum=1.0 is not valid; accepted: a number >= 0 and < 1\."),
     ("stop.updates=null", r"stop.updates and stop.virtual_time are both null"),
     ("model._target_=torch.nn.NotAModule", r"model._target_='torch.nn.NotAModule' is not usable"),
     ("agents=500", r"agents=500 is not valid; accepted: at most the number of vworkers \(65\)"),
+    ("network=lan", r"network='lan' is not valid; accepted: cluster_1g \| datacenter_10g"),
+    ("network.latncy=1ms", r"network.latncy is not a key of network; did you mean latency\?"),
+    ("+strategy.shard=2", r"strategy.shard is not a key of strategy; did you mean shards\?"),
+    ("sed=3", r"sed is not a config key; did you mean seed\?"),
+    ("trace.mode=window", r"trace.window=null is not valid; accepted: \[start, end\]"),
+    ("controller.port=70000", r"controller.port=70000 is not valid; accepted: an integer >= 0 and <= 65535\."),
+    ("compute.stragglers={w1:-2}", r"compute.stragglers=\{'w1': -2\} is not valid; accepted: a mapping"),
 ])
 def test_bad_value_names_key_and_accepted_values(override, expected):
     with pytest.raises(ConfigError, match=expected):
-        validate(compose_cfg([override]))
+        load([override])
 
 
 def test_constant_compute_without_a_duration_names_the_key():
     with pytest.raises(ConfigError, match=r"compute.gradient is not set; compute=constant needs"):
-        validate(compose_cfg(["compute=constant", "compute.gradient=null"]))
+        load(["compute=constant", "compute.gradient=null"])
 
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as e:
-        validate(compose_cfg(["workers=0", "lr=0", "network.discipline=x"]))
-    assert len(e.value.problems) == 3
+        load(["workers=0", "lr=0", "network.discipline=x", "network.latncy=1", "strategy=nope"])
+    assert len(e.value.problems) == 5, e.value.problems
+
+
+class MySGD(SGD):
+    """A user's strategy (its own class path): its settings are its own business."""
+
+
+def test_a_users_strategy_takes_keys_its_option_does_not_know():
+    rc = load([f"strategy._target_={__name__}.MySGD", "+strategy.k=5"], check_data=False)
+    assert rc.strategy_settings["k"] == 5
+    with pytest.raises(ConfigError, match=r"strategy.k is not a key of strategy \(accepted: name, shards\)"):
+        load(["+strategy.k=5"], check_data=False)  # ps_async's own option knows its keys
 
 
 def test_the_default_config_is_valid():
-    rc = validate(compose_cfg([]))
+    rc = load([])
     assert (rc.workers, rc.strategy_name, rc.model["_target_"]) == (64, "ps_async", "agents.workloads.models.ThesisCNN")
+    assert (rc.controller.host, rc.controller.startup_timeout_s, rc.lr) == ("127.0.0.1", 300.0, 0.005)
+
+
+def test_sweep_jobs_combine_the_command_line_and_the_experiments_sweeper_params():
+    assert sweep_jobs(["workers=1,2", "seed=3"]) == [["workers=1", "seed=3"], ["workers=2", "seed=3"]]
+    jobs = sweep_jobs(["+experiment=gossip_vs_ring"])
+    assert len(jobs) == 6 and ["strategy=gossip", "workers=4", "+experiment=gossip_vs_ring"] in jobs
+
+
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "controller.cli", "run", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=180, env={**os.environ, "HYDRA_FULL_ERROR": "0"})
 
 
 def test_cli_exits_2_with_one_sentence_and_writes_nothing(tmp_path):
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "controller.cli", "run", "workers=-3", f"hydra.run.dir={out}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    p = _cli("workers=-3", "network.latncy=1ms", f"hydra.run.dir={out}")
     assert p.returncode == 2, p.stderr
     assert "workers=-3 is not valid; accepted: an integer >= 1." in p.stderr
+    assert "network.latncy is not a key of network; did you mean latency?" in p.stderr
     assert "Traceback" not in p.stderr
-    assert not (out / "metrics.csv").exists()
+    assert not out.exists()
+
+
+def test_a_sweep_with_one_bad_point_fails_before_any_job_runs(tmp_path):
+    p = _cli("--multirun", "lr=0.01,-1", "stop.updates=2", "progress=false", "launcher=inprocess",
+             f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert p.returncode == 2, p.stderr
+    assert "job 1 (lr=-1" in p.stderr and "lr=-1.0 is not valid; accepted: a number > 0." in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "sweep").exists()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from controller.config import validate
+from controller.config import load
 from tests.helpers import compose_cfg, wait_until  # noqa: F401  (also used by test modules)
 from controller.launchers.local import LocalLauncher
 from controller.remote import ControllerSettings, RemoteAgents
@@ -30,7 +30,7 @@ def local_pool(**settings) -> RemoteAgents:
 
 def run(tmp: Path, overrides: list[str], local: bool = False, **settings):
     """Execute ``overrides`` (on top of FAST) in-process, or over local gRPC agents when ``local``."""
-    rc = validate(compose_cfg(FAST + overrides))
+    rc = load(FAST + overrides)
     return execute(rc, Path(tmp), launcher=local_pool(**settings) if local else None)
 
 

@@ -17,7 +17,7 @@ from controller.server import ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 
-from tests.helpers import compose_cfg, wait_until
+from tests.helpers import wait_until
 
 FAST = ["model=mlp", "compute=constant", "eval.every=0", "progress=false", "launcher=inprocess"]
 
@@ -26,9 +26,9 @@ TOKEN = "s3cret-token"
 
 @pytest.fixture
 def plan() -> Plan:
-    from controller.config import validate
+    from controller.config import load
 
-    rc = validate(compose_cfg(FAST + ["workers=2", "agents=2", "stop.updates=2"]), check_data=False)
+    rc = load(FAST + ["workers=2", "agents=2", "stop.updates=2"], check_data=False)
     return make_plan(rc, run_id="test-run")
 
 

@@ -87,3 +87,12 @@ def test_malformed_frames_raise_wire_errors():
     v.tensor.dtype = "complex_float_99"
     with pytest.raises(wire.WireError, match="unknown tensor dtype"):
         wire.decode_value(v)
+
+
+def test_a_named_tuple_row_travels_as_a_plain_tuple_and_is_rebuilt_field_by_field():
+    from agents.sim.env import RowKey, UpdateRow
+
+    key, row = RowKey(5, 2, 1), UpdateRow(5, 5e-9, "w2", 3, 0.25, 1, 16, 4096, 0.5)
+    out, _ = roundtrip([(key, row)])
+    assert type(out[0][1]) is tuple and out == [(tuple(key), tuple(row))]
+    assert UpdateRow(*out[0][1]).loss == 0.25 and RowKey(*out[0][0]).time == 5

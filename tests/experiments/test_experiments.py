@@ -59,8 +59,8 @@ def test_fedasync_thesis_reruns_with_new_run_ids_have_zero_spread(run):
     assert max(int(r["staleness"]) for r in strip[0]) > 0
     # the experiment really uses its settings: WAN latencies, non-IID data, polynomial a = 0.5
     plan = runs[0].handles[0].core.plan
-    assert plan.network["latency"]["kind"] == "normal" and plan.workload["partition"] == "two_class_non_iid"
-    assert plan.workload["batch_size"] == [10] * 5 + [300] * 5 and plan.settings["a"] == 0.5
+    assert plan.network.latency.kind == "normal" and plan.workload.partition == "two_class_non_iid"
+    assert plan.workload.batch_size == (10,) * 5 + (300,) * 5 and plan.settings["a"] == 0.5
 
 
 def test_throughput_sweep_matches_the_closed_forms_and_plots(tmp_path):

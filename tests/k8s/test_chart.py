@@ -15,6 +15,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from omegaconf import OmegaConf
+
+from controller.config.schema import KubernetesLauncherConfig, typed
 from controller.launchers.base import LaunchSpec
 from controller.launchers.kubernetes import KubernetesLauncher, build_agent_pod, load_pod_template
 from .conftest import CHART, KubeCluster, render, wait_until
@@ -191,15 +194,16 @@ def test_the_controller_job_runs_the_experiment_and_dials_back_through_the_servi
 @pytest.mark.parametrize("values", VALUE_SETS, ids=value_id)
 def test_the_jobs_arguments_are_overrides_the_lockstep_config_accepts(helm, values):
     """Hydra refuses an override of a key that does not exist, so a renamed config key breaks this."""
-    from hydra import compose, initialize_config_dir
+    from controller.config import compose_config, load
 
     args = job_args(render(helm, *values_args(values)))
-    with initialize_config_dir(config_dir=str(CHART.parents[1] / "conf"), version_base=None):
-        cfg = compose("config", overrides=[a for a in args[2:] if not a.startswith("hydra.")])
+    overrides = [a for a in args[2:] if not a.startswith("hydra.")]
+    cfg = compose_config(overrides)
+    load(overrides, check_data=False)  # valid as a whole, not only composable
     assert cfg.launcher.name == "kubernetes"
     assert (cfg.controller.host, cfg.metrics.host) == ("0.0.0.0", "0.0.0.0")
     assert cfg.launcher.pod_template_file == "/etc/lockstep/agent-pod.yaml"
-    KubernetesLauncher(cfg.launcher)  # and the launcher takes the composed node as it is
+    KubernetesLauncher(OmegaConf.to_object(cfg.launcher))  # and the launcher takes the typed node as it is
 
 
 def test_the_role_allows_managing_pods_and_reading_only_its_own_secret(helm):
@@ -406,11 +410,11 @@ def test_the_charts_service_account_may_do_everything_the_launcher_does(helm, ku
     run_token = base64.b64decode(core.read_namespaced_secret("exp1-lockstep", namespace).data["token"]).decode()
     args = job_args(docs)
 
-    launcher = KubernetesLauncher({
+    launcher = KubernetesLauncher(typed(KubernetesLauncherConfig, {
         "kubeconfig": str(kubeconfig), "image": "lockstep:0.1.0", "owner_pod": "exp1-lockstep-abcde",
         "controller_address": arg(args, "launcher.controller_address"), "instance": "exp1",
         "pod_template_file": str(template),
-        "token_secret": {"name": arg(args, "launcher.token_secret.name"), "key": "token"}})
+        "token_secret": {"name": arg(args, "launcher.token_secret.name"), "key": "token"}}))
     spec = LaunchSpec(run_id="exp1-run", n_agents=2, controller_address="0.0.0.0:50051", token=run_token,
                       run_dir=tmp_path)
     try:
@@ -426,8 +430,8 @@ def test_the_charts_service_account_may_do_everything_the_launcher_does(helm, ku
     # ...and nothing beyond its namespace.
     from controller.launchers.kubernetes import KubernetesLauncherError
 
-    outside = KubernetesLauncher({"kubeconfig": str(kubeconfig), "namespace": "default", "image": "x",
+    outside = KubernetesLauncher(typed(KubernetesLauncherConfig, {"kubeconfig": str(kubeconfig), "namespace": "default", "image": "x",
                                   "controller_address": "exp1-lockstep:50051",
-                                  "token_secret": {"name": "exp1-lockstep", "key": "token"}})
+                                  "token_secret": {"name": "exp1-lockstep", "key": "token"}}))
     with pytest.raises(KubernetesLauncherError, match="403 Forbidden"):
         outside.start(spec)

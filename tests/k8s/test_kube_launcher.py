@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from controller.config.schema import KubernetesLauncherConfig, typed
 from controller.launchers.base import AgentFailure, LaunchSpec
 from controller.launchers.kubernetes import (
     KubernetesLauncher,
@@ -58,7 +59,7 @@ def launcher(cfg):
     launchers: list[KubernetesLauncher] = []
 
     def make(**overrides) -> KubernetesLauncher:
-        launchers.append(KubernetesLauncher({**cfg, **overrides}))
+        launchers.append(KubernetesLauncher(typed(KubernetesLauncherConfig, {**cfg, **overrides})))
         return launchers[-1]
 
     yield make

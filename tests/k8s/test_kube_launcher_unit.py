@@ -5,8 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
+from controller.config import ConfigError, load
+from controller.config.schema import KubernetesLauncherConfig, typed
 from controller.launchers.base import LaunchSpec
 from controller.launchers.kubernetes import (
     DEFAULT_POD_SECURITY_CONTEXT,
@@ -21,7 +22,6 @@ from controller.launchers.kubernetes import (
     pod_failure,
 )
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "launcher" / "kubernetes.yaml"
 SPEC = LaunchSpec(run_id="2025-01-01_12-00-00_ab12", n_agents=2, controller_address="ctrl:50051",
                   token="t", run_dir=Path("/tmp/run"))
 
@@ -31,37 +31,40 @@ def pod(name: str = "p", **kw) -> dict:
                            image_pull_policy=None, instance="exp1", token_secret=("s", "token"), **kw)
 
 
-def test_the_shipped_config_file_is_accepted_as_a_dictconfig():
-    cfg = KubernetesLauncherConfig.from_node(OmegaConf.load(CONF))
-    assert cfg == KubernetesLauncherConfig(image="lockstep:0.1.0", token_secret_name=None, token_secret_key="token")
+def test_the_shipped_config_file_gives_the_schemas_defaults():
+    rc = load(["launcher=kubernetes"], check_data=False)
+    assert rc.launcher == KubernetesLauncherConfig()
+    assert (rc.launcher.image, rc.launcher.token_secret.name, rc.launcher.token_secret.key) == \
+        ("lockstep:0.1.0", None, "token")
 
 
-def test_a_plain_dict_config_is_accepted_too():
-    cfg = KubernetesLauncherConfig.from_node({"name": "kubernetes", "namespace": "lab",
-                                              "token_secret": {"name": "exp1-lockstep", "key": "k"}})
-    assert (cfg.namespace, cfg.token_secret_name, cfg.token_secret_key) == ("lab", "exp1-lockstep", "k")
+def test_launcher_settings_from_the_command_line_are_typed():
+    rc = load(["launcher=kubernetes", "launcher.namespace=lab", "launcher.token_secret.name=exp1-lockstep",
+               "launcher.token_secret.key=k"], check_data=False)
+    assert (rc.launcher.namespace, rc.launcher.token_secret.name, rc.launcher.token_secret.key) == \
+        ("lab", "exp1-lockstep", "k")
 
 
-def test_an_unknown_config_key_is_named_with_the_accepted_ones():
-    with pytest.raises(LauncherConfigError, match=r"unknown launcher.namespce for launcher=kubernetes; "
-                                                  r"accepted keys: .*namespace.*token_secret"):
-        KubernetesLauncherConfig.from_node({"namespce": "lab"})
+def test_an_unknown_config_key_is_named_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"launcher.namespce is not a key of launcher; did you mean namespace\?"):
+        load(["launcher=kubernetes", "launcher.namespce=lab"], check_data=False)
 
 
 def test_a_wrong_pull_policy_is_refused_with_the_accepted_values():
-    with pytest.raises(LauncherConfigError, match="accepted: Always, IfNotPresent, Never"):
-        KubernetesLauncherConfig.from_node({"image_pull_policy": "Sometimes"})
+    with pytest.raises(ConfigError, match=r"launcher.image_pull_policy='Sometimes' is not valid; accepted: Always \| "
+                                          r"IfNotPresent \| Never or null"):
+        load(["launcher=kubernetes", "launcher.image_pull_policy=Sometimes"], check_data=False)
 
 
 def test_without_the_kubernetes_package_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # makes `import kubernetes` fail
     with pytest.raises(ImportError, match=r"pip install 'lockstep\[kubernetes\]'") as e:
-        KubernetesLauncher({})
+        KubernetesLauncher()
     assert str(e.value) == INSTALL_HINT
 
 
 def test_a_loopback_controller_address_is_refused_before_anything_is_created():
-    launcher = KubernetesLauncher({"kubeconfig": "/nonexistent"})
+    launcher = KubernetesLauncher(typed(KubernetesLauncherConfig, {"kubeconfig": "/nonexistent"}))
     with pytest.raises(LauncherConfigError, match="agents would dial 127.0.0.1:50051, which a pod cannot reach"):
         launcher.start(LaunchSpec(run_id="r", n_agents=1, controller_address="127.0.0.1:50051", token="t",
                                   run_dir=Path("/tmp")))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from agents.observe.statelog import StateLog
-from agents.observe.trace import Tracer, TraceWriter, trace_settings
+from agents.observe.trace import Tracer, TraceWriter, trace_spec
 from controller.inspect import RunView, parse_time
 
 from . import runs
@@ -172,7 +172,7 @@ def test_inspect_rejects_a_bad_time_and_an_unknown_worker(run_dir):
 
 def test_trace_sample_window_and_cap_shrink_the_trace(tmp_path):
     holds = [True] * 16 + [False]
-    assert trace_settings("sample", 4, holds_data=holds)["keep"] == [0, 4, 8, 12, 16]
+    assert trace_spec("sample", 4, holds_data=holds).keep == (0, 4, 8, 12, 16)
     names, placement = [f"w{i}" for i in range(16)] + ["ps0"], [0] * 17
     recs = [("c", v, "gradient", 1000 * k, 1000 * k + 500) for k in range(10) for v in range(17)]
     recs += [("m", v, 16, k, "grad", 10, 1000 * k, 1000 * k, 1000 * k + 100, 1000 * k + 200, 1000 * k + 300)

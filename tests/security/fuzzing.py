@@ -262,12 +262,12 @@ VALUES = ["-1", "0", "1", "2", "3", "64", "1000000000000", "9223372036854775808"
 
 
 def config_leaves() -> list[str]:
-    """Every settable key of the default config (dotted), from conf/config.yaml and its default groups."""
-    from hydra import compose, initialize_config_dir
+    """Every settable key of the default config (dotted), from the schema and conf/."""
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose(config_name="config"), resolve=False)
+    from controller.config import compose_config
+
+    cfg = OmegaConf.to_container(compose_config([]), resolve=False, enum_to_str=True)
     out: list[str] = []
 
     def walk(node: Any, prefix: str) -> None:
@@ -307,26 +307,17 @@ def one_sentence(text: str) -> bool:
 
 
 def config_outcome(ovr: list[str]) -> str:
-    """"refused: ..." with one clear sentence per problem, or "accepted" once the run's plan is built.
+    """"refused" with one clear sentence per problem, or "accepted" once the run's plan is built.
 
-    Anything else (an exception other than the config errors) is a crash and propagates.
+    Anything else (an exception other than ConfigError) is a crash and propagates.
     """
-    from hydra import compose, initialize_config_dir
-
-    from controller.cli import _override_problem
-    from controller.config import ConfigError, validate
+    from controller.config import ConfigError, load
     from controller.plan import make_plan
 
-    problem = _override_problem(ovr)
-    if problem is not None:
-        assert one_sentence(problem), problem
-        return "refused: override"
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=ovr)
     try:
-        rc = validate(cfg)
+        rc = load(ovr)
     except ConfigError as e:
         assert e.problems and all(one_sentence(p) for p in e.problems), e.problems
-        return "refused: config"
+        return "refused"
     make_plan(rc)
     return "accepted"

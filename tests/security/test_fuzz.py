@@ -115,7 +115,7 @@ LEAVES = fuzzing.config_leaves()
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ovr=fuzzing.overrides(LEAVES))
 def test_fuzzed_configs_give_a_plan_or_one_clear_sentence_per_problem(ovr):
-    assert fuzzing.config_outcome(ovr) in ("accepted", "refused: override", "refused: config")
+    assert fuzzing.config_outcome(ovr) in ("accepted", "refused")
 
 
 CLI_SAMPLE = [["workers=[["], ["strategy=nope"], ["foo=1"], ["network.latency=-5ms", "workers=0"],

@@ -13,7 +13,8 @@ import pytest
 
 from agents.common import wire
 from controller.config import ConfigError, validate
-from controller.server import ControllerServer, ControllerSettings, TLSSettings
+from controller.config.schema import TLSConfig
+from controller.server import ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 from tests.distributed.conftest import FAST, assert_same_outputs, run
@@ -26,7 +27,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 def _tls_server(plan, pki) -> ControllerServer:
     node = pki["node"]
     s = ControllerServer(TOKEN, plan.run_id, plan.to_json(), plan.n_agents, ControllerSettings(
-        tls=TLSSettings(cert=str(node.cert), key=str(node.key), ca=str(pki["ca"].path), client_auth=True)))
+        tls=TLSConfig(enabled=True, cert=str(node.cert), key=str(node.key), ca=str(pki["ca"].path), client_auth=True)))
     s.start()
     return s
 

@@ -91,3 +91,11 @@ def test_gossip_replicas_differ_but_stay_close(run):
     a, b = w0.flat(), w2.flat()
     assert not torch.equal(a, b)
     assert (a - b).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("optimizer, cls", [("sgd", torch.optim.SGD), ("adam", torch.optim.Adam)])
+def test_the_configured_optimizer_is_the_one_the_server_steps_with(run, optimizer, cls):
+    """A regression: ``optimizer=adam`` used to be validated and then dropped (the PS stepped with SGD)."""
+    ran = run([f"optimizer={optimizer}", "lr=0.001", "workers=2", "stop.updates=2"])
+    opt = ran.worker("ps0").opt
+    assert type(opt) is cls and opt.param_groups[0]["lr"] == 0.001

@@ -67,8 +67,8 @@ def test_keyed_distributions_give_identical_draws_whatever_the_placement(run):
         assert [{k: v for k, v in r.items() if not k.startswith("wall")} for r in other.rows()] == strip
         assert other.params.equal(one.params)
     plan = one.handles[0].core.plan
-    assert len(set(plan.network["bandwidth_out"])) == 5  # a draw per vworker, not one for all
-    assert len(set(plan.compute["speed"][:4])) == 4
+    assert len(set(plan.network.bandwidth_out)) == 5  # a draw per vworker, not one for all
+    assert len(set(plan.compute.speed[:4])) == 4
     # the stagglers and jitter moved the times: the async PS's updates are not evenly spaced
     t = [int(r["virtual_time_ns"]) for r in one.rows()]
     assert len({b - a for a, b in zip(t, t[1:])}) > 3

@@ -1,0 +1,196 @@
+"""Compose the config like ``lockstep run`` does and validate it, turning every rejection into a sentence.
+
+Hydra composes ``conf/`` over the schemas of :mod:`controller.config.schema`
+and stops at the first override it cannot apply (an unknown key, a value of
+the wrong type, a group option that does not exist). :func:`load` reports
+that override in our words, drops it and composes again, so a user sees every
+problem of a command line at once; then :func:`~controller.config.validate.validate`
+adds the semantic ones. :func:`check_sweep` does the same for every job of a
+``--multirun`` before the first job starts.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig
+
+from controller.config import schema as S
+from controller.config.validate import ConfigError, RunConfig, accepted_text, did_you_mean, field_at, validate
+
+__all__ = ["CONF_DIR", "compose_config", "load", "check_sweep", "describe_compose_error"]
+
+
+def _conf_dir() -> str:
+    """conf/ of the source tree, or the copy a regular install ships as the ``conf`` package."""
+    source_tree = Path(__file__).resolve().parents[2] / "conf"
+    if (source_tree / "config.yaml").is_file():
+        return str(source_tree)
+    import conf
+
+    return str(Path(conf.__file__).resolve().parent)
+
+
+CONF_DIR = _conf_dir()
+
+# the schema of the group nodes typed ``Any`` in LockstepConfig, by option (conf/<group>/<option>.yaml)
+_GROUP_OPTION_SCHEMA = {"launcher": {"inprocess": S.InprocessLauncherConfig, "local": S.LocalLauncherConfig,
+                                     "kubernetes": S.KubernetesLauncherConfig}}
+
+
+def group_options(group: str) -> list[str]:
+    """The options a user may pick for ``group=`` (the YAML files, not the schemas)."""
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+def compose_config(overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
+    """Hydra's composition of conf/ with ``overrides`` (raises Hydra's exceptions)."""
+    S.register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
+def _parse(overrides: list[str]) -> list[Any]:
+    return OverridesParser.create().parse_overrides(list(overrides))
+
+
+def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str | None]:
+    """One sentence for a composition error, and the override that caused it (None: not one override)."""
+    text = str(e)
+    parsed = []
+    try:
+        parsed = _parse(overrides)
+    except OverrideParseException:
+        pass
+    by_key = {o.key_or_group: (o, s) for o, s in zip(parsed, overrides)}
+    if isinstance(e, MissingConfigException):
+        m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+        if m and m.group(1) in by_key:
+            group, option = m.group(1), m.group(2)
+            accepted = " | ".join(group_options(group))
+            hint = did_you_mean(option, group_options(group)).removeprefix("; ")
+            return (f"{group}={option!r} is not valid; accepted: {accepted}" + (f" ({hint})" if hint else "") + ".",
+                    by_key[group][1])
+        return f"the config cannot be composed: {text.splitlines()[0]}", None
+    cause = e.__cause__
+    key = getattr(cause, "full_key", None)
+    m = re.search(r"(?:Error merging override|Could not override|Could not append to config\. An item is "
+                  r"already at) '?([^\s=']+)", text)
+    if key is None and m:
+        key = m.group(1).split("=")[0].lstrip("+~")
+    if key and key not in by_key:  # the error may name a key inside the overridden value
+        key = next((k for k in by_key if key.startswith(k + ".")), key)
+    if not key or key not in by_key:
+        return f"the config cannot be composed: {text.splitlines()[0]}", None
+    override, raw = by_key[key]
+    value = override.value() if not override.is_delete() else None
+    if "Could not override" in text or "not in struct" in text or "Key '" in str(cause) and "not in" in str(cause):
+        parent, _, leaf = key.rpartition(".")
+        options = _keys_under(parent, [o for o in overrides if o != raw])
+        hint = did_you_mean(leaf, options)
+        where = f"a key of {parent}" if parent else "a config key"
+        return (f"{key} is not {where}{hint} (accepted: {', '.join(o for o in options if not o.startswith('_'))})"
+                ".", raw)
+    found = field_at(S.LockstepConfig, key, _node_types(overrides))
+    accepted = accepted_text(*found) if found else "see docs/configuration.md"
+    return f"{key}={value!r} is not valid; accepted: {accepted}.", raw
+
+
+def _node_types(overrides: list[str]) -> dict[str, type]:
+    """The schema classes of group nodes chosen on the command line (for error messages)."""
+    out: dict[str, type] = {}
+    for o in _safe_parse(overrides):
+        opts = _GROUP_OPTION_SCHEMA.get(o.key_or_group)
+        if opts and not o.is_sweep_override():
+            cls = opts.get(str(o.value()))
+            if cls is not None:
+                out[o.key_or_group] = cls
+    return out
+
+
+def _safe_parse(overrides: list[str]) -> list[Any]:
+    try:
+        return _parse(overrides)
+    except OverrideParseException:
+        return []
+
+
+def _keys_under(parent: str, others: list[str]) -> list[str]:
+    """The keys a node accepts with the other overrides applied (for suggestions)."""
+    groups = [s for o, s in zip(_safe_parse(others), others) if "." not in o.key_or_group]
+    try:
+        cfg = compose_config(groups)
+    except Exception:  # noqa: BLE001 - suggestions only
+        return []
+    node: Any = cfg
+    for part in [x for x in parent.split(".") if x]:
+        if not isinstance(node, DictConfig) or part not in node:
+            return []
+        node = node[part]
+    return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+
+
+def load(overrides: list[str], check_data: bool = True) -> RunConfig:
+    """Compose conf/ with ``overrides`` and validate it; ConfigError lists every problem."""
+    problems: list[str] = []
+    remaining = list(overrides)
+    try:
+        _parse(remaining)
+    except OverrideParseException as e:
+        raise ConfigError([f"cannot read the command line: {str(e).splitlines()[0]}"]) from None
+    cfg = None
+    for _ in range(len(overrides) + 1):
+        try:
+            cfg = compose_config(remaining)
+            break
+        except (ConfigCompositionException, MissingConfigException) as e:
+            sentence, culprit = describe_compose_error(e, remaining)
+            problems.append(sentence)
+            if culprit is None:
+                raise ConfigError(problems) from None
+            remaining.remove(culprit)
+    assert cfg is not None
+    try:
+        rc = validate(cfg, check_data=check_data and not problems)
+    except ConfigError as e:
+        problems.extend(p for p in e.problems if not any(p.startswith(k.split("=")[0].lstrip("+~") + "=")
+                                                           for k in set(overrides) - set(remaining)))
+    if problems:
+        raise ConfigError(problems)
+    return rc
+
+
+def check_sweep(job_overrides: list[list[str]]) -> None:
+    """Validate every job of a sweep before any starts; ConfigError names the failing jobs."""
+    problems: list[str] = []
+    for i, ov in enumerate(job_overrides):
+        try:
+            load(ov)
+        except ConfigError as e:
+            problems.extend(f"job {i} ({' '.join(ov)}): {p}" for p in e.problems)
+    if problems:
+        raise ConfigError(problems)
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """The override list of every job ``lockstep run --multirun overrides`` will run (Hydra's basic sweeper).
+
+    Sweep parameters come from the command line and from ``hydra.sweeper.params`` of the composed config
+    (the experiment configs set them), combined as Hydra's ``BasicSweeper`` combines them.
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    parsed = _parse(overrides)
+    fixed = [s for o, s in zip(parsed, overrides) if not o.is_sweep_override()]
+    try:
+        cfg = compose_config(fixed, return_hydra_config=True)
+        params = dict(cfg.hydra.sweeper.get("params") or {})
+    except (ConfigCompositionException, MissingConfigException):
+        params = {}  # load() reports the problem for every job
+    args = [f"{k}={v}" for k, v in params.items()] + list(overrides)
+    batches = BasicSweeper.split_arguments(_parse(args), None)
+    return [list(job) for batch in batches for job in batch]

@@ -1,0 +1,445 @@
+"""The config schema: one dataclass per config group, registered in Hydra's ConfigStore.
+
+These dataclasses are the single place where every key, its type and its
+default are defined (``docs/configuration.md`` is generated from them). The
+YAML files in ``conf/`` only choose values: each group option names its
+schema first in its defaults list (``defaults: [base_network, _self_]``), the
+primary config starts from ``base_config``. Hydra then rejects unknown keys
+and wrong types while composing; :mod:`controller.config.load` turns those
+rejections and every semantic problem into one sentence each.
+
+Values with units (durations, rates) are typed ``Any`` here because a user
+may write ``0.001`` or ``"1ms"``; :mod:`controller.config.validate` parses
+them. ``help`` in each field's metadata is the documentation of the key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import Enum
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from agents.common.net import LOOPBACK
+from agents.common.wire import DEFAULT_MAX_MESSAGE_BYTES
+
+__all__ = [
+    "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "ComputeModelName", "Distribution",
+    "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig", "ControllerConfig", "TLSConfig",
+    "MetricsConfig", "TraceConfig", "StatelogConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
+    "StrategyConfig", "ModelConfig", "LauncherConfig", "InprocessLauncherConfig", "LocalLauncherConfig",
+    "KubernetesLauncherConfig", "TokenSecretConfig", "LockstepConfig", "GROUP_SCHEMAS", "register_configs",
+    "help_of",
+]
+
+
+
+def doc(default: Any = MISSING, help: str = "", factory: Any = None, **rules: Any) -> Any:  # noqa: A002
+    """A dataclass field with its documentation (``metadata["help"]``) and value rules.
+
+    ``rules`` (checked by :mod:`controller.config.validate` and used in its error sentences):
+    ``lo``/``hi`` bounds (``lo_open``/``hi_open`` for strict ones), ``unit="duration"`` for values given
+    in seconds or as strings like ``1ms``, ``choices`` for a closed set of strings.
+    """
+    meta = {"help": help, **rules}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def help_of(cls: type, name: str) -> str:
+    for f in fields(cls):
+        if f.name == name:
+            return f.metadata.get("help", "")
+    raise KeyError(name)
+
+
+# ---------------------------------------------------------------- closed sets
+class Placement(str, Enum):
+    round_robin = "round_robin"
+    block = "block"
+    ps_alone = "ps_alone"
+
+
+class Optimizer(str, Enum):
+    sgd = "sgd"
+    adam = "adam"
+
+
+class Partition(str, Enum):
+    iid = "iid"
+    dirichlet = "dirichlet"
+    non_iid = "non_iid"
+
+
+class Discipline(str, Enum):
+    fifo = "fifo"
+    fair = "fair"
+    unlimited = "unlimited"
+
+
+class ComputeModelName(str, Enum):
+    profiled = "profiled"
+    measured = "measured"
+    constant = "constant"
+    distribution = "distribution"
+    analytic = "analytic"
+
+
+class Distribution(str, Enum):
+    lognormal = "lognormal"
+    normal = "normal"
+    weibull = "weibull"
+    exponential = "exponential"
+
+
+class TraceMode(str, Enum):
+    full = "full"
+    sample = "sample"
+    window = "window"
+    off = "off"
+
+
+class LogLevel(str, Enum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+class PullPolicy(str, Enum):
+    Always = "Always"
+    IfNotPresent = "IfNotPresent"
+    Never = "Never"
+
+
+# ----------------------------------------------------------- plain sections
+@dataclass
+class StopConfig:
+    updates: Optional[int] = doc(30000, "global model updates; null = no limit", lo=1)
+    virtual_time: Any = doc(None, "virtual seconds (or a string like 90s, 2min); null = no limit", unit="duration", lo=0, lo_open=True)
+
+
+@dataclass
+class EvalConfig:
+    every: int = doc(5000, "evaluate the global model every N updates (0 = only at the end); an observer: no "
+                           "virtual time", lo=0)
+    samples: int = doc(10000, "test samples used", lo=1)
+
+
+@dataclass
+class DataConfig:
+    root: Optional[str] = doc(None, "a directory with the IDX files or a torchvision FashionMNIST/raw layout; "
+                                    "null = Debian's dataset-fashion-mnist package")
+    partition: Partition = doc(Partition.iid, "how the training set is split over the data-holding vworkers")
+    alpha: float = doc(0.5, "dirichlet: the concentration", lo=0, lo_open=True)
+    major: float = doc(0.8, "non_iid: the share of each client's samples from its two classes", lo=0, lo_open=True, hi=1)
+
+
+@dataclass
+class TLSConfig:
+    """``controller.tls``: TLS on the gRPC service and the direct tensor streams (docs/security.md)."""
+
+    enabled: bool = doc(False, "TLS for the gRPC service and the direct tensor streams")
+    cert: Optional[str] = doc(None, "the controller's PEM certificate (also the agents', unless agent_cert)")
+    key: Optional[str] = doc(None, "its private key (PEM)")
+    ca: Optional[str] = doc(None, "the CA (PEM): agents verify the controller with it, and with client_auth the "
+                                  "controller the agents")
+    client_auth: bool = doc(True, "mutual TLS: an agent without a certificate signed by ca is refused")
+    server_name: Optional[str] = doc(None, "the name in the controller's certificate when agents dial another "
+                                           "(null: the host they dial)")
+    agent_cert: Optional[str] = doc(None, "the agents' certificate, as the agents see the file (null: cert)")
+    agent_key: Optional[str] = doc(None, "the agents' key, as the agents see the file (null: key)")
+
+
+@dataclass
+class ControllerConfig:
+    """The gRPC service agents connect to (docs/distributed.md); ``controller.server`` reads it as is."""
+
+    host: str = doc(LOOPBACK, "listen address; 0.0.0.0 when agents run elsewhere (Kubernetes)")
+    port: int = doc(0, "0 = a free port", lo=0, hi=65535)
+    max_message_bytes: int = doc(DEFAULT_MAX_MESSAGE_BYTES, "no gRPC message is larger; big tensors travel in chunks of "
+                                                   "this size", lo=65536, hi=2**31 - 2**20)
+    heartbeat_s: float = doc(1.0, "agents send a heartbeat this often (seconds)", lo=0, lo_open=True)
+    agent_timeout_s: float = doc(30.0, "an agent silent this long fails the run (seconds)", lo=0, lo_open=True)
+    startup_timeout_s: float = doc(300.0, "all agents must register and build their vworkers within this", lo=0, lo_open=True)
+    token_file: Optional[str] = doc(None, "file with the shared token; default $LOCKSTEP_TOKEN, else a random "
+                                          "per-run token")
+    call_timeout_s: float = doc(10.0, "a Register or Beat request must arrive within this (seconds); a stalled "
+                                      "caller is cut off", lo=0, lo_open=True)
+    max_blob_bytes: Optional[int] = doc(None, "largest tensor (or oversized frame) a peer may send; null = 4 x "
+                                              "the model or 4 x max_message_bytes, the larger", lo=1 << 20)
+    max_held_bytes: Optional[int] = doc(None, "bytes a peer may have sent before a frame uses them; null = "
+                                              "max_blob_bytes + 4 x the model x vworkers", lo=1 << 20)
+    tls: TLSConfig = doc(help="TLS certificates (docs/security.md)", factory=TLSConfig)
+
+
+@dataclass
+class MetricsConfig:
+    port: Optional[int] = doc(None, "Prometheus /metrics of the controller: null = don't serve; 0 = a free port "
+                                    "(printed, written to endpoints.json); else that port", lo=0, hi=65535)
+    host: str = doc(LOOPBACK, "address to bind; 0.0.0.0 in a pod")
+    agent_port: int = doc(0, "port of each agent process's /metrics when port is not null; 0 = a free port "
+                             "(9400 in a pod)", lo=0, hi=65535)
+    per_worker: bool = doc(False, "add per-vworker series (off: a 1024-worker run must not explode cardinality)")
+    linger_s: Any = doc(0.0, "after the run, keep serving this many wall seconds (SIGTERM/SIGINT ends it early)", unit="duration", lo=0)
+
+
+@dataclass
+class TraceConfig:
+    mode: TraceMode = doc(TraceMode.full, "trace.json (Chrome trace events, opens in Perfetto): full | sample "
+                                          "(the servers and every N-th worker) | window | off")
+    sample_every: int = doc(8, "sample: keep the servers and every N-th worker", lo=1)
+    window: Optional[List[Any]] = doc(None, "window: [start, end] of virtual time to keep (seconds or strings)")
+    max_events: Optional[int] = doc(500000, "stop recording past this many trace events (about 120 bytes each)", lo=1)
+
+
+@dataclass
+class StatelogConfig:
+    enabled: bool = doc(True, "statelog.jsonl: every model exchange, for `lockstep inspect`")
+    checksum: bool = doc(True, "CRC-32 of each global model version")
+    snapshot_every: int = doc(0, "save the global model every N versions into snapshots/ (0 = never)", lo=0)
+
+
+# ------------------------------------------------------------------ groups
+@dataclass
+class NetworkConfig:
+    """``network=``: NICs and latencies (DESIGN §4.1, docs/engine.md)."""
+
+    latency: Any = doc("100us", "one-way latency: seconds, a string like 100us, {distribution: normal|lognormal|"
+                                "weibull, ...} drawn per message, or {matrix: [[...]], groups: [...]}")
+    bandwidth: Any = doc("1Gbit/s", "NIC egress rate per vworker: bytes/s or a string like 10Gbit/s; a list (one "
+                                    "per worker); or {distribution: weibull, scale, shape, loc, unit: Mbit/s} "
+                                    "drawn per vworker")
+    bandwidth_in: Any = doc(None, "NIC ingress rate, same forms; null = the same as bandwidth")
+    discipline: Discipline = doc(Discipline.fair, "how a NIC shares its rate among transfers, both directions")
+    egress: Optional[Discipline] = doc(None, "the discipline of the egress side; null = discipline")
+    ingress: Optional[Discipline] = doc(None, "the discipline of the ingress side; null = discipline")
+    efficiency: float = doc(1.0, "goodput / line rate, in (0, 1] (TCP over Ethernet: about 0.94)", lo=0, lo_open=True, hi=1)
+
+
+@dataclass
+class StraggleConfig:
+    probability: float = doc(0.0, "chance that a compute call straggles (a keyed draw per vworker and call)", lo=0, hi=1)
+    factor: float = doc(1.0, "slowdown of a straggling call", lo=0, lo_open=True)
+
+
+@dataclass
+class ComputeConfig:
+    """``compute=``: how long a real computation takes in virtual time (DESIGN §4.2)."""
+
+    model: ComputeModelName = doc(MISSING, "profiled | measured | constant | distribution | analytic")
+    gradient: Any = doc(None, "seconds per gradient (constant; a fixed kind of distribution)", unit="duration", lo=0)
+    update: Any = doc(None, "seconds per optimizer step (constant; a fixed kind of distribution)", unit="duration", lo=0)
+    aggregate: Any = doc(None, "seconds per aggregation (constant; a fixed kind of distribution)", unit="duration", lo=0)
+    runs: int = doc(5, "profiled: timed runs per signature (the median is kept)", lo=1)
+    db: Optional[str] = doc(None, "profiled: the profile database (default ~/.cache/lockstep/profiles.json)")
+    distribution: Distribution = doc(Distribution.lognormal, "distribution: lognormal | normal | weibull | "
+                                                             "exponential")
+    params: List[float] = doc(help="distribution: its parameters in seconds (the thesis' log-normal fit)",
+                              factory=lambda: [0.165, 0.8632])
+    kinds: List[str] = doc(help="distribution: the kinds drawn from it; other kinds use the constants",
+                           factory=lambda: ["gradient"])
+    peak_flops: float = doc(1.0e12, "analytic: the device's peak FLOP/s", lo=0, lo_open=True)
+    speed: Any = doc(None, "per-worker slowdown factors: null (all 1.0), a list, {classes: [{fraction: 0.5, "
+                           "factor: 2.0}]} (consecutive workers from w0), or {distribution: lognormal|normal|"
+                           "uniform, ...} (keyed per worker)")
+    stragglers: Any = doc(None, "fixed extra factors by vworker name, e.g. {w3: 4.0}; null = none")
+    straggle: StraggleConfig = doc(help="injected stragglers, e.g. {probability: 0.05, factor: 5.0} (a keyed draw "
+                                        "per call); probability 0 = none", factory=StraggleConfig)
+    jitter: float = doc(0.0, "sigma of a keyed log-normal factor per call (0 = none)", lo=0)
+
+
+@dataclass
+class StrategyConfig:
+    """``strategy=``: the Strategy class and its own settings (docs/strategies.md)."""
+
+    _target_: str = doc(MISSING, "the Strategy class (a dotted path)")
+    name: Optional[str] = doc(None, "the name runs and plots show")
+
+
+@dataclass
+class ShardedPSConfig(StrategyConfig):
+    shards: int = doc(1, "PS shards (parameters split by tensor over ps0..ps{S-1})", lo=1)
+
+
+@dataclass
+class SSPConfig(ShardedPSConfig):
+    staleness_bound: int = doc(3, "the fastest worker runs at most this many steps ahead of the slowest; 0 = BSP", lo=0)
+
+
+@dataclass
+class RingConfig(StrategyConfig):
+    segment: Any = doc(None, "bytes per segment (each sent after a receiver-ready message, like gloo); null = "
+                             "whole chunks")
+
+
+@dataclass
+class HierarchicalConfig(RingConfig):
+    group_size: int = doc(4, "workers per group (reduce inside, ring between leaders, broadcast back)", lo=1)
+
+
+@dataclass
+class LocalSGDConfig(RingConfig):
+    local_steps: int = doc(4, "local steps on each replica between averages", lo=1)
+
+
+@dataclass
+class GossipConfig(StrategyConfig):
+    topology: str = doc("ring", "ring | random (a keyed random degree-regular graph)", choices=("ring", "random"))
+    degree: int = doc(2, "random: the degree of the graph", lo=1)
+    graph_seed: int = doc(0, "random: the key of the graph", lo=0)
+
+
+@dataclass
+class FedAvgConfig(StrategyConfig):
+    fraction: float = doc(1.0, "share of clients per round", lo=0, lo_open=True, hi=1)
+    local_steps: Optional[int] = doc(None, "local SGD steps per round; null = local_epochs epochs over the shard", lo=1)
+    local_epochs: int = doc(1, "local epochs per round when local_steps is null", lo=1)
+    weighting: str = doc("data", "data (shard size) | samples (trained this round) | uniform", choices=("data", "samples", "uniform"))
+
+
+@dataclass
+class FedAsyncConfig(StrategyConfig):
+    staleness: str = doc("polynomial", "constant | polynomial: (t-tau+1)^-a | hinge: 1 if t-tau <= b else "
+                                       "1/(a(t-tau-b)+1)", choices=("constant", "polynomial", "hinge"))
+    a: float = doc(0.5, "the staleness function's exponent / slope", lo=0)
+    b: int = doc(4, "hinge: staleness tolerated at full weight", lo=0)
+    alpha: float = doc(1.0, "base mixing weight", lo=0, lo_open=True, hi=1)
+    local_steps: Optional[int] = doc(1, "local SGD steps per round; null = local_epochs epochs", lo=1)
+    local_epochs: int = doc(1, "local epochs per round when local_steps is null", lo=1)
+
+
+@dataclass
+class ModelConfig:
+    """``model=``: any ``nn.Module`` by ``_target_``; other keys are constructor arguments."""
+
+    _target_: str = doc(MISSING, "the nn.Module class (a dotted path)")
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    hidden: List[int] = doc(help="widths of the hidden layers", factory=lambda: [200])
+
+
+@dataclass
+class LauncherConfig:
+    """``launcher=``: where the agents run (DESIGN §10, docs/distributed.md)."""
+
+    name: str = doc(MISSING, "inprocess | local | kubernetes")
+
+
+@dataclass
+class InprocessLauncherConfig(LauncherConfig):
+    name: str = "inprocess"
+
+
+@dataclass
+class LocalLauncherConfig(LauncherConfig):
+    name: str = "local"
+    stop_grace_s: float = doc(1.0, "seconds agents get to exit after the run (or Ctrl-C) before SIGTERM, then "
+                                   "SIGKILL", lo=0)
+
+
+@dataclass
+class TokenSecretConfig:
+    name: Optional[str] = doc(None, "an existing Secret holding the token; null = the launcher creates one for "
+                                    "the run (owned like the pods) and deletes it at the end")
+    key: str = doc("token", "the key of the token in that Secret")
+
+
+@dataclass
+class KubernetesLauncherConfig(LauncherConfig):
+    name: str = "kubernetes"
+    namespace: Optional[str] = doc(None, "namespace of the agent pods; null = the in-cluster namespace, else the "
+                                         "kubeconfig context's, else default")
+    kubeconfig: Optional[str] = doc(None, "a kubeconfig file; null = in-cluster credentials in a pod, else "
+                                          "$KUBECONFIG or ~/.kube/config")
+    context: Optional[str] = doc(None, "kubeconfig context; null = its current context")
+    image: Optional[str] = doc("lockstep:0.1.0", "image of the agent pods (must contain lockstep); null = the "
+                                                 "image of the agent container in pod_template_file")
+    image_pull_policy: Optional[PullPolicy] = doc(PullPolicy.IfNotPresent, "Always | IfNotPresent | Never; null = "
+                                                                           "Kubernetes' default for the tag")
+    controller_address: Optional[str] = doc(None, "host:port the agent pods dial; null = the controller's listen "
+                                                  "address (in the chart: the Service's DNS name)")
+    pod_template_file: Optional[str] = doc(None, "a Pod manifest (YAML) whose spec the agent pods start from")
+    owner_pod: Optional[str] = doc(None, "the controller's pod (agent pods get an ownerReference to it); null = "
+                                         "$LOCKSTEP_POD_NAME or $POD_NAME")
+    instance: Optional[str] = doc(None, "app.kubernetes.io/instance label of the agent pods; null = the run id")
+    startup_timeout_s: float = doc(600.0, "seconds an agent pod may stay Pending before the run fails", lo=0, lo_open=True)
+    unschedulable_grace_s: float = doc(0.0, "seconds an agent pod may stay Unschedulable before the run fails", lo=0)
+    api_error_grace_s: float = doc(60.0, "seconds check() tolerates an unreachable API server", lo=0)
+    check_interval_s: float = doc(1.0, "check() lists the agent pods at most this often (seconds)", lo=0, lo_open=True)
+    delete_grace_period_s: int = doc(10, "grace period of agent pods deleted at the end of a run", lo=0)
+    token_secret: TokenSecretConfig = doc(help="an existing Secret holding the token", factory=TokenSecretConfig)
+
+
+# -------------------------------------------------------------- the whole run
+@dataclass
+class LockstepConfig:
+    """The primary config (``conf/config.yaml`` starts from it)."""
+
+    strategy: Any = MISSING
+    model: Any = MISSING
+    network: NetworkConfig = MISSING
+    compute: ComputeConfig = MISSING
+    launcher: Any = MISSING
+    run_id: Optional[str] = doc(None, "the run's id; null = <timestamp>-<config hash>")
+    seed: int = doc(0, "the key of every random draw", lo=0)
+    workers: int = doc(64, "training vworkers (a PS adds its own)", lo=1, hi=1 << 20)
+    agents: int = doc(1, "agent processes the vworkers are spread over", lo=1)
+    placement: Placement = doc(Placement.round_robin, "round_robin | block | ps_alone (the servers alone on "
+                                                      "agent 0)")
+    batch_size: Any = doc(16, "per worker: an int, or a list with one entry per worker")
+    lr: float = doc(0.005, "learning rate (async PS with 64 workers diverges at larger rates: docs/engine.md)", lo=0, lo_open=True)
+    momentum: float = doc(0.0, "SGD momentum, in [0, 1)", lo=0, hi=1, hi_open=True)
+    optimizer: Optimizer = doc(Optimizer.sgd, "the optimizer of the model holder (a PS, a local learner)")
+    device: str = doc("cpu", "cpu | cuda | cuda:N")
+    threads: int = doc(1, "torch intra-op threads per agent process", lo=1)
+    stop: StopConfig = doc(help="stop conditions", factory=StopConfig)
+    eval: EvalConfig = doc(help="evaluation of the global model", factory=EvalConfig)
+    data: DataConfig = doc(help="the training data", factory=DataConfig)
+    controller: ControllerConfig = doc(help="the controller's gRPC service", factory=ControllerConfig)
+    metrics: MetricsConfig = doc(help="Prometheus endpoints", factory=MetricsConfig)
+    trace: TraceConfig = doc(help="trace.json", factory=TraceConfig)
+    statelog: StatelogConfig = doc(help="statelog.jsonl", factory=StatelogConfig)
+    progress: bool = doc(True, "progress bar on stderr")
+    log_level: LogLevel = doc(LogLevel.INFO, "DEBUG | INFO | WARNING | ERROR")
+
+
+GROUP_SCHEMAS: dict[str, dict[str, type]] = {
+    "network": {"base_network": NetworkConfig},
+    "compute": {"base_compute": ComputeConfig},
+    "strategy": {"base_strategy": StrategyConfig, "base_sharded_ps": ShardedPSConfig, "base_ssp": SSPConfig,
+                 "base_ring": RingConfig, "base_hierarchical": HierarchicalConfig, "base_local_sgd": LocalSGDConfig,
+                 "base_gossip": GossipConfig, "base_fedavg": FedAvgConfig, "base_fedasync": FedAsyncConfig},
+    "model": {"base_model": ModelConfig, "base_mlp": MLPConfig},
+    "launcher": {"base_inprocess": InprocessLauncherConfig, "base_local": LocalLauncherConfig,
+                 "base_kubernetes": KubernetesLauncherConfig},
+}
+"""The schema of each group option: ``conf/<group>/<option>.yaml`` names one of these first in its defaults."""
+
+
+def register_configs() -> None:
+    """Register the schemas in Hydra's ConfigStore (idempotent; called before Hydra composes)."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=LockstepConfig)
+    for group, nodes in GROUP_SCHEMAS.items():
+        for name, node in nodes.items():
+            cs.store(group=group, name=name, node=node)
+
+
+def schema_of(obj: Any) -> type | None:
+    """The dataclass an OmegaConf node was built from, if any."""
+    from omegaconf import OmegaConf
+
+    t = OmegaConf.get_type(obj) if obj is not None else None
+    return t if t is not None and is_dataclass(t) else None
+
+
+def typed(cls: type, mapping: Any) -> Any:
+    """A schema object from a plain mapping (OmegaConf checks every key and type), e.g. for tests and tools."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), mapping))

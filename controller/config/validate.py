@@ -1,0 +1,760 @@
+"""Validate a composed config once, into the typed :class:`RunConfig` the controller and the plan use.
+
+Every problem becomes one sentence naming the key, the value and what is
+accepted (STYLE: errors), and all of them are collected before anything
+starts. Simple fields are checked generically from their schema
+(:mod:`controller.config.schema`: type, bounds, choices, units); the rules
+that span keys (batch sizes per worker, bandwidth forms, speed classes, what a
+strategy and a data set allow) are written out below.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import math
+import typing
+from dataclasses import dataclass, fields, is_dataclass
+from enum import Enum
+from functools import lru_cache
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from agents.common.units import UnitError, parse_duration, parse_rate
+from agents.sim import keyed
+from agents.sim.compute import KINDS
+from agents.sim.types import seconds_to_ns
+from controller.config import schema as S
+
+__all__ = ["ConfigError", "RunConfig", "validate", "config_hash", "accepted_text", "field_at", "did_you_mean",
+           "LatencySetting", "BandwidthSetting", "NetworkSettings", "ComputeSettings", "TraceSettings"]
+
+LATENCY_DISTRIBUTIONS = {"normal": ("mean", "std"), "lognormal": ("mu", "sigma"), "weibull": ("scale", "shape", "loc")}
+BANDWIDTH_DISTRIBUTIONS = {"weibull": ("scale", "shape", "loc"), "normal": ("mean", "std"),
+                           "lognormal": ("mu", "sigma")}
+SPEED_DISTRIBUTIONS = {"lognormal": ("mu", "sigma"), "normal": ("mean", "std"), "uniform": ("low", "high")}
+
+
+class ConfigError(ValueError):
+    """One or more invalid config values; ``problems`` holds one sentence each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+# ------------------------------------------------------------ typed results
+@dataclass(frozen=True)
+class LatencySetting:
+    """``network.latency`` resolved: ``kind`` constant (``ns``), matrix (``matrix_ns``, ``groups``) or a
+    distribution (``params`` in seconds, ``min_s``)."""
+
+    kind: str
+    ns: int = 0
+    matrix_ns: tuple[tuple[int, ...], ...] = ()
+    groups: tuple[int, ...] | None = None
+    params: tuple[float, ...] = ()
+    min_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BandwidthSetting:
+    """A NIC rate resolved to bytes/s: one ``rate``, one per worker (``per_worker``) or a keyed
+    ``distribution`` with ``params`` in ``unit_bps``."""
+
+    rate: float | None = None
+    per_worker: tuple[float, ...] | None = None
+    distribution: str | None = None
+    params: tuple[float, ...] = ()
+    unit_bps: float = 1.0
+
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    latency: LatencySetting
+    bandwidth: BandwidthSetting
+    bandwidth_in: BandwidthSetting | None  # None: the same draws as ``bandwidth``
+    efficiency: float
+    egress: str
+    ingress: str
+
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    """``compute`` resolved (seconds); per-worker ``speed`` and named ``stragglers`` become ids in the plan."""
+
+    model: str
+    constant_s: dict[str, float]
+    dist: str
+    dist_params: tuple[float, ...]
+    dist_kinds: tuple[str, ...]
+    peak_flops: float
+    profile_db: str
+    profile_runs: int
+    speed_workers: tuple[float, ...] | None
+    stragglers: dict[str, float]
+    straggle_p: float
+    straggle_factor: float
+    jitter: float
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    mode: str
+    sample_every: int
+    window_s: tuple[float, float] | None
+    max_events: int | None
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    port: int | None
+    host: str
+    agent_port: int
+    per_worker: bool
+    linger_s: float
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The validated config: typed values, units resolved. ``raw`` is what ``config.yaml`` records."""
+
+    raw: dict[str, Any]
+    run_id: str | None
+    seed: int
+    workers: int
+    agents: int
+    placement: str
+    batch_size: tuple[int, ...]
+    lr: float
+    momentum: float
+    optimizer: str
+    device: str
+    threads: int
+    strategy: str  # dotted path of the Strategy class
+    strategy_name: str
+    strategy_settings: dict[str, Any]
+    model: dict[str, Any]
+    stop_updates: int | None
+    stop_virtual_time_ns: int | None
+    eval_every: int
+    eval_samples: int
+    data_root: str | None
+    partition: str
+    partition_kw: dict[str, Any]
+    network: NetworkSettings
+    compute: ComputeSettings
+    launcher: S.LauncherConfig
+    controller: S.ControllerConfig
+    trace: TraceSettings
+    metrics: MetricsSettings
+    statelog: S.StatelogConfig
+    progress: bool
+    log_level: str
+
+
+def config_hash(raw: dict[str, Any]) -> str:
+    """A short stable hash of the resolved config (without run_id and hydra)."""
+    d = {k: v for k, v in raw.items() if k not in ("run_id", "hydra")}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# ------------------------------------------------- schema-driven messages
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Union and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0], True
+    return tp, False
+
+
+def _bounds(meta: dict[str, Any]) -> str:
+    def num(x: float) -> str:
+        return str(x) if isinstance(x, int) else f"{x:g}"
+
+    parts = []
+    if meta.get("lo") is not None:
+        parts.append(("> " if meta.get("lo_open") else ">= ") + num(meta["lo"]))
+    if meta.get("hi") is not None:
+        parts.append(("< " if meta.get("hi_open") else "<= ") + num(meta["hi"]))
+    return " and ".join(parts)
+
+
+def accepted_text(cls: type, name: str) -> str:
+    """What ``cls.name`` accepts, in words (used by every sentence about that key)."""
+    f = next(f for f in fields(cls) if f.name == name)
+    tp, optional = _unwrap_optional(_hints(cls)[name])
+    meta = dict(f.metadata)
+    b = _bounds(meta)
+    if meta.get("choices"):
+        text = " | ".join(meta["choices"])
+    elif isinstance(tp, type) and issubclass(tp, Enum):
+        text = " | ".join(m.value for m in tp)
+    elif meta.get("unit") == "duration":
+        text = "a duration" + (f" {b}" if b else "") + " (seconds, or a string like 1ms, 250us, 2s)"
+    elif tp is bool:
+        text = "true | false"
+    elif tp is int:
+        text = "an integer" + (f" {b}" if b else "")
+    elif tp is float:
+        text = "a number" + (f" {b}" if b else "")
+    elif tp is str:
+        text = "a string"
+    elif is_dataclass(tp):
+        text = "a mapping with keys " + ", ".join(x.name for x in fields(tp))
+    else:
+        text = meta.get("help") or "see docs/configuration.md"
+    return text + (" or null" if optional else "")
+
+
+def field_at(root: type, path: str, node_types: dict[str, type] | None = None) -> tuple[type, str] | None:
+    """The (schema class, field name) of a dotted key, following nested dataclasses; None if unknown.
+
+    ``node_types`` names the schema of group nodes typed ``Any`` at the top (strategy, launcher, model).
+    """
+    parts = path.split(".")
+    cls: Any = root
+    for i, part in enumerate(parts):
+        if node_types and i == 1 and parts[0] in node_types:
+            cls = node_types[parts[0]]
+        if not (isinstance(cls, type) and is_dataclass(cls)):
+            return None
+        names = {f.name for f in fields(cls)}
+        if part not in names:
+            return None
+        if i == len(parts) - 1:
+            return cls, part
+        tp, _ = _unwrap_optional(_hints(cls)[part])
+        cls = tp
+    return None
+
+
+def did_you_mean(key: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(key, options, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _within(v: float, meta: dict[str, Any]) -> bool:
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if lo is not None and (v <= lo if meta.get("lo_open") else v < lo):
+        return False
+    if hi is not None and (v >= hi if meta.get("hi_open") else v > hi):
+        return False
+    return True
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def bad(self, key: str, value: Any, accepted: str) -> None:
+        self.items.append(f"{key}={_show(value)} is not valid; accepted: {accepted}.")
+
+    def add(self, sentence: str) -> None:
+        self.items.append(sentence)
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it: null for None, strings quoted."""
+    if isinstance(value, Enum):
+        value = value.value
+    return "null" if value is None else repr(value)
+
+
+def _check_fields(obj: Any, prefix: str, p: _Problems) -> None:
+    """Generic checks of one schema object's fields (bounds, choices, units), recursing into sections."""
+    cls = type(obj)
+    for f in fields(cls):
+        if f.name.startswith("_"):
+            continue
+        v = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        meta = f.metadata
+        if is_dataclass(v):
+            _check_fields(v, key + ".", p)
+            continue
+        if v is None:
+            continue
+        if meta.get("unit") == "duration":
+            try:
+                s = parse_duration(v, key)
+            except UnitError:
+                p.bad(key, v, accepted_text(cls, f.name))
+                continue
+            if not math.isfinite(s) or not _within(s, meta):
+                p.bad(key, v, accepted_text(cls, f.name))
+        elif meta.get("choices") and v not in meta["choices"]:
+            p.bad(key, v, accepted_text(cls, f.name))
+        elif _is_num(v) and not _within(v, meta):
+            p.bad(key, v, accepted_text(cls, f.name))
+        elif isinstance(v, float) and not math.isfinite(v):
+            p.bad(key, v, accepted_text(cls, f.name))
+
+
+BUILT_IN_TARGETS = frozenset({
+    *("agents.workloads.models." + m for m in ("MLP", "ThesisCNN", "SmallResNet")),
+})
+
+
+def _user_target(node: DictConfig) -> bool:
+    """A node whose ``_target_`` names a user's class: its keys are that class's business."""
+    from agents.strategies import STRATEGIES
+
+    target = node.get("_target_") if "_target_" in node else None
+    return isinstance(target, str) and target not in BUILT_IN_TARGETS and target not in STRATEGIES.values()
+
+
+def _unknown_keys(node: DictConfig, prefix: str, p: _Problems) -> None:
+    """Keys added with ``+`` to a node that has a schema: rejected with a suggestion.
+
+    A strategy or model node naming a user's class (``strategy._target_=my.Strategy``) takes any key.
+    """
+    cls = OmegaConf.get_type(node)
+    if cls is None or not is_dataclass(cls) or _user_target(node):
+        return
+    names = [f.name for f in fields(cls)]
+    for k in list(node.keys()):
+        k = str(k)
+        if k not in names:
+            opts = [x for x in names if not x.startswith("_")]
+            p.add(f"{prefix}{k} is not a key of {prefix.rstrip('.') or 'the config'}"
+                  f"{did_you_mean(k, names)} (accepted: {', '.join(opts)}).")
+            with _open(node):
+                del node[k]
+        else:
+            child = node._get_node(k)  # noqa: SLF001 - the typed child node, not its value
+            if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():  # noqa: SLF001
+                _unknown_keys(child, f"{prefix}{k}.", p)
+
+
+class _open:
+    def __init__(self, node: DictConfig):
+        self.node = node
+
+    def __enter__(self) -> None:
+        from omegaconf import open_dict
+
+        self.ctx = open_dict(self.node)
+        self.ctx.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.ctx.__exit__(*exc)
+
+
+# --------------------------------------------------------------- validate
+def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
+    """Check every key of a composed config; raise ConfigError listing each problem, else a RunConfig."""
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(cfg)
+    cfg = cfg.copy()
+    with _open(cfg):
+        cfg.pop("hydra", None)
+    raw = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    p = _Problems()
+    _unknown_keys(cfg, "", p)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    for key in missing:
+        p.add(f"{key} is not set (??? in the config); set it, e.g. on the command line: {key}=<value>.")
+    if missing:
+        raise ConfigError(p.items)
+    typed = OmegaConf.to_object(cfg)
+    root = typed if isinstance(typed, S.LockstepConfig) else None
+    if root is None:  # a config composed without base_config (e.g. a plain dict): type it now
+        root = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(S.LockstepConfig), cfg))
+    _check_fields(root, "", p)  # recurses into every section and typed group node
+    return _resolve(root, raw, p, check_data)
+
+
+def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data: bool) -> RunConfig:
+    """Cross-key rules, and the typed RunConfig. Strategy and model settings are taken as written (``raw``):
+    a user's class may take keys its option's schema does not know."""
+    workers, agents = c.workers, c.agents
+    good_workers = workers if isinstance(workers, int) and workers >= 1 else None
+    if not (c.device == "cpu" or c.device == "cuda" or c.device.startswith("cuda:")):
+        p.bad("device", c.device, "cpu | cuda | cuda:N")
+    if c.run_id is not None and not c.run_id.replace("-", "").replace("_", "").isalnum():
+        p.bad("run_id", c.run_id, "letters, digits, '-' and '_'")
+
+    strategy = dict(raw["strategy"])
+    strategy_path = strategy.get("_target_")
+    strategy_name = strategy.get("name") or strategy_path
+    strategy_cls = None
+    from agents.strategies import STRATEGIES, load_strategy
+
+    try:
+        strategy_cls = load_strategy(strategy_path)
+    except Exception as e:  # noqa: BLE001 - any import problem is a config error here
+        p.add(f"strategy={strategy_name!r} (strategy._target_={strategy_path!r}) cannot be loaded ({e}); "
+              f"accepted: {' | '.join(STRATEGIES)} or a dotted path to a Strategy subclass.")
+    settings = {k: v for k, v in strategy.items() if k not in ("_target_", "name")}
+
+    bs = c.batch_size
+    batch_size: tuple[int, ...] = ()
+    if isinstance(bs, int) and not isinstance(bs, bool) and bs >= 1 and good_workers:
+        batch_size = (bs,) * good_workers
+    elif isinstance(bs, list) and good_workers and len(bs) == good_workers and all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in bs):
+        batch_size = tuple(bs)
+    elif good_workers:  # (an invalid `workers` is reported once, not again through batch_size)
+        p.bad("batch_size", bs, f"an integer >= 1, or a list of {good_workers} such integers (one per worker)")
+
+    stop_vt = None if c.stop.virtual_time is None else _seconds(c.stop.virtual_time)
+    if c.stop.updates is None and c.stop.virtual_time is None:
+        p.add("stop.updates and stop.virtual_time are both null; set at least one "
+              "(e.g. stop.updates=1000 or stop.virtual_time=60s).")
+
+    partition = c.data.partition.value
+    partition_kw: dict[str, Any] = {}
+    if partition == "dirichlet":
+        partition_kw = {"alpha": c.data.alpha}
+    elif partition == "non_iid":
+        partition_kw = {"major": c.data.major}
+
+    model = dict(raw["model"])
+    if not isinstance(model.get("_target_"), str):
+        p.bad("model", model, "mlp | cnn | resnet, or a config with _target_ naming an nn.Module class")
+
+    network = _network(c.network, good_workers, p)
+    compute = _compute(c.compute, good_workers, c.seed, p)
+    launcher = c.launcher
+    if not isinstance(launcher, S.LauncherConfig):
+        p.bad("launcher", _plain(launcher).get("name"), "inprocess | local | kubernetes")
+    ctl = c.controller
+    if ctl.agent_timeout_s < 2 * ctl.heartbeat_s:
+        p.bad("controller.agent_timeout_s", ctl.agent_timeout_s,
+              f"at least twice controller.heartbeat_s ({ctl.heartbeat_s:g} s)")
+    if not ctl.host:
+        p.bad("controller.host", ctl.host, "an address to listen on, e.g. 127.0.0.1 or 0.0.0.0")
+    _tls(ctl.tls, isinstance(launcher, S.LocalLauncherConfig), p)
+    trace = _trace(c.trace, p)
+    metrics = _metrics(c, p)
+
+    if not p.items and model is not None:
+        _check_model(p, model, c.seed)
+    if not p.items and check_data and strategy_cls is not None:
+        _check_data(p, c.data.root, partition, partition_kw, strategy_cls, workers, batch_size, c.seed, settings)
+    if not p.items and strategy_cls is not None:
+        n_vworkers = len(strategy_cls.layout(workers, settings))
+        if agents > n_vworkers:
+            p.bad("agents", agents, f"at most the number of vworkers ({n_vworkers})")
+    if p.items:
+        raise ConfigError(p.items)
+    return RunConfig(
+        raw=raw, run_id=c.run_id, seed=c.seed, workers=workers, agents=agents, placement=c.placement.value,
+        batch_size=batch_size, lr=c.lr, momentum=c.momentum, optimizer=c.optimizer.value, device=c.device,
+        threads=c.threads, strategy=f"{strategy_cls.__module__}.{strategy_cls.__qualname__}",
+        strategy_name=strategy_name, strategy_settings=settings, model=model, stop_updates=c.stop.updates,
+        stop_virtual_time_ns=None if stop_vt is None else seconds_to_ns(stop_vt), eval_every=c.eval.every,
+        eval_samples=c.eval.samples, data_root=c.data.root, partition=partition, partition_kw=partition_kw,
+        network=network, compute=compute, launcher=launcher, controller=ctl, trace=trace, metrics=metrics,
+        statelog=c.statelog, progress=c.progress, log_level=c.log_level.value)
+
+
+def _tls(tls: S.TLSConfig, local: bool, p: _Problems) -> None:
+    """``controller.tls``: when on, the controller's files must be there (and the agents' too with
+    launcher=local, whose agents read them on this machine)."""
+    if not tls.enabled:
+        return
+    import os
+
+    for key in ("cert", "key", "ca", "agent_cert", "agent_key"):
+        v = getattr(tls, key)
+        if v is None:
+            if key in ("cert", "key", "ca"):
+                p.bad(f"controller.tls.{key}", v, "a PEM file (controller.tls.enabled=true needs cert, key and ca)")
+        elif (key in ("cert", "key", "ca") or local) and not os.path.isfile(v):
+            p.bad(f"controller.tls.{key}", v, "a readable PEM file (it does not exist)")
+
+
+def _plain(node: Any) -> dict[str, Any]:
+    """A group node (a schema object or a plain mapping) as a dict of plain values."""
+    if is_dataclass(node):
+        return {f.name: _enum_value(getattr(node, f.name)) for f in fields(node)}
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+    return dict(node or {})
+
+
+def _enum_value(v: Any) -> Any:
+    return v.value if isinstance(v, Enum) else v
+
+
+def _seconds(value: Any) -> float:
+    return parse_duration(value)  # already checked by _check_fields
+
+
+# ---------------------------------------------------------------- sections
+def _trace(t: S.TraceConfig, p: _Problems) -> TraceSettings:
+    window = None
+    w = t.window
+    if w is not None or t.mode == S.TraceMode.window:
+        ok = isinstance(w, list) and len(w) == 2
+        span: list[float | None] = []
+        if ok:
+            for i, x in enumerate(w):
+                try:
+                    span.append(parse_duration(x, f"trace.window[{i}]"))
+                except UnitError:
+                    span.append(None)
+        if not ok or None in span or span[0] > span[1] or span[0] < 0:  # type: ignore[operator]
+            p.bad("trace.window", w, "[start, end] virtual times (seconds or strings like 2s) with 0 <= start <= end"
+                  + ("; trace.mode=window needs it" if t.mode == S.TraceMode.window else ""))
+        else:
+            window = (span[0], span[1])
+    return TraceSettings(t.mode.value, t.sample_every, window, t.max_events)  # type: ignore[arg-type]
+
+
+def _metrics(c: S.LockstepConfig, p: _Problems) -> MetricsSettings:
+    m = c.metrics
+    if not m.host:
+        p.bad("metrics.host", m.host, "an address to bind such as 127.0.0.1 or 0.0.0.0")
+    if m.agent_port and isinstance(c.launcher, S.LocalLauncherConfig) and c.agents > 1:
+        p.bad("metrics.agent_port", m.agent_port, "0 with launcher=local and several agents (they share one host, "
+              "so each needs its own free port)")
+    linger = 0.0
+    try:
+        linger = parse_duration(m.linger_s or 0)
+    except UnitError:
+        pass  # reported by _check_fields
+    return MetricsSettings(m.port, m.host, m.agent_port, m.per_worker, linger)
+
+
+def _network(n: S.NetworkConfig, workers: int | None, p: _Problems) -> NetworkSettings:
+    disc = n.discipline.value
+    bw = _bandwidth(p, "network.bandwidth", n.bandwidth, workers)
+    bw_in = None if n.bandwidth_in is None else _bandwidth(p, "network.bandwidth_in", n.bandwidth_in, workers)
+    return NetworkSettings(latency=_latency(p, n.latency), bandwidth=bw, bandwidth_in=bw_in,
+                           efficiency=n.efficiency, egress=n.egress.value if n.egress else disc,
+                           ingress=n.ingress.value if n.ingress else disc)
+
+
+def _rate(p: _Problems, key: str, v: Any) -> float | None:
+    try:
+        r = parse_rate(v, key)
+    except UnitError:
+        p.bad(key, v, "bytes/s as a number or a string like 10Gbit/s, 1Gbps, 100MB/s")
+        return None
+    if not r > 0 or not math.isfinite(r):
+        p.bad(key, v, "a bandwidth > 0 (bytes/s or a string like 10Gbit/s)")
+        return None
+    return r
+
+
+def _bandwidth(p: _Problems, key: str, v: Any, workers: int | None) -> BandwidthSetting:
+    """A rate (bytes/s), a list of rates (one per worker; servers get the largest) or a keyed distribution.
+
+    A distribution is ``{distribution: weibull, scale, shape, loc, unit: Mbit/s}``
+    (the FL-timing thesis' throughput fit); each vworker gets the draw
+    ``(seed, "bandwidth", vworker id)``, redrawn while not positive.
+    """
+    if isinstance(v, list):
+        rates = [_rate(p, f"{key}[{i}]", x) for i, x in enumerate(v)]
+        if workers and len(v) != workers:
+            p.bad(key, v, f"a list of {workers} rates (one per worker)")
+        return BandwidthSetting(per_worker=tuple(r or 1.0 for r in rates))
+    if isinstance(v, dict):
+        kind = v.get("distribution")
+        if kind not in BANDWIDTH_DISTRIBUTIONS:
+            p.bad(f"{key}.distribution", kind, " | ".join(BANDWIDTH_DISTRIBUTIONS))
+            return BandwidthSetting(rate=1.0)
+        names = BANDWIDTH_DISTRIBUTIONS[kind]
+        params = [v.get(x, 0.0 if x == "loc" else None) for x in names]
+        extra = sorted(set(v) - {"distribution", "unit", *names})
+        if extra or not all(_is_num(x) for x in params):
+            p.bad(key, v, f"{{distribution: {kind}, " + ", ".join(names) + ", unit: Mbit/s}")
+            return BandwidthSetting(rate=1.0)
+        unit = _rate(p, f"{key}.unit", "1" + str(v.get("unit", "Mbit/s"))) or 1.0
+        return BandwidthSetting(distribution=kind, params=tuple(float(x) for x in params), unit_bps=unit)
+    return BandwidthSetting(rate=_rate(p, key, v) or 1.0)
+
+
+def _latency(p: _Problems, lat: Any) -> LatencySetting:
+    none = LatencySetting("constant")
+    if isinstance(lat, dict):
+        if "matrix" in lat:
+            m = lat["matrix"]
+            if not (isinstance(m, list) and m and all(isinstance(r, list) and len(r) == len(m) for r in m)):
+                p.bad("network.latency.matrix", m, "a square list of lists of durations")
+                return none
+            rows = [[_duration(p, f"network.latency.matrix[{i}][{j}]", x) for j, x in enumerate(r)]
+                    for i, r in enumerate(m)]
+            if any(x is None for r in rows for x in r):
+                return none
+            groups = lat.get("groups")
+            if groups is not None and not (isinstance(groups, list) and all(
+                    isinstance(g, int) and not isinstance(g, bool) and 0 <= g < len(m) for g in groups)):
+                p.bad("network.latency.groups", groups, f"null, or a list of region indices 0..{len(m) - 1}")
+                groups = None
+            return LatencySetting("matrix", matrix_ns=tuple(tuple(seconds_to_ns(x) for x in r) for r in rows),
+                                  groups=None if groups is None else tuple(groups))
+        kind = lat.get("distribution")
+        if kind not in LATENCY_DISTRIBUTIONS:
+            p.bad("network.latency.distribution", kind, " | ".join(LATENCY_DISTRIBUTIONS))
+            return none
+        params = []
+        for name in LATENCY_DISTRIBUTIONS[kind]:
+            v = lat.get(name, 0.0 if name == "loc" else None)
+            if not _is_num(v):
+                p.bad(f"network.latency.{name}", v, "a number (seconds; log-seconds for lognormal mu)")
+                return none
+            params.append(float(v))
+        min_s = _duration(p, "network.latency.min", lat.get("min", 0.0)) or 0.0
+        return LatencySetting(kind, params=tuple(params), min_s=min_s)
+    s = _duration(p, "network.latency", lat)
+    return LatencySetting("constant", ns=0 if s is None else seconds_to_ns(s))
+
+
+def _duration(p: _Problems, key: str, v: Any, positive: bool = False) -> float | None:
+    try:
+        s = parse_duration(v, key)
+    except UnitError:
+        p.bad(key, v, "seconds as a number or a string like 1ms, 250us, 2s")
+        return None
+    if s < 0 or (positive and s == 0) or not math.isfinite(s):
+        p.bad(key, v, "a duration " + ("> 0" if positive else ">= 0"))
+        return None
+    return s
+
+
+def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -> ComputeSettings:
+    model = c.model.value
+    constant_s: dict[str, float] = {}
+    for kind in KINDS:
+        v = getattr(c, kind)
+        needed = model == "constant" or (model == "distribution" and kind not in c.kinds)
+        if v is None:
+            if needed:
+                p.add(f"compute.{kind} is not set; compute={model} needs a duration for kind {kind!r}: "
+                      f"compute.{kind}=<seconds>.")
+            continue
+        try:
+            constant_s[kind] = parse_duration(v)
+        except UnitError:
+            pass  # reported by _check_fields
+    if model == "distribution" and not c.params:
+        p.bad("compute.params", c.params, "a non-empty list of numbers (the distribution's parameters in seconds)")
+    unknown_kinds = sorted(set(c.kinds) - set(KINDS))
+    if unknown_kinds:
+        p.bad("compute.kinds", c.kinds, "a list of " + " | ".join(KINDS))
+    straggle = c.straggle
+    return ComputeSettings(
+        model=model, constant_s=constant_s, dist=c.distribution.value, dist_params=tuple(c.params),
+        dist_kinds=tuple(c.kinds), peak_flops=c.peak_flops, profile_db=c.db or "", profile_runs=c.runs,
+        speed_workers=_speed(p, c.speed, workers, seed), stragglers=_stragglers(p, c.stragglers),
+        straggle_p=straggle.probability, straggle_factor=straggle.factor if straggle.probability > 0 else 1.0,
+        jitter=c.jitter)
+
+
+def _speed(p: _Problems, speed: Any, workers: int | None, seed: int) -> tuple[float, ...] | None:
+    """Per-worker slowdown factors from a list, classes or a keyed distribution (DESIGN §4.2)."""
+    if speed is None or not workers:
+        return None
+    if isinstance(speed, list):
+        if len(speed) == workers and all(_is_num(s) and s > 0 for s in speed):
+            return tuple(float(s) for s in speed)
+        p.bad("compute.speed", speed, f"null, a list of {workers} numbers > 0 (one slowdown factor per worker), "
+              "{classes: [{fraction: 0.5, factor: 2.0}, ...]} or {distribution: lognormal|normal|uniform, ...}")
+        return None
+    if isinstance(speed, dict) and "classes" in speed:
+        classes = speed["classes"]
+        if not (isinstance(classes, list) and all(isinstance(k, dict) and _is_num(k.get("fraction")) and
+                                                  _is_num(k.get("factor")) and k["factor"] > 0 and
+                                                  0 <= k["fraction"] <= 1 for k in classes)
+                and sum(k["fraction"] for k in classes) <= 1 + 1e-9):
+            p.bad("compute.speed.classes", classes, "a list of {fraction: 0..1, factor: > 0} whose fractions sum "
+                  "to at most 1 (the remaining workers run at factor 1.0)")
+            return None
+        # classes take consecutive workers in order: "half 2x slower" = the first half has factor 2
+        out, start = [1.0] * workers, 0
+        for k in classes:
+            n = int(round(k["fraction"] * workers))
+            for i in range(start, min(workers, start + n)):
+                out[i] = float(k["factor"])
+            start += n
+        return tuple(out)
+    if isinstance(speed, dict) and "distribution" in speed:
+        kind = speed["distribution"]
+        if kind not in SPEED_DISTRIBUTIONS or not all(_is_num(speed.get(x)) for x in SPEED_DISTRIBUTIONS[kind]):
+            p.bad("compute.speed", speed, "{distribution: lognormal, mu, sigma} | {distribution: normal, mean, std} "
+                  "| {distribution: uniform, low, high}")
+            return None
+        a, b = (float(speed[x]) for x in SPEED_DISTRIBUTIONS[kind])
+        draws = []
+        for i in range(workers):  # keyed by (seed, "speed", worker): the same whatever the placement
+            for attempt in range(1000):
+                g = keyed.generator(seed, "speed", i, attempt)
+                v = float(g.lognormal(a, b) if kind == "lognormal" else g.normal(a, b) if kind == "normal"
+                          else g.uniform(a, b))
+                if v > 0:
+                    break
+            else:
+                p.bad("compute.speed", speed, "a distribution with positive samples")
+                return None
+            draws.append(v)
+        return tuple(draws)
+    p.bad("compute.speed", speed, f"null, a list of {workers} numbers > 0, {{classes: [...]}} or {{distribution: ...}}")
+    return None
+
+
+def _stragglers(p: _Problems, st: Any) -> dict[str, float]:
+    """``compute.stragglers: {w3: 4.0}``: fixed extra slowdown factors by vworker name."""
+    st = st or {}
+    if not isinstance(st, dict) or not all(isinstance(k, str) and _is_num(v) and v > 0 for k, v in st.items()):
+        p.bad("compute.stragglers", st, "a mapping from vworker name to a slowdown factor > 0, e.g. {w3: 4.0}")
+        return {}
+    return {k: float(v) for k, v in st.items()}
+
+
+# -------------------------------------------------- model and data checks
+def _check_model(p: _Problems, model: dict[str, Any], seed: int) -> None:
+    from agents.workloads.models import build_model
+
+    try:
+        build_model(model, seed)
+    except (ValueError, TypeError, ImportError) as e:
+        p.add(f"model._target_={model.get('_target_')!r} is not usable: {e}")
+
+
+@lru_cache(maxsize=4)
+def _dataset(root: str | None) -> Any:
+    from agents.workloads.data import load_fashion_mnist
+
+    return load_fashion_mnist(root)
+
+
+def _check_data(p: _Problems, root: str | None, partition: str, kw: dict[str, Any], strategy_cls: Any,
+                workers: int, batch_size: tuple[int, ...], seed: int, settings: dict[str, Any]) -> None:
+    from agents.workloads.data import DataNotFoundError
+    from agents.workloads.partition import partition as make_partition
+
+    layout = strategy_cls.layout(workers, settings)
+    holders = [v.name for v in layout if v.holds_data]
+    if not holders:
+        return
+    try:
+        data = _dataset(root)
+    except (DataNotFoundError, ValueError) as e:
+        p.add(f"data.root={root!r}: {e}")
+        return
+    if len(holders) > len(data.train_y):
+        p.bad("workers", workers, f"at most the {len(data.train_y)} training samples")
+        return
+    scheme = {"non_iid": "two_class_non_iid"}.get(partition, partition)
+    shards = make_partition(scheme, data.train_y.numpy(), len(holders), seed, **kw)
+    sizes = batch_size if len(batch_size) == len(holders) else (batch_size[0],) * len(holders)
+    for name, shard, b in zip(holders, shards, sizes):
+        if b > len(shard):
+            p.add(f"batch_size={b} is larger than the shard of vworker {name} ({len(shard)} samples with "
+                  f"data.partition={partition} over {len(holders)} workers); accepted: a batch_size <= "
+                  f"{len(shard)}, or fewer workers.")
+            return
+
