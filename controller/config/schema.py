@@ -387,7 +387,7 @@ class LockstepConfig:
     launcher: Any = MISSING
     run_id: Optional[str] = doc(None, "the run's id; null = <timestamp>-<config hash>")
     seed: int = doc(0, "the key of every random draw", lo=0)
-    workers: int = doc(64, "training vworkers (a PS adds its own)", lo=1, hi=1 << 20)
+    workers: int = doc(64, "training vworkers (a PS adds its own)", lo=1)
     agents: int = doc(1, "agent processes the vworkers are spread over", lo=1)
     placement: Placement = doc(Placement.round_robin, "round_robin | block | ps_alone (the servers alone on "
                                                       "agent 0)")

@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from agents.common.units import UnitError, parse_duration, parse_rate
 from agents.sim import keyed
@@ -33,6 +34,7 @@ __all__ = ["ConfigError", "RunConfig", "validate", "config_hash", "accepted_text
 LATENCY_DISTRIBUTIONS = {"normal": ("mean", "std"), "lognormal": ("mu", "sigma"), "weibull": ("scale", "shape", "loc")}
 BANDWIDTH_DISTRIBUTIONS = {"weibull": ("scale", "shape", "loc"), "normal": ("mean", "std"),
                            "lognormal": ("mu", "sigma")}
+MAX_WORKERS = 1 << 20  # far beyond any data set's samples, which bound it again below
 SPEED_DISTRIBUTIONS = {"lognormal": ("mu", "sigma"), "normal": ("mean", "std"), "uniform": ("low", "high")}
 
 
@@ -358,8 +360,13 @@ def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
     cfg = cfg.copy()
     with _open(cfg):
         cfg.pop("hydra", None)
-    raw = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     p = _Problems()
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    except InterpolationResolutionError as e:  # e.g. batch_size=${nope}, or ${workers} where an enum is due
+        raise ConfigError([f"{getattr(e, 'full_key', None) or 'a value'}: the interpolation cannot be resolved "
+                           f"({str(e).splitlines()[0]}); accepted: a value, or ${{key}} naming a key of the "
+                           "config that has a value of the right type."]) from None
     _unknown_keys(cfg, "", p)
     missing = sorted(OmegaConf.missing_keys(cfg))
     for key in missing:
@@ -379,6 +386,9 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     a user's class may take keys its option's schema does not know."""
     workers, agents = c.workers, c.agents
     good_workers = workers if isinstance(workers, int) and workers >= 1 else None
+    if good_workers and good_workers > MAX_WORKERS:  # before anything is sized by it (found by fuzzing)
+        p.bad("workers", workers, f"an integer >= 1 and <= {MAX_WORKERS}")
+        good_workers = None
     if not (c.device == "cpu" or c.device == "cuda" or c.device.startswith("cuda:")):
         p.bad("device", c.device, "cpu | cuda | cuda:N")
     if c.run_id is not None and not c.run_id.replace("-", "").replace("_", "").isalnum():
@@ -443,9 +453,14 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     if not p.items and check_data and strategy_cls is not None:
         _check_data(p, c.data.root, partition, partition_kw, strategy_cls, workers, batch_size, c.seed, settings)
     if not p.items and strategy_cls is not None:
-        n_vworkers = len(strategy_cls.layout(workers, settings))
+        layout = strategy_cls.layout(workers, settings)
+        n_vworkers = len(layout)
         if agents > n_vworkers:
             p.bad("agents", agents, f"at most the number of vworkers ({n_vworkers})")
+        unknown = sorted(set(compute.stragglers) - {v.name for v in layout})
+        if unknown:
+            p.bad("compute.stragglers", dict(compute.stragglers), f"vworker names of this run ({layout[0].name} .. "
+                  f"{layout[-1].name}); {', '.join(unknown)} is not one")
     if p.items:
         raise ConfigError(p.items)
     return RunConfig(
@@ -488,8 +503,12 @@ def _enum_value(v: Any) -> Any:
     return v.value if isinstance(v, Enum) else v
 
 
-def _seconds(value: Any) -> float:
-    return parse_duration(value)  # already checked by _check_fields
+def _seconds(value: Any) -> float | None:
+    """Seconds of a duration field; None when it is malformed (``_check_fields`` reported it already)."""
+    try:
+        return parse_duration(value)
+    except UnitError:
+        return None
 
 
 # ---------------------------------------------------------------- sections
