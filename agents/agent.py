@@ -67,6 +67,8 @@ class AgentProcess:
         self.registry: CollectorRegistry | None = None
         self.metrics_server: Any = None
         self.metrics_address = ""
+        self.mesh: Any = None  # agents.mesh.MeshSession: direct windows (controller.windows=direct)
+        self._mesh_task: Any = None
 
     # ------------------------------------------------------------- plumbing
     async def _send(self, frame: pb.AgentFrame, blobs: Any = None) -> None:
@@ -185,6 +187,9 @@ class AgentProcess:
             if body == "advance":
                 if not await self._advance(msg.advance, reader):
                     return EXIT_FAILED
+            elif body == "call" and msg.call.method in ("mesh_open", "mesh_run"):
+                if not await self._mesh_call(msg.call):
+                    return EXIT_FAILED
             elif body == "call":
                 if not await self._call(msg.call):
                     return EXIT_FAILED
@@ -198,6 +203,8 @@ class AgentProcess:
                 for dst in peers if self.links is not None else ():
                     self.links.usable(dst)  # connect now, not inside the first window that needs it
             elif body == "shutdown":
+                if self.mesh is not None:
+                    self.mesh.stop()
                 s = msg.shutdown
                 if s.abort:
                     log.warning("the controller aborted the run: %s", s.reason)
@@ -270,6 +277,29 @@ class AgentProcess:
             await self._fail(f"{call.method}: {type(e).__name__}: {e}")
             return False
         await self._send(f, blobs)
+        return True
+
+    async def _mesh_call(self, call: pb.Call) -> bool:
+        """Direct windows (agents/mesh.py): ``mesh_open`` answers at once; ``mesh_run`` runs on a
+        thread while this loop keeps reading (a Shutdown stops it) and writes its progress and reply."""
+        from agents.mesh import MeshSession
+
+        try:
+            if self.mesh is None:
+                self.mesh = MeshSession(self.core, self.run_id, local_address_towards(self.controller),
+                                        self.writer)
+            if call.method == "mesh_open":
+                f = pb.AgentFrame()
+                f.reply.id = call.id
+                wire.encode_value(self.mesh.open(), f.reply.value)
+                await self._send(f)
+                return True
+            args = wire.decode_value(call.args) or ()
+        except Exception as e:  # noqa: BLE001 - reported to the controller, which stops the run
+            log.exception("call %s failed", call.method)
+            await self._fail(f"{call.method}: {type(e).__name__}: {e}")
+            return False
+        self._mesh_task = asyncio.ensure_future(self.mesh.run(call.id, args, self.call.write))
         return True
 
     def _open_metrics(self, spec: AgentMetricsSpec) -> Metrics | None:

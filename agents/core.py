@@ -20,7 +20,7 @@ from agents.observe.trace import tracer_for
 from agents.workloads.training import Training
 from agents.sim.types import INFINITY, VirtualTime
 
-__all__ = ["AgentCore", "Reached"]
+__all__ = ["AgentCore", "Reached", "peak_memory"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,16 @@ class Reached:
     evals: list[tuple] = field(default_factory=list)
     events: list[tuple] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
+
+
+def peak_memory(device: str | None = None) -> dict[str, int]:
+    """This process's peak resident memory (bytes) and, on a GPU, the device's peak allocation."""
+    import resource
+
+    out = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if device is not None and device.startswith("cuda") and torch.cuda.is_available():
+        out["gpu_peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(torch.device(device)))
+    return out
 
 
 class AgentCore:
@@ -59,9 +69,14 @@ class AgentCore:
         self.training = Training(wl, plan.seed, data=data) if needs_training else None
         self.env = Environment(self.kernel, plan.names, plan.network, plan.compute,
                                recorder=recorder, workload=self.training, seed=plan.seed,
-                               settings=plan.settings, tracer=tracer, statelog=plan.statelog)
+                               settings=plan.settings, tracer=tracer, statelog=plan.statelog,
+                               threads=plan.workload.threads)
         if self.training is not None and self.env.compute.spec.model == "profiled":
             self.training.profile(self.env.compute, workers=len(wl.data_holders))
+        ex = self.env.executor
+        if ex is not None and self.training is not None and ex.spec.batch == "auto":
+            holders = set(wl.data_holders)
+            self.training.probe_batches(ex, self.env.compute, sum(plan.names[v] in holders for v in self.local))
         self.workers = {}
         for vid in self.local:
             spec = plan.vworkers[vid]
@@ -112,6 +127,9 @@ class AgentCore:
         """The counters of this window: hand over the environment's and start new ones (like rows)."""
         d, self.env.stats = self.env.stats, Stats()
         d.events = events
+        if self.env.executor is not None:  # deferred tasks count their wall time when they run
+            for kind, wall in self.env.executor.drain_wall().items():
+                d.compute_wall_s[kind] = d.compute_wall_s.get(kind, 0.0) + wall
         return d
 
     def result_params(self):
@@ -124,7 +142,15 @@ class AgentCore:
     def info(self) -> dict[str, Any]:
         c = self.env.compute
         device = str(self.training.device) if self.training is not None else None
-        return {"profile_misses": c.profile_misses, "reproducible": c.reproducible, "device": device}
+        ex = self.env.executor
+        return {"profile_misses": c.profile_misses, "profile_fallbacks": c.profile_fallbacks,
+                "reproducible": c.reproducible, "device": device,
+                "executor": ex.info() if ex is not None else None, "memory": peak_memory(device)}
+
+    def close(self) -> None:
+        """Stop the executor's background thread (the vworkers are done)."""
+        if self.env.executor is not None:
+            self.env.executor.close()
 
     def final_eval(self, t: VirtualTime, iteration: int) -> tuple | None:
         """Observer: evaluate the result vworker's model at the end; an eval row, or None."""

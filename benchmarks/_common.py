@@ -19,3 +19,45 @@ def run(run_dir: Path, overrides: list[str], local: bool, **settings):
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
     pool = RemoteAgents(LocalLauncher(), ControllerSettings(**settings), extra_env=env) if local else None
     return execute(rc, run_dir, launcher=pool)
+
+
+def fresh_runs(variants: dict[str, list[str]], repeats: int, keys: tuple[str, ...] = (
+        "wall_time_s", "wall_barrier_s", "windows", "compute_batch", "peak_memory")) -> dict[str, list[dict]]:
+    """Run every variant ``repeats`` times, interleaved (A B C A B C ...), each in a fresh Python process
+    (a second run in one process would find torch imported and the data loaded); the summaries' ``keys``.
+
+    A variant whose overrides contain ``launcher=local`` runs its agents as local gRPC processes.
+    """
+    import json
+    import resource
+    import subprocess
+    import tempfile
+
+    out: dict[str, list[dict]] = {name: [] for name in variants}
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(repeats):
+            for j, (name, overrides) in enumerate(variants.items()):
+                code = ("import json, sys; from pathlib import Path; sys.path.insert(0, %r); from _common import run; "
+                        "o = json.loads(sys.argv[2]); s = run(Path(sys.argv[1]), o, local='launcher=local' in o).summary; "
+                        "print(json.dumps({k: s.get(k) for k in json.loads(sys.argv[3])}))" % str(ROOT / "benchmarks"))
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                p = subprocess.run([sys.executable, "-c", code, f"{d}/{i}-{j}", json.dumps(overrides), json.dumps(keys)],
+                                   capture_output=True, text=True)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                if p.returncode:
+                    raise RuntimeError(f"{name} failed:\n{p.stderr[-4000:]}")
+                s = json.loads(p.stdout.strip().splitlines()[-1])
+                # CPU seconds of the run's process and every process it waited for (its agents)
+                s["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                out[name].append(s)
+                print(f"  {name} #{i + 1}: wall {s['wall_time_s']:.2f} s, window loop {s['wall_barrier_s']:.2f} s, "
+                      f"CPU {s['cpu_s']:.1f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages (the machine is shared: every figure says how busy it was)."""
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "?"

@@ -11,9 +11,15 @@ USAGE = """usage: lockstep <command> [args]
 
 commands:
   run [overrides...]        run an experiment (Hydra: key=value overrides, --multirun to sweep)
+  sweep [--kubernetes] [overrides...]   a Hydra sweep; --kubernetes: one Helm release per point
+  fetch RELEASE [DIR] | --sweep NAME [DIR]  copy run directories out of a cluster's results volume
+  profile --name NAME [overrides...]   measure this machine's compute calls into a device profile
   plot RUN_OR_SWEEP_DIR...  draw loss/accuracy vs virtual time and iterations (and throughput for sweeps)
   agent --controller HOST:PORT --agent-id N   an agent process (started by launchers)
   inspect RUN --at T [--worker W]             what a vworker was doing and holding at virtual time T
+  validate RESULTS.jsonl [overrides...] [--json]   emulate measured runs, print measured vs emulated
+  calibrate RESULTS.jsonl [--out conf/network/NAME.yaml]   fit the tcp transport's parameters to measured runs
+  measure [--out RESULTS.jsonl] [options]     run real torch.distributed microbenchmarks, write RESULTS.jsonl
 """
 
 
@@ -28,6 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "run":
         return _run(rest)
+    if cmd == "sweep":
+        from controller.cluster import sweep_main
+
+        return sweep_main(rest)
+    if cmd == "fetch":
+        from controller.cluster import fetch_main
+
+        return fetch_main(rest)
+    if cmd == "profile":
+        from controller.config.profiles import profile_main
+
+        return profile_main(rest)
     if cmd == "plot":
         from controller.plotcli import main as plot_main
 
@@ -40,6 +58,18 @@ def main(argv: list[str] | None = None) -> int:
         from controller.inspect import main as inspect_main
 
         return inspect_main(rest)
+    if cmd == "validate":
+        from controller.validate import main as validate_main
+
+        return validate_main(rest)
+    if cmd == "calibrate":
+        from controller.calibrate import main as calibrate_main
+
+        return calibrate_main(rest)
+    if cmd == "measure":
+        from controller.measure import main as measure_main
+
+        return measure_main(rest)
     print(f"lockstep: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

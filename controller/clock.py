@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
+from agents.common.windows import ends_from_first
 from agents.core import Reached
 from agents.sim.kernel import RemoteEvent
 from agents.sim.types import INFINITY, VirtualTime
@@ -40,6 +41,7 @@ class Window:
     stop_time: VirtualTime | None
     barrier_wall_s: float
     next_start: VirtualTime  # lower bound of every later event (rows before it are final)
+    count: int = 1  # windows this report covers (direct windows report several at once)
 
 
 def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookahead: VirtualTime,
@@ -98,15 +100,9 @@ def window_ends(T: VirtualTime, bound: Sequence[VirtualTime], pending: Sequence[
     window there (``Kernel.reply_lookahead``). Zero lookahead: the single instant ``T``.
     """
     n = len(bound)
-    if n == 1 or lookahead >= INFINITY:
-        return [INFINITY] * n
-    if lookahead <= 0:
-        return [T + 1] * n
-    first = [min([bound[b], *(ev.acts_at for ev in pending[b])]) for b in range(n)]
-    # the two smallest, so each agent's minimum over the others costs O(1)
-    order = sorted(range(n), key=first.__getitem__)
-    lo, lo2 = first[order[0]], first[order[1]]
-    return [min((lo2 if a == order[0] else lo) + lookahead, INFINITY) for a in range(n)]
+    if n == 1 or lookahead >= INFINITY or lookahead <= 0:
+        return ends_from_first(T, bound, lookahead)
+    return ends_from_first(T, [min([bound[b], *(ev.acts_at for ev in pending[b])]) for b in range(n)], lookahead)
 
 
 def _earliest(next_t: list[VirtualTime], pending: list[list[RemoteEvent]]) -> VirtualTime:

@@ -14,7 +14,7 @@ from typing import Any
 from agents.common.files import write_atomic
 from agents.sim.env import EVAL_COLUMNS, UPDATE_COLUMNS
 
-__all__ = ["RunDir", "read_csv", "write_json_atomic"]
+__all__ = ["RunDir", "read_csv", "upload", "write_json_atomic"]
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -64,3 +64,22 @@ class RunDir:
     def close(self) -> None:
         self._metrics.close()
         self._eval.close()
+
+
+def upload(run_dir: Path, url: str) -> str:
+    """Copy ``run_dir`` to ``<url>/<run_dir name>`` with fsspec (``outputs.upload``); returns the destination.
+
+    Any fsspec URL: ``file:///...``, ``s3://bucket/prefix`` (``pip install 'lockstep[upload]'`` brings s3fs and
+    gcsfs; credentials come from the environment, e.g. AWS_ACCESS_KEY_ID or a mounted secret).
+    """
+    import fsspec  # noqa: PLC0415 - only a run that uploads needs it
+
+    fs, root = fsspec.core.url_to_fs(url)
+    dest = f"{root.rstrip('/')}/{Path(run_dir).name}"
+    fs.makedirs(dest, exist_ok=True)
+    for f in sorted(Path(run_dir).rglob("*")):
+        if f.is_file():
+            target = f"{dest}/{f.relative_to(run_dir).as_posix()}"
+            fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+            fs.put_file(str(f), target)
+    return f"{url.split('://', 1)[0]}://{dest}" if "://" in url else dest

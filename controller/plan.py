@@ -78,7 +78,7 @@ def network_spec(net: NetworkSettings, vworkers: list[VWorkerSpec], seed: int) -
     in_bw = out_bw if net.bandwidth_in is None else per_vworker_bandwidth(net.bandwidth_in, vworkers, seed)
     eff = net.efficiency
     return NetworkSpec(latency_model(net.latency, len(vworkers), seed), tuple(b * eff for b in out_bw),
-                       tuple(b * eff for b in in_bw), net.egress, net.ingress)
+                       tuple(b * eff for b in in_bw), net.egress, net.ingress, net.tcp)
 
 
 def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str, seed: int) -> ComputeSpec:
@@ -96,7 +96,9 @@ def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str
                        dist_params=comp.dist_params, dist_kinds=comp.dist_kinds, peak_flops=comp.peak_flops,
                        profile_db=comp.profile_db, profile_runs=comp.profile_runs, speed=speed,
                        jitter=comp.jitter, stragglers={ids[k]: f for k, f in comp.stragglers.items()},
-                       straggle_p=comp.straggle_p, straggle_factor=comp.straggle_factor, device=device, seed=seed)
+                       straggle_p=comp.straggle_p, straggle_factor=comp.straggle_factor, device=device, seed=seed,
+                       profile_name=comp.profile_name, profile=dict(comp.profile), batch=comp.batch,
+                       max_batch=comp.max_batch, overlap=comp.overlap)
 
 
 def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:

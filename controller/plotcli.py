@@ -82,6 +82,8 @@ def sweep_points(sweep: Path) -> dict[tuple[str, str], list[dict[str, Any]]]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for sub in sorted(p for p in sweep.iterdir() if (p / "summary.json").exists()):
         info = _run_info(sub)
+        if info["summary"].get("complete") is False:  # still going, or stopped early: no point yet
+            continue
         disc = info["plan"].get("network", {}).get("egress", "?")
         groups[(info["summary"]["strategy"], disc)].append(info)
     for v in groups.values():

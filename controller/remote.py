@@ -3,7 +3,7 @@
 :class:`RemoteAgents` is what :func:`controller.run.execute` receives as its
 ``launcher``: it serves the protocol (:mod:`controller.server`), starts the
 agents through a :class:`~controller.launchers.base.Launcher` (local
-subprocesses, Kubernetes pods), waits until each has registered and built its
+subprocesses, Kubernetes pods, Ray actors), waits until each has registered and built its
 vworkers, and returns one :class:`RemoteAgent` per agent. Every wait polls
 the launcher (a dead process fails the run at once) and the agent's last
 sign of life (a silent one fails it after ``agent_timeout_s``), so a run
@@ -30,7 +30,7 @@ from agents.common.plan import Plan
 from controller.checks import RowError, check_rows
 from controller.config import RunConfig
 from controller.config.schema import (InprocessLauncherConfig, KubernetesLauncherConfig,
-                                      LocalLauncherConfig)
+                                      LocalLauncherConfig, RayLauncherConfig)
 from controller.launchers.base import AgentFailure, LaunchSpec
 from controller import signals
 from controller.server import AgentSession, ControllerServer, ControllerSettings, agent_tls_env
@@ -93,17 +93,21 @@ class RemoteAgent:
                     raise self.fail(f"sent nothing for {silent:.1f} s while the controller waited for its {what} "
                                     f"(controller.agent_timeout_s={self.timeout_s:g})") from None
                 continue
-            if item[0] == "closed":
-                # prefer the launcher's account (exit status) when the process died: give it a moment to show
-                deadline, nap = time.monotonic() + 1.0, threading.Event()
-                while time.monotonic() < deadline:
-                    self._poll()
-                    nap.wait(0.02)
-                raise self.fail(item[1])
-            msg, blobs = item[1], item[2]
-            if msg.WhichOneof("body") == "failure":
-                raise self.fail(f"reported an error: {msg.failure.error}")
-            return msg, blobs
+            return self.interpret(item)
+
+    def interpret(self, item: tuple) -> tuple[pb.AgentFrame, dict]:
+        """A frame taken from the session's inbox; raises AgentFailure when it says the agent closed or failed."""
+        if item[0] == "closed":
+            # prefer the launcher's account (exit status) when the process died: give it a moment to show
+            deadline, nap = time.monotonic() + 1.0, threading.Event()
+            while time.monotonic() < deadline:
+                self._poll()
+                nap.wait(0.02)
+            raise self.fail(item[1])
+        msg, blobs = item[1], item[2]
+        if msg.WhichOneof("body") == "failure":
+            raise self.fail(f"reported an error: {msg.failure.error}")
+        return msg, blobs
 
     # ------------------------------------------------------------- handle
     def next_time(self) -> int:
@@ -141,24 +145,33 @@ class RemoteAgent:
         r = msg.reached
         try:
             outbound = [wire.decode_event(e, blobs, wire.keep_refs(self.agent_id)) for e in r.outbound]
+        except wire.WireError as e:
+            raise self.fail(f"sent a malformed Reached: {e}") from e
+        self._check_events(outbound)
+        updates, evals, events, stats = self.decode_rows(r, blobs, "Reached")
+        self._set_times("Reached", r.next_time, r.horizon)
+        return Reached(r.next_time, outbound, r.stop_time if r.HasField("stop_time") else None,
+                       r.horizon, updates, evals, events, stats)
+
+    def decode_rows(self, r: pb.Reached, blobs: dict, what: str) -> tuple[list, list, list, Any]:
+        """The rows (checked against the plan, as RowKey/UpdateRow/EvalRow), state-log events and counters of a
+        Reached frame."""
+        try:
             rows = [[] if v.WhichOneof("kind") in (None, "none") else wire.decode_value(v, blobs)
                     for v in (r.updates, r.evals, r.events)]
             stats = wire.decode_stats(r.stats)
         except wire.WireError as e:
-            raise self.fail(f"sent a malformed Reached: {e}") from e
-        self._check_events(outbound)
+            raise self.fail(f"sent a malformed {what}: {e}") from e
         try:
             check_rows(self.plan, self.agent_id, *rows, self.session.limits.max_blob_bytes)
         except RowError as e:
-            raise self.fail(f"sent a malformed Reached: {e}") from e
-        self._set_times("Reached", r.next_time, r.horizon)
+            raise self.fail(f"sent a malformed {what}: {e}") from e
         try:
             updates = [(RowKey(*k), UpdateRow(*row)) for k, row in rows[0]]
             evals = [(RowKey(*k), EvalRow(*row)) for k, row in rows[1]]
         except TypeError as e:
-            raise self.fail(f"sent a malformed Reached: a row of the wrong length ({e})") from None
-        return Reached(r.next_time, outbound, r.stop_time if r.HasField("stop_time") else None,
-                       r.horizon, updates, evals, rows[2], stats)
+            raise self.fail(f"sent a malformed {what}: a row of the wrong length ({e})") from None
+        return updates, evals, rows[2], stats
 
     def _check_events(self, events: list[RemoteEvent]) -> None:
         placement = self.plan.placement
@@ -245,6 +258,14 @@ class RemoteAgents:
     def start_agents(self, plan: Plan, run_dir: Path) -> list[RemoteAgent]:
         s = self.settings
         token = resolve_token(s.token_file)
+        prepare = getattr(self.launcher, "prepare", None)
+        if prepare is not None:  # e.g. start a Ray cluster: before the server's threads, which forks disturb
+            self._started = True
+            try:
+                prepare(plan.n_agents)
+            except BaseException:
+                self.close(abort="the agents could not be started")
+                raise
         self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s, plan.limits)
         address = self.server.start()
         m = plan.metrics
@@ -347,7 +368,11 @@ def launcher_for(rc: RunConfig) -> RemoteAgents | None:
         from controller.launchers.kubernetes import KubernetesLauncher  # imports the kubernetes client lazily
 
         impl = KubernetesLauncher(cfg)
+    elif isinstance(cfg, RayLauncherConfig):
+        from controller.launchers.ray import RayLauncher  # imports Ray lazily, when the run starts its agents
+
+        impl = RayLauncher(cfg)
     else:
         raise ValueError(f"launcher={cfg.name!r} is not available in this version; accepted: inprocess | local | "
-                         "kubernetes")
+                         "kubernetes | ray")
     return RemoteAgents(impl, rc.controller, log_level=rc.log_level)

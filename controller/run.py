@@ -51,7 +51,7 @@ class InProcessAgent:
         return self.core.info()
 
     def close(self) -> None:
-        pass
+        self.core.close()
 
 
 @dataclass
@@ -65,8 +65,12 @@ class RunResult:
 class _Collector:
     """Merges the rows agents report, in the global key order, and streams them to disk."""
 
-    def __init__(self, out: RunDir, progress: Any, metrics: Any, observer: Any = None):
+    def __init__(self, out: RunDir, progress: Any, metrics: Any, observer: Any = None,
+                 partial: Any = None, partial_every_s: float = 0.0):
         self.out, self.progress, self.metrics, self.observer = out, progress, metrics, observer
+        # partial(): the summary so far, rewritten every partial_every_s wall seconds (0: never)
+        self.partial, self.partial_every_s = partial, partial_every_s
+        self._partial_at = time.monotonic()
         self.updates: list[tuple] = []
         self.evals: list[tuple] = []
         self.stats = Stats()
@@ -81,7 +85,7 @@ class _Collector:
         self.done_before = 0  # every event before this virtual time is done (the last window's next start)
 
     def on_window(self, w: Window) -> None:
-        self.windows += 1
+        self.windows += w.count
         self.done_before = w.next_start
         self.barrier_s += w.barrier_wall_s
         for r in w.reached:
@@ -92,10 +96,15 @@ class _Collector:
                 self.observer.on_events(r.events)
         self.stop_time = w.stop_time
         if self.metrics is not None:
-            self.metrics.observe_window(w.start, w.barrier_wall_s)
+            self.metrics.observe_window(w.start, w.barrier_wall_s, w.count)
         self.flush(w.next_start)
         if self.observer is not None:  # the trace and the state log go to disk with the rows
             self.observer.flush(w.next_start)
+        if self.partial is not None and self.partial_every_s > 0:
+            now = time.monotonic()
+            if now - self._partial_at >= self.partial_every_s:
+                self._partial_at = now
+                self.partial()
 
     def flush(self, before: int | None) -> None:
         """Write rows whose time is final (< ``before``; None = all), never past the stop time."""
@@ -163,13 +172,29 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         metrics.set_run_info(run_id=plan.run_id, config_hash=config_hash(rc.raw), strategy=rc.strategy_name,
                              workers=rc.workers, agents=rc.agents)
     out = RunDir(run_dir)
-    col = _Collector(out, progress, metrics, observer)
+    col = _Collector(out, progress, metrics, observer,
+                     partial_every_s=rc.outputs.summary_every_s)
+
+    def partial() -> None:
+        """summary.json so far ("complete": false): what a run that dies or is still going has reached."""
+        wall = time.perf_counter() - wall0
+        vt_s = col.max_time / NS_PER_S
+        write_json_atomic(run_dir / "summary.json", {
+            "complete": False, "run_id": plan.run_id, "strategy": rc.strategy_name, "workers": rc.workers,
+            "agents": rc.agents, "seed": rc.seed, "config_hash": config_hash(rc.raw),
+            "virtual_time_ns": col.max_time, "virtual_time_s": vt_s, "updates": col.n_updates,
+            "samples": col.samples, "throughput_samples_per_s": col.samples / vt_s if vt_s > 0 else 0.0,
+            "final_loss": col.last_update[4] if col.last_update else None,
+            "test_accuracy": col.last_eval[5] if col.last_eval else None,
+            "test_loss": col.last_eval[4] if col.last_eval else None,
+            "wall_time_s": wall, "speed_ratio": vt_s / wall if wall > 0 else 0.0, "windows": col.windows})
+    col.partial = partial
     # a stop request (SIGINT, SIGTERM) is seen between windows and while waiting for agents
     should_abort = getattr(launcher, "check", None) or signals.check
     stop: int | None = None
     stopped: signals.Stopped | None = None
     finished = False
-    params, info = None, {"profile_misses": 0, "reproducible": True}
+    params, info = None, {"profile_misses": 0, "profile_fallbacks": 0, "reproducible": True}
     handles = list(handles or [])
     try:
         if not handles:
@@ -182,7 +207,14 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                         observer.add_agent_endpoint(h.agent_id, h.metrics_address)
         if observer is not None:
             observer.running()
-        stop = run_windows(handles, plan.placement, plan.lookahead(), col.on_window, should_abort=should_abort)
+        if plan.n_agents > 1 and launcher is not None and rc.controller.windows.value == "direct":
+            from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
+
+            t_loop = time.perf_counter()
+            stop, n_windows = run_direct(handles, col.on_window, should_abort=should_abort)
+            col.barrier_s = time.perf_counter() - t_loop
+        else:
+            stop = run_windows(handles, plan.placement, plan.lookahead(), col.on_window, should_abort=should_abort)
         finished = True
         col.stop_time = stop
         col.flush(None)
@@ -203,9 +235,12 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                         col.flush(None)
             i = h.info()
             info["profile_misses"] += i.get("profile_misses", 0)
+            info["profile_fallbacks"] += i.get("profile_fallbacks", 0)
             info["reproducible"] = info["reproducible"] and i.get("reproducible", True)
             if i.get("device"):
                 info.setdefault("devices", set()).add(i["device"])
+            info.setdefault("executors", []).append(i.get("executor"))
+            info.setdefault("memory", []).append(i.get("memory") or {})
             if observer is not None and getattr(h, "metrics_address", ""):
                 observer.add_agent_exposition(h.agent_id, h.metrics_text())
     except signals.Stopped as e:
@@ -221,6 +256,10 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             stop = end_ns - 1 if end_ns else None
             col.stop_time = stop
     except BaseException as e:
+        try:  # what the run reached, for a run that failed (metrics.csv has every row)
+            partial()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            log.warning("could not write the partial summary.json", exc_info=True)
         if hasattr(launcher, "close"):  # stop remote agents at once, telling them why
             launcher.close(abort=f"{type(e).__name__}: {e}")
         raise
@@ -245,6 +284,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     training = next((h.core.training for h in handles if getattr(h, "core", None) is not None
                      and h.core.training is not None), None)
     summary = {
+        "complete": stopped is None,  # a stopped run (SIGTERM) finalised its outputs but did not finish
         "run_id": plan.run_id,
         "strategy": rc.strategy_name,
         "workers": rc.workers,
@@ -264,6 +304,11 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "model_bytes": training.model_bytes if training is not None else model_bytes,
         "reproducible": info["reproducible"],
         "profile_misses": info["profile_misses"],
+        "compute_profile": plan.compute.profile_name or None,
+        "profile_fallbacks": info["profile_fallbacks"],
+        # the same virtual times on any host: no duration came from this host's clock
+        "portable": info["reproducible"] and (plan.compute.model != "profiled" or (
+            bool(plan.compute.profile_name) and info["profile_fallbacks"] == 0)),
         "device": ",".join(sorted(info.get("devices", ()))) or None,
         "stopped_by": ("signal" if stopped is not None else "no_more_events" if stop is None else
                        "virtual_time" if stop == plan.stop_virtual_time_ns else "updates"),
@@ -276,6 +321,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "wall_compute_s": col.stats.compute_wall_s,
         "compute_virtual_s": {k: v / NS_PER_S for k, v in col.stats.compute_virtual_ns.items()},
         "wall_barrier_s": col.barrier_s,
+        "compute_batch": compute_batch_summary(rc.compute, info.get("executors", [])),
+        "peak_memory": memory_summary(info.get("memory", [])),
     }
     if stopped is not None:
         summary["signal"] = stopped.name
@@ -285,6 +332,39 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     if stopped is not None:
         raise stopped
     return RunResult(summary, run_dir, params, col.stats)
+
+
+def compute_batch_summary(compute: Any, executors: list[dict | None]) -> dict[str, Any]:
+    """How compute calls ran (DESIGN §4.2): the mode, tasks and batches summed over agents, the
+    ``auto`` probe's figures and choices of each agent, and whether floats equal eager execution."""
+    mode = compute.batch
+    ran = [e for e in executors if e]
+    out: dict[str, Any] = {"mode": mode, "overlap": any(e["overlap"] for e in ran), "deferred": bool(ran)}
+    if ran:
+        for k in ("tasks", "batches", "vmap_batches", "vmap_tasks"):
+            out[k] = sum(e[k] for e in ran)
+        out["largest_batch"] = max(e["largest_batch"] for e in ran)
+        out["overlap_wait_s"] = sum(e["wait_s"] for e in ran)
+        out["mean_batch"] = out["tasks"] / out["batches"] if out["batches"] else 0.0
+        if mode == "auto":
+            out["probes"] = [e["probes"] for e in ran]
+            out["switched_to_loop"] = [e.get("switched_to_loop", []) for e in ran]
+    # vmap sums in another order than one call at a time: the last bits of the floats differ
+    out["eager_identical"] = not any(e["vmap_tasks"] for e in ran)
+    return out
+
+
+def memory_summary(per_process: list[dict[str, int]]) -> dict[str, Any]:
+    """Peak resident memory of the controller process and of each agent (in-process: the same process)."""
+    from agents.core import peak_memory
+
+    agents = [m.get("peak_rss_bytes", 0) for m in per_process]
+    out: dict[str, Any] = {"controller_rss_bytes": peak_memory()["peak_rss_bytes"], "agents_rss_bytes": agents}
+    gpu = [m["gpu_peak_allocated_bytes"] for m in per_process if "gpu_peak_allocated_bytes" in m]
+    if gpu:
+        out["gpu_peak_allocated_bytes"] = gpu
+    out["max_rss_bytes"] = max([out["controller_rss_bytes"], *agents])
+    return out
 
 
 def plan_model_bytes(plan: Plan, training: Any) -> int:

@@ -1,13 +1,15 @@
 """A run as the CLI sees it: progress bar, metrics endpoint, launcher, plots, final message."""
 from __future__ import annotations
 
+import os
+import re
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
 from controller.config import RunConfig
-from controller.launchers.base import AgentFailure
+from controller.launchers.base import AgentFailure, LauncherConfigError
 from controller.observe import Observer
 from controller.plot import plot_loss
 from controller.run import RunResult, execute
@@ -18,7 +20,7 @@ __all__ = ["run_session"]
 
 
 def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
-    from controller.remote import launcher_for  # launcher=inprocess|local|kubernetes (DESIGN §10)
+    from controller.remote import launcher_for  # launcher=inprocess|local|kubernetes|ray (DESIGN §10)
 
     signals.defer()  # from here a signal stops the run gracefully (controller/signals.py)
 
@@ -27,18 +29,33 @@ def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
     observer = Observer(rc, run_dir)  # metrics endpoints, trace.json, state log (docs/observability.md)
     result = None
     try:
-        result = execute(rc, run_dir, progress=bar, launcher=launcher_for(rc), observer=observer)
+        launcher = launcher_for(rc)
+    except LauncherConfigError as e:  # e.g. an unreachable launcher.address: before the run writes anything
+        bar.close()
+        print(f"lockstep: invalid configuration: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        result = execute(rc, run_dir, progress=bar, launcher=launcher, observer=observer)
     except AgentFailure as e:
         bar.close()
         tail = f"\n--- last log lines of agent {e.agent} ---\n{e.log_tail}" if e.log_tail else ""
-        print(f"\nlockstep: the run stopped because agent {e.agent} failed: {e.reason}. The outputs written so "
-              f"far are in {run_dir}.{tail}", file=sys.stderr)
+        line = (f"lockstep: the run stopped because agent {e.agent} failed: {e.reason}. The outputs written so "
+                f"far are in {run_dir}.")
+        print(f"\n{line}{tail}", file=sys.stderr)
+        short = re.match(r"[A-Z][A-Za-z]+\b", e.reason)  # ImagePullBackOff, OOMKilled, Unschedulable...
+        report_failure(launcher, short.group(0) if short else "AgentFailed", line)
         sys.exit(1)
     except Stopped as e:  # SIGINT or SIGTERM (controller/signals.py): agents stopped, outputs finalised
         bar.close()
         print(f"\nlockstep: interrupted by {e.name}; every agent was stopped. The outputs so far are in {run_dir} "
               "(summary.json: stopped_by=signal).", file=sys.stderr)
         sys.exit(e.exit_status)
+    except LauncherConfigError as e:  # e.g. no reachable cluster, a controller address pods cannot reach
+        bar.close()
+        line = f"lockstep: invalid configuration: {e}"
+        print(f"\n{line}", file=sys.stderr)
+        report_failure(launcher, "InvalidConfiguration", line)
+        sys.exit(2)
     except KeyboardInterrupt:  # an interrupt that did not go through controller.signals (e.g. an API caller)
         bar.close()
         print(f"\nlockstep: interrupted; every agent was stopped. Outputs so far are in {run_dir}.", file=sys.stderr)
@@ -55,4 +72,29 @@ def run_session(rc: RunConfig, run_dir: Path) -> RunResult:
           f"({s['wall_time_s']:.1f} wall s, speed ratio {s['speed_ratio']:.2f}); test accuracy {acc}\n"
           f"lockstep: outputs in {run_dir}", file=sys.stderr)
     observer.finish(s)
+    url = rc.outputs.upload
+    if url:
+        from controller.outputs import upload
+
+        try:
+            print(f"lockstep: uploaded the run directory to {upload(run_dir, url)}", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 - any storage error: one sentence, the results stay where they are
+            line = f"lockstep: could not upload {run_dir} to outputs.upload={url}: {type(e).__name__}: {e}"
+            print(line, file=sys.stderr)
+            report_failure(None, "UploadFailed", line)
+            sys.exit(1)
     return result
+
+
+def report_failure(launcher: object, reason: str, line: str) -> None:
+    """Where a user looks besides the log: the container's termination message ($LOCKSTEP_TERMINATION_LOG,
+    the chart sets /dev/termination-log) and, on Kubernetes, a RunFailed condition on the controller's Job."""
+    path = os.environ.get("LOCKSTEP_TERMINATION_LOG")
+    if path:
+        try:
+            Path(path).write_text(line + "\n")
+        except OSError as e:
+            print(f"lockstep: could not write the termination message to {path}: {e}", file=sys.stderr)
+    report = getattr(getattr(launcher, "launcher", None), "report_failure", None)
+    if report is not None:
+        report(reason or "Failed", line)

@@ -2,7 +2,8 @@
 # `make kind-e2e`: the whole Kubernetes path on a throwaway kind cluster (docs/kubernetes.md).
 #   create the cluster → docker build → kind load → helm install → the controller Job creates the
 #   agent pods, which register over gRPC → scrape /metrics and `helm test` → the Job completes →
-#   the agent pods are gone → summary.json on the results volume is checked → delete the cluster.
+#   the agent pods are gone → summary.json on the results volume is checked → lockstep fetch copies the
+#   run out → helm test passes after the run → delete the cluster.
 # Needs docker, kind, helm, kubectl, jq and curl, and a Docker Hub (or mirror) for kind's node image.
 #
 # Settings (environment):
@@ -157,4 +158,12 @@ echo "$summary" | jq .
 echo "$summary" | jq -e --argjson n "$agents" '.agents == $n and .updates > 0 and .virtual_time_ns > 0' >/dev/null \
   || fail "summary.json does not show a finished run with $agents agents"
 
-say "PASSED: $agents agent pods, metrics scraped, helm test passed, run finished, agents cleaned up"
+say "lockstep fetch (a reader pod mounts the claim, a tar through exec) and helm test after the run"
+fetched=$(mktemp -d)
+KUBECONFIG="${KUBECONFIG:-$HOME/.kube/config}" "${LOCKSTEP:-.venv/bin/lockstep}" fetch -n "$ns" "$release" "$fetched" \
+  || fail "lockstep fetch"
+jq -e '.complete == true' "$fetched/$release/summary.json" >/dev/null || fail "the fetched summary.json is not complete"
+[ -s "$fetched/$release/metrics.csv" ] || fail "the fetched run has no metrics.csv"
+helm test "$release" --namespace "$ns" --logs || fail "helm test after the run"
+
+say "PASSED: $agents agent pods, metrics scraped, helm test passed (during and after), run finished, results fetched, agents cleaned up"

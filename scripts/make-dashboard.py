@@ -26,7 +26,7 @@ from grafana_foundation_sdk.models import heatmap as heatmap_m
 from grafana_foundation_sdk.models import prometheus as prom_m
 
 OUT = Path(__file__).resolve().parent.parent / "charts/lockstep/dashboards/lockstep.json"
-UID = "lockstep-run"
+UID = "lockstep-runs"  # the chart gives each release's copy a uid of its own
 
 # Every panel queries the data source picked in this variable: provisioning
 # (the chart's ConfigMap) resolves it to the default Prometheus, and a manual
@@ -35,6 +35,29 @@ DS_VAR = "DS_PROMETHEUS"
 DS = dash_m.DataSourceRef(type_val="prometheus", uid="${%s}" % DS_VAR)
 
 RATE = "$__rate_interval"
+
+# Many runs at once: every query keeps only the series of the chosen namespaces, releases and runs
+# (variables namespace, release, run; All = ".*", which also matches a series without the label, as
+# a local run's has no namespace or release), and sums per run, never across runs.
+FILTER = 'namespace=~"$namespace", release=~"$release", run_id=~"$run"'
+VARIABLES = (  # name, label, the label it reads, the filter of its own query
+    ("namespace", "Namespace", "namespace", ""),
+    ("release", "Release", "release", 'namespace=~"$namespace"'),
+    ("run", "Run", "run_id", 'namespace=~"$namespace", release=~"$release"'),
+)
+
+
+def m(name: str) -> str:
+    """A metric selector with the dashboard's filter."""
+    return f"{name}{{{FILTER}}}"
+
+
+def variable(name: str, label: str, source: str, filt: str) -> dash_b.QueryVariable:
+    return (dash_b.QueryVariable(name).label(label).datasource(DS)
+            .query(f"label_values(lockstep_virtual_time_seconds{'{' + filt + '}' if filt else ''}, {source})")
+            .refresh(dash_m.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dash_m.VariableSort.ALPHABETICAL_ASC)
+            .multi(True).include_all(True).all_value(".*")
+            .current(dash_m.VariableOption(text="All", value=["$__all"], selected=True)))
 
 
 def query(expr: str, legend: str = "", ref: str = "A", fmt: prom_m.PromQueryFormat | None = None,
@@ -71,10 +94,11 @@ def timeseries(title: str, description: str, unit: str, grid: dash_m.GridPos,
 
 def build() -> dash_b.Dashboard:
     d = (
-        dash_b.Dashboard("lockstep run")
+        dash_b.Dashboard("lockstep runs")
         .uid(UID)
-        .description("One lockstep run: virtual time, training progress, the window barrier, "
-                     "messages and agents. Metrics: docs/observability.md.")
+        .description("lockstep runs, one series per run (variables namespace, release, run): virtual "
+                     "time, training progress, the window barrier, messages and agents. Metrics: "
+                     "docs/observability.md.")
         .tags(["lockstep", "training", "emulation"])
         .refresh("5s")
         .time("now-15m", "now")
@@ -82,6 +106,8 @@ def build() -> dash_b.Dashboard:
         .editable()
         .with_variable(dash_b.DatasourceVariable(DS_VAR).label("Prometheus").type("prometheus"))
     )
+    for v in VARIABLES:
+        d = d.with_variable(variable(*v))
 
     y = 0
     d = d.with_row(dash_b.Row("Progress").grid_pos(pos(0, y, 24, 1)))
@@ -89,15 +115,15 @@ def build() -> dash_b.Dashboard:
     d = d.with_panel(timeseries(
         "Virtual time", "Virtual time reached: the controller's global clock and each agent's "
         "local clock.", "s", pos(0, y, 9),
-        query("lockstep_virtual_time_seconds", "{{job}} {{instance}}")))
+        query(m("lockstep_virtual_time_seconds"), "{{run_id}} {{job}} {{instance}}")))
     d = d.with_panel(timeseries(
         "Speed ratio", "Virtual seconds emulated per wall second (above 1: faster than the "
         "real cluster would run).", "x", pos(9, y, 9),
-        query("lockstep_speed_ratio", "{{instance}}")))
+        query(m("lockstep_speed_ratio"), "{{run_id}}")))
     d = d.with_panel(
         stat_b.Panel().title("Run").description("lockstep_run_info: strategy, vworkers, agents.")
         .datasource(DS).grid_pos(pos(18, y, 6))
-        .with_target(query("lockstep_run_info",
+        .with_target(query(m("lockstep_run_info"),
                            "{{strategy}} · {{workers}} vworkers · {{agents}} agents · {{run_id}}",
                            instant=True))
         .text_mode(common_m.BigValueTextMode.NAME)
@@ -110,21 +136,21 @@ def build() -> dash_b.Dashboard:
     y += 1
     d = d.with_panel(timeseries(
         "Training loss", "Loss of the global model update with the latest virtual time.",
-        "none", pos(0, y, 8), query("lockstep_training_loss", "loss")))
+        "none", pos(0, y, 8), query(m("lockstep_training_loss"), "{{run_id}}")))
     d = d.with_panel(timeseries(
         "Test accuracy", "Test accuracy of the global model at the last evaluation.",
-        "percentunit", pos(8, y, 8), query("lockstep_test_accuracy_ratio", "accuracy"))
+        "percentunit", pos(8, y, 8), query(m("lockstep_test_accuracy_ratio"), "{{run_id}}"))
         .max(1))
     d = d.with_panel(timeseries(
         "Updates per second", "Global model updates per wall second.", "ops", pos(16, y, 8),
-        query(f"sum(rate(lockstep_updates_total[{RATE}]))", "updates/s")))
+        query(f"sum by (run_id) (rate({m('lockstep_updates_total')}[{RATE}]))", "{{run_id}}")))
     y += 8
     d = d.with_panel(
         heatmap_b.Panel().title("Staleness")
         .description("Staleness of updates (model versions between read and update), from the "
-                     "lockstep_staleness_updates histogram buckets.")
+                     "lockstep_staleness_updates histogram buckets of the chosen runs together.")
         .datasource(DS).grid_pos(pos(0, y, 12))
-        .with_target(query(f"sum by (le) (increase(lockstep_staleness_updates_bucket[{RATE}]))",
+        .with_target(query(f"sum by (le) (increase({m('lockstep_staleness_updates_bucket')}[{RATE}]))",
                            "{{le}}", fmt=prom_m.PromQueryFormat.HEATMAP))
         .calculate(False)
         .y_axis(heatmap_b.YAxisConfig().unit("none").decimals(0))
@@ -134,8 +160,8 @@ def build() -> dash_b.Dashboard:
     d = d.with_panel(timeseries(
         "Mean staleness", "Average staleness of the updates in the interval.", "none",
         pos(12, y, 12),
-        query(f"sum(rate(lockstep_staleness_updates_sum[{RATE}])) / "
-              f"sum(rate(lockstep_staleness_updates_count[{RATE}]))", "mean staleness")))
+        query(f"sum by (run_id) (rate({m('lockstep_staleness_updates_sum')}[{RATE}])) / "
+              f"sum by (run_id) (rate({m('lockstep_staleness_updates_count')}[{RATE}]))", "{{run_id}}")))
     y += 8
 
     d = d.with_row(dash_b.Row("Engine").grid_pos(pos(0, y, 24, 1)))
@@ -143,21 +169,21 @@ def build() -> dash_b.Dashboard:
     d = d.with_panel(timeseries(
         "Barrier wait", "Wall time the controller waited at each window barrier (quantiles).",
         "s", pos(0, y, 8),
-        *[query(f"histogram_quantile({q}, sum by (le) "
-                f"(rate(lockstep_barrier_wait_seconds_bucket[{RATE}])))", f"p{int(q * 100)}", ref)
+        *[query(f"histogram_quantile({q}, sum by (run_id, le) "
+                f"(rate({m('lockstep_barrier_wait_seconds_bucket')}[{RATE}])))", f"{{{{run_id}}}} p{int(q * 100)}", ref)
           for q, ref in ((0.5, "A"), (0.9, "B"), (0.99, "C"))]))
     d = d.with_panel(timeseries(
         "Windows and events per second", "Time windows completed (controller) and kernel "
         "events processed (all agents) per wall second.", "ops", pos(8, y, 8),
-        query(f"sum(rate(lockstep_windows_total[{RATE}]))", "windows/s", "A"),
-        query(f"sum(rate(lockstep_events_total[{RATE}]))", "events/s", "B")))
+        query(f"sum by (run_id) (rate({m('lockstep_windows_total')}[{RATE}]))", "{{run_id}} windows/s", "A"),
+        query(f"sum by (run_id) (rate({m('lockstep_events_total')}[{RATE}]))", "{{run_id}} events/s", "B")))
     d = d.with_panel(timeseries(
         "Compute", "Real compute seconds per wall second (busy cores or devices) by kind, and "
         "virtual compute seconds charged by the compute model.", "s", pos(16, y, 8),
-        query(f"sum by (kind) (rate(lockstep_compute_seconds_total[{RATE}]))", "{{kind}} real",
-              "A"),
-        query(f"sum by (kind) (rate(lockstep_compute_virtual_seconds_total[{RATE}]))",
-              "{{kind}} virtual", "B")))
+        query(f"sum by (run_id, kind) (rate({m('lockstep_compute_seconds_total')}[{RATE}]))",
+              "{{run_id}} {{kind}} real", "A"),
+        query(f"sum by (run_id, kind) (rate({m('lockstep_compute_virtual_seconds_total')}[{RATE}]))",
+              "{{run_id}} {{kind}} virtual", "B")))
     y += 8
 
     d = d.with_row(dash_b.Row("Network and agents").grid_pos(pos(0, y, 24, 1)))
@@ -165,14 +191,15 @@ def build() -> dash_b.Dashboard:
     d = d.with_panel(timeseries(
         "Bytes per second", "Payload bytes of messages sent per wall second, local (same agent) "
         "vs remote (across agents).", "Bps", pos(0, y, 8),
-        query(f"sum by (scope) (rate(lockstep_message_bytes_total[{RATE}]))", "{{scope}}")))
+        query(f"sum by (run_id, scope) (rate({m('lockstep_message_bytes_total')}[{RATE}]))",
+              "{{run_id}} {{scope}}")))
     d = d.with_panel(timeseries(
         "Messages per second", "Messages sent per wall second, local vs remote.", "ops",
         pos(8, y, 8),
-        query(f"sum by (scope) (rate(lockstep_messages_total[{RATE}]))", "{{scope}}")))
+        query(f"sum by (run_id, scope) (rate({m('lockstep_messages_total')}[{RATE}]))", "{{run_id}} {{scope}}")))
     d = d.with_panel(timeseries(
         "Agents", "Agents by state.", "none", pos(16, y, 8),
-        query("sum by (state) (lockstep_agents)", "{{state}}"))
+        query(f"sum by (run_id, state) ({m('lockstep_agents')})", "{{run_id}} {{state}}"))
         .stacking(common_b.StackingConfig().mode(common_m.StackingMode.NORMAL)))
     return d
 

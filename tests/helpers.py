@@ -13,7 +13,7 @@ T = TypeVar("T")
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 
-FAST = ["model=mlp", "compute=constant", "eval.every=0", "progress=false", "launcher=inprocess"]
+FAST = ["model=mlp", "compute=constant", "network=ideal", "eval.every=0", "progress=false", "launcher=inprocess"]
 
 
 def compose_cfg(overrides: list[str]):

@@ -11,10 +11,11 @@ import pytest
 from controller.config import load
 from controller.plan import make_plan
 from controller.run import build_inprocess, execute
+from tests import helpers
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
-FAST = ["model=mlp", "compute=constant", "eval.every=0", "eval.samples=200", "progress=false",
-        "launcher=inprocess", "network.latency=1ms"]
+# the one base list (tests/helpers.py), plus what strategy tests want: a small test set for the final
+# evaluation and a latency every message pays, so exchanges interleave as on a real network
+FAST = [*helpers.FAST, "eval.samples=200", "network.latency=1ms"]
 
 
 class Ran:

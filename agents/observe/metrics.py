@@ -184,15 +184,19 @@ class Metrics:
                 raise ValueError(f"run info label {key!r} is not a lower-case identifier")
         self.run_info.info({k: str(v) for k, v in labels.items()})
 
-    def observe_window(self, virtual_time_ns: VirtualTime, barrier_wall_s: float) -> None:
-        """A window that started at ``virtual_time_ns`` ended after the barrier waited ``barrier_wall_s``."""
+    def observe_window(self, virtual_time_ns: VirtualTime, barrier_wall_s: float, windows: int = 1) -> None:
+        """A window that started at ``virtual_time_ns`` ended after the barrier waited ``barrier_wall_s``.
+
+        ``windows`` > 1: that many windows, reported together (direct windows), ``barrier_wall_s`` for all.
+        """
         self._need("controller", "observe_window")
         if not barrier_wall_s >= 0:
             raise ValueError(f"barrier wait must be >= 0 wall seconds, got {barrier_wall_s!r}")
         with self._lock:
             self._advance(virtual_time_ns)
-        self.windows.inc()
-        self.barrier_wait.observe(barrier_wall_s)
+        if windows > 0:
+            self.windows.inc(windows)
+            self.barrier_wait.observe(barrier_wall_s / windows)
 
     def record_update(self, virtual_time_ns: VirtualTime, loss: float, staleness: int,
                       vworker: str | int | None = None) -> None:

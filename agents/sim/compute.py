@@ -155,6 +155,13 @@ class ComputeSpec:
     straggle_factor: float = 1.0  # slowdown of a straggling call
     device: str = "cpu"
     seed: int = 0
+    batch: str = "loop"  # off | loop | vmap | auto: deferred, batched execution (agents.sim.executor)
+    max_batch: int = 64
+    overlap: bool | str = "auto"  # run deferred tasks early on a background thread (auto: with >= 2 CPUs)
+    # profiled with a named device profile (conf/profiles/<name>.json): the emulated machine's durations by
+    # signature, carried by the plan so every agent and host uses the same ones ("" / {}: time this host)
+    profile_name: str = ""
+    profile: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (the plan travels to agents as JSON)."""
@@ -183,6 +190,7 @@ class ComputeModel:
         self._device: str | None = None
         self._flops: dict[str, float] = {}
         self.profile_misses = 0
+        self.profile_fallbacks = 0  # calls a named device profile lacked, timed on this host instead
         self.reproducible = spec.model != "measured"
 
     @property
@@ -194,7 +202,32 @@ class ComputeModel:
     def duration(self, w: "Worker", kind: str, fn: Callable[..., Any], args: tuple,
                  wall_s: float, cost: float | None) -> VirtualTime:
         """Virtual duration (ns) of a call that took ``wall_s`` for real."""
-        base = self._base_seconds(w, kind, fn, args, wall_s, cost)
+        return self._scaled(w, self._base_seconds(w, kind, fn, args, wall_s, cost))
+
+    def ahead(self, w: "Worker", kind: str, fn: Callable[..., Any], args: tuple,
+              cost: float | None) -> VirtualTime | None:
+        """The virtual duration of a call not yet run, or None when it needs the call's wall time
+        (``measured``, a profile miss, FLOPs not counted yet): such a call runs eagerly."""
+        m = self.spec.model
+        if m == "measured":
+            return None
+        if m == "profiled":  # as _base_seconds, without timing this call
+            sig = signature(kind, fn, args)
+            if self.spec.profile_name:
+                named = self.spec.profile.get(sig)
+                if named is not None:
+                    return self._scaled(w, named)
+            base = self.db.get(self.device, sig)
+            if base is None:
+                return None  # eager: _base_seconds counts the fallback and the miss
+            if self.spec.profile_name:
+                self.profile_fallbacks += 1
+            return self._scaled(w, base)
+        if m == "analytic" and cost is None and signature(kind, fn, args) not in self._flops:
+            return None
+        return self._scaled(w, self._base_seconds(w, kind, fn, args, 0.0, cost))
+
+    def _scaled(self, w: "Worker", base: float) -> VirtualTime:
         factor = self.spec.speed[w.id] if self.spec.speed else 1.0
         factor *= self.spec.stragglers.get(w.id, 1.0)
         if self.spec.straggle_p > 0 and keyed.uniform(self.spec.seed, "straggle", w.id, w.compute_seq) \
@@ -224,6 +257,11 @@ class ComputeModel:
             return flops / self.spec.peak_flops
         # profiled
         sig = signature(kind, fn, args)
+        if self.spec.profile_name:
+            named = self.spec.profile.get(sig)
+            if named is not None:
+                return named
+            self.profile_fallbacks += 1
         got = self.db.get(self.device, sig)
         if got is None:
             # not profiled ahead of time: this call's own time becomes the profile (counted)
@@ -266,14 +304,32 @@ class ComputeModel:
         ``make_args`` returns fresh arguments for each run when ``fn`` mutates its inputs.
         """
         sig = signature(kind, fn, args)
+        named = self.spec.profile.get(sig) if self.spec.profile_name else None
+        if named is not None:
+            return named
         got = self.db.get(self.device, sig)
         if got is not None:
             return got
+        clock = _profile_clock(self.spec.device)
         times = []
         for i in range(warmup + self.spec.profile_runs):
             a = make_args() if make_args else args
-            t0 = time.perf_counter()
+            t0 = clock()
             fn(*a)
             if i >= warmup:
-                times.append(time.perf_counter() - t0)
+                times.append(clock() - t0)
         return self.db.put(self.device, sig, statistics.median(times))
+
+
+def _profile_clock(device: str) -> Callable[[], float]:
+    """The clock ahead-of-time profiles read: this thread's CPU time for a single-threaded CPU agent.
+
+    On a busy machine a call's wall time includes the time other processes held the core; its CPU time
+    does not, so a profile made on a shared host still says how long the call takes on this CPU. A GPU
+    runs asynchronously (and several torch threads run in parallel): those are timed on the wall clock.
+    """
+    import torch
+
+    if device == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter

@@ -6,14 +6,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agents.sim.compute import ComputeModel, ComputeSpec
+from agents.sim.executor import Executor, ExecutorSpec
 from agents.sim.kernel import Kernel
 from agents.sim.network import Network, NetworkSpec, Transfer
+from agents.sim.tcp import TcpNetwork
 from agents.sim.types import VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.worker import Worker
 
-__all__ = ["Environment", "Recorder", "RowKey", "UpdateRow", "EvalRow", "UPDATE_COLUMNS", "EVAL_COLUMNS", "Stats"]
+__all__ = ["usable_cpus", "Environment", "Recorder", "RowKey", "UpdateRow", "EvalRow", "UPDATE_COLUMNS",
+           "EVAL_COLUMNS", "Stats"]
 
 
 class RowKey(NamedTuple):
@@ -52,6 +55,16 @@ class EvalRow(NamedTuple):
 
 UPDATE_COLUMNS = UpdateRow._fields
 EVAL_COLUMNS = EvalRow._fields
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 @dataclass
@@ -130,7 +143,8 @@ class Environment:
 
     def __init__(self, kernel: Kernel, names: list[str], network: NetworkSpec, compute: ComputeSpec,
                  recorder: Recorder | None = None, workload: Any = None, seed: int = 0,
-                 settings: dict[str, Any] | None = None, tracer: Any = None, statelog: Any = None):
+                 settings: dict[str, Any] | None = None, tracer: Any = None, statelog: Any = None,
+                 threads: int = 1):
         self.kernel = kernel
         self.names = names
         self.ids = {n: i for i, n in enumerate(names)}
@@ -142,7 +156,16 @@ class Environment:
         self.tracer = tracer  # agents.observe.trace.Tracer, or None
         self.statelog = statelog  # agents.observe.statelog.StatelogSpec, or None
         self.compute = ComputeModel(compute)
-        self.network = Network(kernel, network, self)
+        # deferred, batched compute (DESIGN §4.2); ``measured`` needs each call's own wall time
+        self.executor: Executor | None = None
+        if compute.batch != "off" and compute.model != "measured":
+            overlap = compute.overlap
+            if overlap == "auto":  # a background thread only pays with a core to run on
+                overlap = usable_cpus() >= 2
+            self.executor = Executor(ExecutorSpec(compute.batch, compute.max_batch, bool(overlap)),
+                                     threads=threads)
+        self.network: Network | TcpNetwork = (TcpNetwork(kernel, network, self) if network.tcp is not None
+                                              else Network(kernel, network, self))
 
     def resolve(self, dst: str | int) -> int:
         if isinstance(dst, int):

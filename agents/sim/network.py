@@ -36,6 +36,7 @@ from agents.sim.worker import Message, SendHandle
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.env import Environment
+    from agents.sim.tcp import TcpSpec
     from agents.sim.worker import Worker
 
 __all__ = [
@@ -148,10 +149,11 @@ class NetworkSpec:
     """The resolved network of a run: plain numbers, identical on every agent."""
 
     latency: LatencyModel
-    bandwidth_out: tuple[float, ...]  # bytes/s per vworker id, efficiency already applied
+    bandwidth_out: tuple[float, ...]  # bytes/s per vworker id (ideal: efficiency applied; tcp: the line rate)
     bandwidth_in: tuple[float, ...]
     egress: str = "fair"
     ingress: str = "fair"
+    tcp: "TcpSpec | None" = None  # set: the ``tcp`` transport model (agents/sim/tcp.py) moves the bytes
 
     def __post_init__(self) -> None:
         for side in (self.egress, self.ingress):
@@ -160,13 +162,20 @@ class NetworkSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (the plan travels to agents as JSON)."""
+        from dataclasses import asdict
+
         return {"latency": latency_to_dict(self.latency), "bandwidth_out": list(self.bandwidth_out),
-                "bandwidth_in": list(self.bandwidth_in), "egress": self.egress, "ingress": self.ingress}
+                "bandwidth_in": list(self.bandwidth_in), "egress": self.egress, "ingress": self.ingress,
+                "tcp": None if self.tcp is None else asdict(self.tcp)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NetworkSpec":
+        from agents.sim.tcp import TcpSpec  # only the tcp model's runs need it (and tcp imports this module)
+
+        tcp = d.get("tcp")
         return cls(latency_from_dict(d["latency"]), tuple(float(b) for b in d["bandwidth_out"]),
-                   tuple(float(b) for b in d["bandwidth_in"]), d["egress"], d["ingress"])
+                   tuple(float(b) for b in d["bandwidth_in"]), d["egress"], d["ingress"],
+                   None if tcp is None else TcpSpec(**tcp))
 
 
 def latency_to_dict(m: LatencyModel) -> dict[str, Any]:

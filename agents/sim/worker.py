@@ -139,7 +139,21 @@ class Worker:
 
     async def compute(self, fn: Callable[..., Any], *args: Any, kind: str = "gradient",
                       cost: float | None = None, **kwargs: Any) -> Any:
-        """Run ``fn(*args)`` for real; resume after the modelled duration (DESIGN §4.2)."""
+        """Run ``fn(*args)`` for real; resume after the modelled duration (DESIGN §4.2).
+
+        With ``compute.batch`` set, the call is deferred: it becomes a task of the agent's executor
+        (:mod:`agents.sim.executor`), which computes its value no later than this vworker resumes.
+        """
+        ex = self.env.executor
+        if ex is not None:
+            d = self.env.compute.ahead(self, kind, fn, args, cost)
+            if d is not None:
+                start = self._kernel.now
+                task = ex.issue(self, kind, fn, args, kwargs, start)
+                self.compute_seq += 1
+                self.env.on_compute(self, kind, start, start + d, 0.0)  # wall time: added when it runs
+                await suspend_until(start + d)
+                return ex.result(task)
         t0 = time.perf_counter()
         result = fn(*args, **kwargs)
         wall = time.perf_counter() - t0

@@ -23,6 +23,7 @@ STRATEGIES: dict[str, str] = {
     "local_sgd": "agents.strategies.local_sgd.LocalSGD",
     "fedavg": "agents.strategies.fedavg.FedAvg",
     "fedasync": "agents.strategies.fedasync.FedAsync",
+    "microbench": "agents.strategies.microbench.Microbench",
 }
 
 

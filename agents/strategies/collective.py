@@ -7,11 +7,13 @@ all-gather steps of ``M/K`` bytes each, plus one latency per step.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from agents.sim.worker import Worker
 
-__all__ = ["ring_allreduce", "chunk_bounds"]
+__all__ = ["ring_allreduce", "gloo_ring_allreduce", "chunk_bounds", "GLOO_MAX_SEGMENT", "GLOO_OP_BYTES"]
 
 
 def chunk_bounds(n: int, k: int) -> list[tuple[int, int]]:
@@ -58,6 +60,128 @@ async def _exchange(w: Worker, right: str, left: str, out: torch.Tensor, in_size
             if m.payload[1] is not None:
                 theirs = m.payload[1]
     return torch.cat(parts), theirs
+
+
+GLOO_MAX_SEGMENT = 1 << 20  # bytes: gloo::AllreduceOptions::kMaxSegmentSize
+GLOO_OP_BYTES = 48  # a gloo tcp op's preamble (six size_t): every notification, and in front of every data op
+
+
+async def gloo_ring_allreduce(w: Worker, vec: torch.Tensor, ring: list[str], tag: str,
+                              extras: list[float] | None = None, max_segment: int = GLOO_MAX_SEGMENT
+                              ) -> tuple[torch.Tensor, list[float], int]:
+    """gloo's ring all-reduce (gloo/allreduce.cc ``ring()``, what torch.distributed's gloo backend runs).
+
+    The vector is cut into ``n`` segments of at most ``max_segment`` bytes, ``n`` a multiple of the
+    ring size and at least twice it; reduce-scatter then all-gather send each member's ``n − n/K``
+    segments to the previous member (``rank − 1``), two in flight: iteration ``i`` posts the receive
+    and the send of segment ``i`` and first waits for those of ``i − 2``. Each transfer is a
+    rendezvous of the tcp transport's unbound buffers: the receiver announces its posted receive
+    (``NOTIFY_RECV_READY``, 48 bytes), the sender announces its send (``NOTIFY_SEND_READY``) and sends
+    the data (48-byte preamble + segment) once it has the receiver's announcement — from its
+    device thread, which here is the waiting member handling the collective's messages as they come.
+    ``extras`` ride along the reduce-scatter like reduced elements. Every member ends with
+    bit-identical results: each segment is reduced along one path, then copied.
+    """
+    extras = list(extras or [])
+    k = len(ring)
+    if k == 1:
+        return vec, extras, 0
+    r = ring.index(w.name)
+    send_to, recv_from = ring[(r - 1) % k], ring[(r + 1) % k]
+    esize = vec.element_size()
+    numel = vec.numel()
+    total = numel * esize
+    max_bytes = esize * max(1, max_segment // esize)
+    n = max(-(-total // max_bytes), 2 * k)
+    n = -(-n // k) * k
+    p = n // k
+    per = -(-(-(-total // n)) // esize)  # elements per segment (segment bytes rounded up to elements)
+    if numel < n * per - per:  # so small that some members own no segment: whole chunks do
+        return await ring_allreduce(w, vec, ring, tag, extras)
+    parts = [vec[min(j * per, numel):min((j + 1) * per, numel)] for j in range(n)]
+    ctag = (tag, "gloo")
+    state = _GlooPair(w, ctag, send_to, recv_from)
+    own = list(extras)
+    seg_extras: dict[int, list[float]] = {}
+    for phase in ("rs", "ag"):
+        posted_recv: dict[int, int] = {}
+        for i in range(n - p + 2):
+            if i >= 2 and (i - 2) in posted_recv:
+                j = posted_recv.pop(i - 2)
+                data, their = await state.wait_data(phase, i - 2)
+                if phase == "rs":
+                    parts[j] = await w.compute(_add, data, parts[j], kind="aggregate", cost=float(data.numel()))
+                    seg_extras[j] = [a + b for a, b in zip(their, own)] if their is not None else list(own)
+                else:
+                    parts[j] = data
+            if i < n - p:
+                base_send, base_recv = (r + 1, r + 2) if phase == "rs" else (r, r + 1)
+                js, jr = (base_send * p + i) % n, (base_recv * p + i) % n
+                if parts[jr].numel() > 0:
+                    posted_recv[i] = jr
+                    state.post_recv(phase, i)
+                if parts[js].numel() > 0:
+                    ext = (seg_extras.get(js, own) if phase == "rs" else None)
+                    state.post_send(phase, i, parts[js], ext)
+    await state.flush()  # like gloo, return only once every send has gone out
+    # the members' last reduced segments carry the extras of the whole ring
+    final = seg_extras.get(((r + 2) * p + n - p - 1) % n, own)
+    return torch.cat(parts), final, state.sent
+
+
+class _GlooPair:
+    """The rendezvous of one member with its two ring neighbours during one all-reduce."""
+
+    def __init__(self, w: Worker, ctag: Any, send_to: str, recv_from: str):
+        self.w, self.ctag, self.send_to, self.recv_from = w, ctag, send_to, recv_from
+        self.ready: set[tuple[str, int]] = set()      # receives send_to has posted, not yet used
+        self.pending: dict[tuple[str, int], tuple] = {}  # sends waiting for send_to's announcement
+        self.data: dict[tuple[str, int], tuple] = {}
+        self.sent = 0
+
+    def post_recv(self, phase: str, i: int) -> None:
+        self.w.send(self.recv_from, ("rr", phase, i), nbytes=GLOO_OP_BYTES, tag=self.ctag)
+
+    def post_send(self, phase: str, i: int, seg: torch.Tensor, ext: list[float] | None) -> None:
+        key = (phase, i)
+        if key in self.ready:
+            self.ready.discard(key)
+            self._send(key, seg, ext, GLOO_OP_BYTES)  # NOTIFY_SEND_READY and the data op together
+        else:
+            self.pending[key] = (seg, ext)
+            self.w.send(self.send_to, ("sr", phase, i), nbytes=GLOO_OP_BYTES, tag=self.ctag)
+
+    def _send(self, key: tuple[str, int], seg: torch.Tensor, ext: list[float] | None, extra: int) -> None:
+        nbytes = seg.numel() * seg.element_size()
+        self.w.send(self.send_to, ("d", key[0], key[1], seg, ext), nbytes=nbytes + GLOO_OP_BYTES + extra,
+                    tag=self.ctag)
+        self.sent += nbytes
+
+    def _handle(self, payload: tuple) -> None:
+        kind = payload[0]
+        if kind == "rr":
+            key = (payload[1], payload[2])
+            if key in self.pending:
+                seg, ext = self.pending.pop(key)
+                self._send(key, seg, ext, 0)
+            else:
+                self.ready.add(key)
+        elif kind == "d":
+            self.data[(payload[1], payload[2])] = (payload[3], payload[4])
+        # "sr": the sender's announcement; nothing to do until its data comes
+
+    async def flush(self) -> None:
+        """Handle the collective's messages until no send waits for its receiver's announcement."""
+        while self.pending:
+            m = await self.w.recv(tag=self.ctag)
+            self._handle(m.payload)
+
+    async def wait_data(self, phase: str, i: int) -> tuple[torch.Tensor, list[float] | None]:
+        key = (phase, i)
+        while key not in self.data:
+            m = await self.w.recv(tag=self.ctag)
+            self._handle(m.payload)
+        return self.data.pop(key)
 
 
 async def ring_allreduce(w: Worker, vec: torch.Tensor, ring: list[str], tag: str,

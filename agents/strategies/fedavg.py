@@ -60,6 +60,10 @@ class FedClient(TrainingWorker):
                 await self.apply(grad)
                 loss_sum, n = loss_sum + loss, n + samples
             self.send(self.server, (self.flat(), version, loss_sum / steps, n, shard), tag="update")
+            if not any(True for _ in self.model.buffers()):
+                # compact between rounds: a client holds no model while it waits (100 000 clients, 100 a
+                # round, keep 100 models, not one per client ever sampled); the next round loads a fresh one
+                self.model = self.opt = None
 
 
 class FedServer(TrainingWorker):

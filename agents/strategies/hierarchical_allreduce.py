@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
-from agents.strategies.collective import ring_allreduce
+from agents.strategies.collective import gloo_ring_allreduce, ring_allreduce
 
 __all__ = ["HierarchicalAllReduce", "HierarchicalWorker"]
 
@@ -30,6 +30,7 @@ class HierarchicalWorker(TrainingWorker):
         self.make_model()
         leader, version = self.group[0], 0
         segment = self.setting("segment")
+        gloo = self.setting("collective", "ideal") == "gloo"
         while True:
             loss, grad, samples = await self.gradient(self.flat())
             tag = f"h{version}"
@@ -45,7 +46,11 @@ class HierarchicalWorker(TrainingWorker):
                 m = await self.recv(src=member, tag=tag + ".up")
                 total = await self.compute(_add, total, m.payload[0], kind="aggregate", cost=float(grad.numel()))
                 loss_sum, n = loss_sum + m.payload[1], n + m.payload[2]
-            total, (loss_sum, n), sent = await ring_allreduce(self, total, self.leaders, tag, [loss_sum, n], segment)
+            if gloo:
+                total, (loss_sum, n), sent = await gloo_ring_allreduce(self, total, self.leaders, tag, [loss_sum, n])
+            else:
+                total, (loss_sum, n), sent = await ring_allreduce(self, total, self.leaders, tag, [loss_sum, n],
+                                                                segment)
             mean = total / self.k
             for member in self.group[1:]:
                 self.send(member, mean, tag=tag + ".down")

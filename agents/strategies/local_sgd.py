@@ -10,30 +10,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
-from agents.strategies.collective import ring_allreduce
+from agents.strategies.base import Strategy, VWorkerSpec
+from agents.strategies.ring_allreduce import RingWorker
 
 __all__ = ["LocalSGD", "LocalWorker"]
 
 
-class LocalWorker(TrainingWorker):
-    def __init__(self, name: str, vid: int, env: Any, ring: list[str]):
-        super().__init__(name, vid, env)
-        self.ring = list(ring)
+class LocalWorker(RingWorker):
+    """A ring member that takes ``local_steps`` steps alone between all-reduces of the models."""
 
     async def run(self) -> None:
         self.make_model()
         k, version = len(self.ring), 0
         steps = int(self.setting("local_steps", 4))
-        segment = self.setting("segment")
         while True:
             loss_sum, n = 0.0, 0
             for _ in range(steps):
                 loss, grad, samples = await self.gradient(self.flat())
                 await self.apply(grad)
                 loss_sum, n = loss_sum + loss, n + samples
-            total, (loss_all, n_all), sent = await ring_allreduce(self, self.flat(), self.ring, f"l{version}",
-                                                                [loss_sum / steps, n], segment)
+            total, (loss_all, n_all), sent = await self.allreduce(self.flat(), f"l{version}", [loss_sum / steps, n])
             self.load(total / k)
             version += 1
             if self.name == self.ring[0] and self.updated(version, loss_all / k, 0, int(n_all), sent):

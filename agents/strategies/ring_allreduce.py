@@ -7,15 +7,18 @@ an optimizer step. All replicas stay bit-identical; the result is ``w0``'s,
 which also records each global update. With ``compute=constant`` and an
 uncontended network a step takes ``T_F+T_B + 2(K−1)·M/(K·B) + 2(K−1)·L + T_S``
 (Eq. 11 of the throughput-prediction paper plus one latency per ring step).
-Setting ``segment`` (bytes) sends each chunk in segments behind receiver-ready
-messages, like gloo.
+``collective: gloo`` runs gloo's own ring instead (segments of at most 1 MiB, two in
+flight, each behind its receiver's ready notification: what torch.distributed's gloo
+backend does; :func:`~agents.strategies.collective.gloo_ring_allreduce`); ``ideal``
+(the default) keeps whole chunks, so Eq. 11 holds exactly. ``segment`` (bytes) cuts
+the ideal ring's chunks into segments behind receiver-ready messages.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
-from agents.strategies.collective import ring_allreduce
+from agents.strategies.collective import gloo_ring_allreduce, ring_allreduce
 
 __all__ = ["RingAllReduce", "RingWorker"]
 
@@ -25,14 +28,18 @@ class RingWorker(TrainingWorker):
         super().__init__(name, vid, env)
         self.ring = list(ring)
 
+    async def allreduce(self, vec, tag: str, extras: list[float]):
+        """The ring's sum of ``vec`` (and ``extras``) with the configured collective: ideal or gloo."""
+        if self.setting("collective", "ideal") == "gloo":
+            return await gloo_ring_allreduce(self, vec, self.ring, tag, extras)
+        return await ring_allreduce(self, vec, self.ring, tag, extras, self.setting("segment"))
+
     async def run(self) -> None:
         self.make_model()
         k, version = len(self.ring), 0
-        segment = self.setting("segment")
         while True:
             loss, grad, samples = await self.gradient(self.flat())
-            total, (loss_sum, n), sent = await ring_allreduce(self, grad, self.ring, f"r{version}",
-                                                            [loss, samples], segment)
+            total, (loss_sum, n), sent = await self.allreduce(grad, f"r{version}", [loss, samples])
             await self.apply(total / k)
             version += 1
             if self.name == self.ring[0] and self.updated(version, loss_sum / k, 0, int(n), sent):

@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
+from agents.common.units import parse_size
 from agents.sim.keyed import key_int
 
-__all__ = ["MLP", "ThesisCNN", "SmallResNet", "MODELS", "build_model", "param_bytes",
+__all__ = ["MLP", "ThesisCNN", "SmallResNet", "Flat", "MODELS", "build_model", "param_bytes",
            "flat_params", "set_flat_params", "gradient", "evaluate"]
 
 
@@ -118,7 +119,31 @@ class SmallResNet(nn.Module):
         return self.net(x)
 
 
-MODELS = {"mlp": f"{__name__}.MLP", "cnn": f"{__name__}.ThesisCNN", "resnet": f"{__name__}.SmallResNet"}
+class Flat(nn.Module):
+    """One float32 tensor of ``bytes`` bytes (rounded down to whole floats): a model for network experiments.
+
+    Its size on the wire is exactly what a measured run moved (``lockstep validate`` emulates
+    ``model.bytes=M``), and its gradient costs next to nothing: the logits read only the first
+    ``num_classes`` values (times the image's mean pixel), so the backward pass is one small
+    scatter into a zero tensor — no network-sized MLP to compute. ``bytes`` accepts a number
+    or a size string (``10MB``, ``4MiB``).
+    """
+
+    def __init__(self, bytes: int | str = 1_000_000, num_classes: int = 10) -> None:  # noqa: A002 - model.bytes
+        super().__init__()
+        n = int(parse_size(bytes, "model.bytes")) // 4
+        if n < num_classes:
+            raise ValueError(f"model.bytes={bytes!r} is not valid; accepted: at least {4 * num_classes} bytes "
+                             f"(one float32 per class).")
+        self.num_classes = num_classes
+        self.weight = nn.Parameter(torch.randn(n) * 0.01)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.flatten(1).mean(1, keepdim=True) * self.weight[: self.num_classes]
+
+
+MODELS = {"mlp": f"{__name__}.MLP", "cnn": f"{__name__}.ThesisCNN", "resnet": f"{__name__}.SmallResNet",
+          "flat": f"{__name__}.Flat"}
 """Short names accepted by ``build_model`` and as ``model._target_``."""
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from agents.sim.keyed import generator
 
-__all__ = ["iid", "dirichlet", "two_class_non_iid", "partition", "PARTITIONERS"]
+__all__ = ["iid", "sampled", "SampledShards", "dirichlet", "two_class_non_iid", "partition", "PARTITIONERS"]
 
 
 def iid(n: int, parts: int, seed: int, sizes: Sequence[int] | None = None) -> list[np.ndarray]:
@@ -26,6 +26,53 @@ def iid(n: int, parts: int, seed: int, sizes: Sequence[int] | None = None) -> li
     sizes = _check_sizes(sizes, n, parts)
     order = generator(seed, "partition", "iid").permutation(n)
     return [np.sort(chunk) for chunk in np.split(order[:sizes.sum()], np.cumsum(sizes)[:-1])]
+
+
+class SampledShards(Sequence[np.ndarray]):
+    """``parts`` shards of ``per_part`` distinct samples each, drawn independently for every part.
+
+    Shard ``i`` is the sorted keyed draw ``(seed, "partition", "sampled", i)`` of ``per_part`` of
+    the ``n`` samples without replacement; different parts may share samples. It is computed when
+    asked for, so a run with 100 000 federated clients keeps no shard of a client it never samples.
+    """
+
+    def __init__(self, n: int, parts: int, seed: int, per_part: int):
+        if not 1 <= per_part <= n:
+            raise ValueError(f"sampled partition: per_client must lie in [1, {n}], got {per_part}.")
+        if parts < 1:
+            raise ValueError(f"sampled partition: parts must be >= 1, got {parts}.")
+        self.n, self.parts, self.seed, self.per_part = n, parts, seed, per_part
+        self.sizes = [per_part] * parts if parts <= 1 else _Repeat(per_part, parts)
+
+    def __len__(self) -> int:
+        return self.parts
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.parts))]
+        if not -self.parts <= i < self.parts:
+            raise IndexError(f"shard {i} of {self.parts}")
+        i %= self.parts
+        g = generator(self.seed, "partition", "sampled", i)
+        return np.sort(g.choice(self.n, self.per_part, replace=False)).astype(np.int64)
+
+
+class _Repeat(Sequence[int]):
+    def __init__(self, value: int, n: int):
+        self.value, self.n = value, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self.value] * len(range(*i.indices(self.n)))
+        return self.value
+
+
+def sampled(n: int, parts: int, seed: int, per_part: int) -> SampledShards:
+    """Any number of parts, each ``per_part`` samples drawn independently (see :class:`SampledShards`)."""
+    return SampledShards(n, parts, seed, per_part)
 
 
 def dirichlet(labels: Sequence[int] | np.ndarray, parts: int, alpha: float, seed: int,
@@ -141,7 +188,8 @@ def two_class_non_iid(labels: Sequence[int] | np.ndarray, parts: int, seed: int,
 
 
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
-    "iid": lambda labels, parts, seed, **kw: iid(len(labels), parts, seed, **kw),
+    "iid": lambda labels, parts, seed, per_client=None, **kw: (
+        iid(len(labels), parts, seed, **kw) if per_client is None else sampled(len(labels), parts, seed, per_client)),
     "dirichlet": dirichlet,
     "two_class_non_iid": two_class_non_iid,
     "non_iid": two_class_non_iid,  # the name conf/config.yaml uses

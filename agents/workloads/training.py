@@ -7,14 +7,17 @@ bound methods of this object, and their profile key includes the model's name.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agents.sim.compute import resolve_device
+from agents.sim.executor import batch_rule
 from agents.workloads.batches import BatchStream
 from agents.workloads.data import Dataset, load_fashion_mnist
 from agents.workloads.models import build_model, evaluate, flat_params, gradient, param_bytes, set_flat_params
@@ -65,6 +68,10 @@ class Training:
         self._rank = {name: i for i, name in enumerate(spec.data_holders)}
         n_eval = min(spec.eval_samples, len(self.data.test_y))
         self.test_x, self.test_y = self.data.test_x[:n_eval], self.data.test_y[:n_eval]
+        # the scratch model is shared by every call below; a background executor thread may run them
+        self.lock = threading.RLock()
+        self._vmapped: Callable[..., Any] | None = None
+        self._streams = threading.local()  # a CUDA stream per thread that computes (GPU agents)
 
     # the profile database keys compute calls by function and shapes; add the model's identity
     @property
@@ -97,12 +104,76 @@ class Training:
         return model, opt
 
     # ---- the compute functions (each is a real computation, timed by the compute model)
+    @batch_rule("gradient_at_batched")
     def gradient_at(self, params: Tensor, x: Tensor, y: Tensor) -> tuple[float, Tensor]:
         """Loss and flat gradient of the model at ``params`` on batch ``(x, y)``."""
-        set_flat_params(self.scratch, params)
-        loss, grads = gradient(self.scratch, x, y)
-        # payloads live on the CPU: they cross agents as raw bytes (a no-op copy on a CPU agent)
-        return loss, torch.cat([g.reshape(-1) for g in grads]).cpu()
+        with self.lock:
+            set_flat_params(self.scratch, params)
+            loss, grads = gradient(self.scratch, x, y)
+            # payloads live on the CPU: they cross agents as raw bytes (a no-op copy on a CPU agent)
+            return loss, torch.cat([g.reshape(-1) for g in grads]).cpu()
+
+    def gradient_at_batched(self, calls: list[tuple[Tensor, Tensor, Tensor]]) -> list[tuple[float, Tensor]]:
+        """:meth:`gradient_at` of many (params, x, y) at once: ``torch.func.vmap`` over the stacked
+        parameters and batches (``functional_call`` + ``grad_and_value``), equal up to float rounding.
+
+        On a GPU the stacked inputs go through pinned host memory and the batch runs on a CUDA stream
+        of the calling thread; the gradients come back as rows of one CPU tensor.
+        """
+        if self._vmapped is None:
+            self._vmapped = self._make_vmapped()
+        if self._vmapped is False:  # frozen parameters: no rule over the flat vector, a loop it is
+            return [self.gradient_at(*c) for c in calls]
+        ps = torch.stack([c[0] for c in calls])
+        xs = torch.stack([c[1] for c in calls])
+        ys = torch.stack([c[2] for c in calls])
+        dev = self.device
+        with self.lock:
+            if dev.type != "cuda":
+                grads, losses = self._vmapped(ps, xs, ys)
+                return list(zip(losses.tolist(), grads.unbind(0)))
+            stream = getattr(self._streams, "stream", None)
+            if stream is None:
+                stream = self._streams.stream = torch.cuda.Stream(dev)
+            with torch.cuda.stream(stream):
+                ps, xs, ys = (t.pin_memory().to(dev, non_blocking=True) for t in (ps, xs, ys))
+                grads, losses = self._vmapped(ps, xs, ys)
+                out = torch.empty(grads.shape, dtype=grads.dtype, pin_memory=True)
+                out.copy_(grads, non_blocking=True)
+                host_losses = losses.to("cpu", non_blocking=True)
+            stream.synchronize()
+            return list(zip(host_losses.tolist(), out.unbind(0)))
+
+    def _make_vmapped(self) -> Callable[..., Any] | bool:
+        from torch.func import functional_call, grad_and_value, vmap
+
+        named = list(self.scratch.named_parameters())
+        if any(not p.requires_grad for _, p in named):
+            return False
+        names = [n for n, _ in named]
+        shapes = [p.shape for _, p in named]
+        sizes = [p.numel() for _, p in named]
+        model = self.scratch
+
+        def loss(flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
+            params = {n: t.view(s) for n, t, s in zip(names, flat.split(sizes), shapes)}
+            return F.cross_entropy(functional_call(model, params, (x,)), y)
+
+        return vmap(grad_and_value(loss))
+
+    def probe_calls(self, batch_size: int) -> Callable[[int], list[tuple[Tensor, Tensor, Tensor]]]:
+        """For the executor's ``auto`` probe: ``n`` distinct gradient calls of ``batch_size`` samples."""
+
+        def make(n: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+            g = torch.Generator().manual_seed(n)
+            out = []
+            for i in range(n):
+                idx = (np.arange(batch_size) * (i + 1) + i) % len(self.data.train_y)
+                x, y = self.batch(idx)
+                out.append((self.initial + 1e-3 * torch.randn(self.initial.shape, generator=g), x, y))
+            return out
+
+        return make
 
     @staticmethod
     def apply(model: nn.Module, opt: torch.optim.Optimizer, grad: Tensor) -> None:
@@ -131,8 +202,9 @@ class Training:
     def evaluate(self, model_or_params: nn.Module | Tensor) -> tuple[float, float]:
         """Test loss and accuracy (an observer: real compute, no virtual time)."""
         if isinstance(model_or_params, Tensor):
-            set_flat_params(self.scratch, model_or_params)
-            model_or_params = self.scratch
+            with self.lock:
+                set_flat_params(self.scratch, model_or_params)
+                return evaluate(self.scratch, self.test_x, self.test_y)
         return evaluate(model_or_params, self.test_x, self.test_y)
 
     @staticmethod
@@ -150,3 +222,13 @@ class Training:
         g = torch.zeros_like(self.initial)
         compute.profile("update", self.apply, (model, opt, g))
         compute.profile("aggregate", self.aggregate, ([g] * max(1, workers), None))
+
+    def probe_batches(self, executor: Any, compute: Any, local_holders: int) -> None:
+        """``compute.batch=auto``: let the executor time loop against vmap for the gradient calls."""
+        from agents.sim.compute import signature
+
+        sizes = [n for n in (2, 4, 8, 16, 32, 64, 128, 256, 512) if n <= max(2, local_holders)]
+        for b in sorted(set(self.spec.batch_size)):
+            make = self.probe_calls(b)
+            sig = signature("gradient", self.gradient_at, make(1)[0])
+            executor.probe(sig, self.gradient_at, make, sizes, db=compute.db, device=compute.device)

@@ -39,7 +39,7 @@ CONF_DIR = _conf_dir()
 
 # the schema of the group nodes typed ``Any`` in LockstepConfig, by option (conf/<group>/<option>.yaml)
 _GROUP_OPTION_SCHEMA = {"launcher": {"inprocess": S.InprocessLauncherConfig, "local": S.LocalLauncherConfig,
-                                     "kubernetes": S.KubernetesLauncherConfig}}
+                                     "kubernetes": S.KubernetesLauncherConfig, "ray": S.RayLauncherConfig}}
 
 
 def group_options(group: str) -> list[str]:
@@ -73,7 +73,7 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
             group, option = m.group(1), m.group(2)
             accepted = " | ".join(group_options(group))
             hint = did_you_mean(option, group_options(group)).removeprefix("; ")
-            return (f"{group}={option!r} is not valid; accepted: {accepted}" + (f" ({hint})" if hint else "") + ".",
+            return (f"{group}={option} is not valid; accepted: {accepted}" + (f" ({hint})" if hint else "") + ".",
                     by_key[group][1])
         return f"the config cannot be composed: {text.splitlines()[0].rstrip('.')}.", None
     cause = e.__cause__
@@ -91,7 +91,7 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
     if not key or key not in by_key:
         return f"the config cannot be composed: {text.splitlines()[0].rstrip('.')}.", None
     override, raw = by_key[key]
-    value = override.value() if not override.is_delete() else None
+    value = raw.split("=", 1)[1] if "=" in raw else None
     if "Could not override" in text or "not in struct" in text or "Key '" in str(cause) and "not in" in str(cause):
         parent, _, leaf = key.rpartition(".")
         options = _keys_under(parent, [o for o in overrides if o != raw])
@@ -101,7 +101,7 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
                 ".", raw)
     found = field_at(S.LockstepConfig, key, _node_types(overrides))
     accepted = accepted_text(*found) if found else "see docs/configuration.md"
-    return f"{key}={value!r} is not valid; accepted: {accepted}.", raw
+    return f"{key}={value} is not valid; accepted: {accepted}.", raw
 
 
 def _node_types(overrides: list[str]) -> dict[str, type]:
@@ -159,8 +159,9 @@ def load(overrides: list[str], check_data: bool = True) -> RunConfig:
                 raise ConfigError(problems) from None
             remaining.remove(culprit)
     assert cfg is not None
+    written = {o.key_or_group: s.split("=", 1)[1] for o, s in zip(_parse(remaining), remaining) if "=" in s}
     try:
-        rc = validate(cfg, check_data=check_data and not problems)
+        rc = validate(cfg, check_data=check_data and not problems, written=written)
     except ConfigError as e:
         problems.extend(p for p in e.problems if not any(p.startswith(k.split("=")[0].lstrip("+~") + "=")
                                                            for k in set(overrides) - set(remaining)))

@@ -25,11 +25,14 @@ from agents.common.net import LOOPBACK
 from agents.common.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = [
-    "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "ComputeModelName", "Distribution",
-    "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig", "ControllerConfig", "TLSConfig",
-    "MetricsConfig", "TraceConfig", "StatelogConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
+    "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "NetworkModel", "Collective",
+    "ComputeModelName", "Distribution", "TcpConfig", "MicrobenchConfig", "FlatConfig",
+    "Windows", "BatchMode", "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig",
+    "ControllerConfig", "TLSConfig",
+    "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
     "StrategyConfig", "ModelConfig", "LauncherConfig", "InprocessLauncherConfig", "LocalLauncherConfig",
-    "KubernetesLauncherConfig", "TokenSecretConfig", "LockstepConfig", "GROUP_SCHEMAS", "register_configs",
+    "KubernetesLauncherConfig", "TokenSecretConfig", "RayLauncherConfig", "RayLocalClusterConfig", "RayStrategy",
+    "LockstepConfig", "GROUP_SCHEMAS", "register_configs",
     "help_of",
 ]
 
@@ -79,6 +82,16 @@ class Discipline(str, Enum):
     unlimited = "unlimited"
 
 
+class NetworkModel(str, Enum):
+    ideal = "ideal"
+    tcp = "tcp"
+
+
+class Collective(str, Enum):
+    ideal = "ideal"
+    gloo = "gloo"
+
+
 class ComputeModelName(str, Enum):
     profiled = "profiled"
     measured = "measured"
@@ -92,6 +105,18 @@ class Distribution(str, Enum):
     normal = "normal"
     weibull = "weibull"
     exponential = "exponential"
+
+
+class Windows(str, Enum):
+    direct = "direct"
+    hub = "hub"
+
+
+class BatchMode(str, Enum):
+    off = "off"
+    loop = "loop"
+    vmap = "vmap"
+    auto = "auto"
 
 
 class TraceMode(str, Enum):
@@ -112,6 +137,15 @@ class PullPolicy(str, Enum):
     Always = "Always"
     IfNotPresent = "IfNotPresent"
     Never = "Never"
+
+
+class RayStrategy(str, Enum):
+    """A Ray placement group strategy."""
+
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
 
 
 # ----------------------------------------------------------- plain sections
@@ -135,6 +169,8 @@ class DataConfig:
     partition: Partition = doc(Partition.iid, "how the training set is split over the data-holding vworkers")
     alpha: float = doc(0.5, "dirichlet: the concentration", lo=0, lo_open=True)
     major: float = doc(0.8, "non_iid: the share of each client's samples from its two classes", lo=0, lo_open=True, hi=1)
+    per_client: Optional[int] = doc(None, "iid: draw this many samples for each data holder (shards may overlap: "
+                                          "any number of clients); null = a disjoint split", lo=1)
 
 
 @dataclass
@@ -173,6 +209,9 @@ class ControllerConfig:
     max_held_bytes: Optional[int] = doc(None, "bytes a peer may have sent before a frame uses them; null = "
                                               "max_blob_bytes + 4 x the model x vworkers", lo=1 << 20)
     tls: TLSConfig = doc(help="TLS certificates (docs/security.md)", factory=TLSConfig)
+    windows: Windows = doc(Windows.direct, "who carries the windows between agent processes: direct (the agents "
+                                           "exchange each window's events among themselves, docs/distributed.md) | "
+                                           "hub (every window through the controller)")
 
 
 @dataclass
@@ -202,6 +241,41 @@ class StatelogConfig:
     snapshot_every: int = doc(0, "save the global model every N versions into snapshots/ (0 = never)", lo=0)
 
 
+@dataclass
+class OutputsConfig:
+    """The run directory's files besides the CSVs (docs/kubernetes.md, "Results that survive")."""
+
+    summary_every_s: float = doc(30.0, "rewrite summary.json (\"complete\": false) this often while the run goes, "
+                                       "wall seconds; 0 = only at the end", lo=0)
+    upload: Optional[str] = doc(None, "at the end copy the run directory to this fsspec URL (s3://bucket/prefix, "
+                                      "gs://..., file:///...); null = none")
+
+
+@dataclass
+class TcpConfig:
+    """``network.tcp``: the tcp transport's physical parameters (agents/sim/tcp.py, docs/engine.md)."""
+
+    mtu: int = doc(1500, "IP bytes of a full segment", lo=68)
+    header_bytes: int = doc(52, "IPv4 20 + TCP 20 + timestamp option 12 bytes per segment", lo=0)
+    frame_bytes: int = doc(38, "Ethernet header 14, FCS 4, preamble 8 and inter-frame gap 12 bytes per frame", lo=0)
+    initial_window: int = doc(10, "segments of a new or restarted connection (RFC 6928)", lo=1)
+    gso_max_bytes: int = doc(65536, "the largest TSO/GSO packet a host hands its NIC", lo=1)
+    nic_burst_bytes: int = doc(72887, "wire bytes the NIC takes ahead of the line rate (a token bucket; the "
+                                      "calibration testbed's tbf burst)", lo=1)
+    rto_min: Any = doc("200ms", "floor of the retransmission timeout, which also times restart after idle",
+                       unit="duration", lo=0)
+    clock_hz: int = doc(250, "the kernel's jiffy clock (CONFIG_HZ), the RTO's resolution", lo=1)
+    tsq_limit_bytes: int = doc(4194304, "TSQ's cap per connection (net.ipv4.tcp_limit_output_bytes)", lo=0)
+    slow_start_after_idle: bool = doc(True, "restart after idle and decay of unused windows "
+                                            "(net.ipv4.tcp_slow_start_after_idle)")
+    hystart_delay: bool = doc(True, "HyStart: leave slow start when a round's minimum RTT rises")
+    hystart_ack_train: bool = doc(True, "HyStart: leave slow start on a train of ACKs half an RTT long")
+    host_latency: Any = doc("257us", "a delivered message reaches its application this much after its last byte "
+                                     "(fitted by lockstep calibrate)", unit="duration", lo=0)
+    host_jitter: Any = doc("0us", "mean of a keyed exponential extra delay per delivered message", unit="duration",
+                           lo=0)
+
+
 # ------------------------------------------------------------------ groups
 @dataclass
 class NetworkConfig:
@@ -217,6 +291,9 @@ class NetworkConfig:
     egress: Optional[Discipline] = doc(None, "the discipline of the egress side; null = discipline")
     ingress: Optional[Discipline] = doc(None, "the discipline of the ingress side; null = discipline")
     efficiency: float = doc(1.0, "goodput / line rate, in (0, 1] (TCP over Ethernet: about 0.94)", lo=0, lo_open=True, hi=1)
+    model: NetworkModel = doc(NetworkModel.ideal, "ideal: the closed-form stations (Eq. 7, 8, 11 exactly) | tcp: "
+                                                  "Linux TCP over Ethernet, bandwidth the line rate (docs/engine.md)")
+    tcp: TcpConfig = doc(help="the tcp model's parameters (used with model: tcp)", factory=TcpConfig)
 
 
 @dataclass
@@ -233,6 +310,11 @@ class ComputeConfig:
     gradient: Any = doc(None, "seconds per gradient (constant; a fixed kind of distribution)", unit="duration", lo=0)
     update: Any = doc(None, "seconds per optimizer step (constant; a fixed kind of distribution)", unit="duration", lo=0)
     aggregate: Any = doc(None, "seconds per aggregation (constant; a fixed kind of distribution)", unit="duration", lo=0)
+    profile: Optional[str] = doc(None, "profiled: the emulated machine, a device profile (conf/profiles/<name>.json, "
+                                       "or a path to one; made by `lockstep profile`); its durations travel with "
+                                       "the plan, so virtual times are the same on every host; calls it lacks are "
+                                       "timed on this host (summary.json: profile_fallbacks, portable). null = time "
+                                       "this host")
     runs: int = doc(5, "profiled: timed runs per signature (the median is kept)", lo=1)
     db: Optional[str] = doc(None, "profiled: the profile database (default ~/.cache/lockstep/profiles.json)")
     distribution: Distribution = doc(Distribution.lognormal, "distribution: lognormal | normal | weibull | "
@@ -249,6 +331,14 @@ class ComputeConfig:
     straggle: StraggleConfig = doc(help="injected stragglers, e.g. {probability: 0.05, factor: 5.0} (a keyed draw "
                                         "per call); probability 0 = none", factory=StraggleConfig)
     jitter: float = doc(0.0, "sigma of a keyed log-normal factor per call (0 = none)", lo=0)
+    batch: BatchMode = doc(BatchMode.loop, "deferred compute (docs/batching.md): off (eager) | loop (deferred, "
+                                           "bit-identical to off) | vmap (same-shaped gradients as one "
+                                           "torch.func.vmap call; floats differ in the last bits) | auto (vmap "
+                                           "where a start-up probe found it faster, per call signature and batch "
+                                           "size)")
+    max_batch: int = doc(64, "the most deferred calls run together in one batch", lo=1)
+    overlap: Any = doc("auto", "run deferred calls early on a background thread while the vworkers and windows "
+                               "go on: auto (when the agent may use at least 2 CPUs) | true | false")
 
 
 @dataclass
@@ -273,6 +363,8 @@ class SSPConfig(ShardedPSConfig):
 class RingConfig(StrategyConfig):
     segment: Any = doc(None, "bytes per segment (each sent after a receiver-ready message, like gloo); null = "
                              "whole chunks")
+    collective: Collective = doc(Collective.ideal, "ideal: whole chunks (Eq. 11 exactly) | gloo: gloo's ring (1 MiB "
+                                                   "segments, two in flight, receiver-ready notifications)")
 
 
 @dataclass
@@ -312,6 +404,13 @@ class FedAsyncConfig(StrategyConfig):
 
 
 @dataclass
+class MicrobenchConfig(StrategyConfig):
+    kind: str = doc("p2p", "p2p: w0 -> w1 transfer time | fanin: w1..wK -> w0 at once, until the last arrives",
+                    choices=("p2p", "fanin"))
+    gap: float = doc(0.05, "seconds between repetitions", lo=0)
+
+
+@dataclass
 class ModelConfig:
     """``model=``: any ``nn.Module`` by ``_target_``; other keys are constructor arguments."""
 
@@ -324,10 +423,15 @@ class MLPConfig(ModelConfig):
 
 
 @dataclass
+class FlatConfig(ModelConfig):
+    bytes: Any = doc(1000000, "bytes of the one float32 tensor (rounded down to whole floats), or a size like 10MB")
+
+
+@dataclass
 class LauncherConfig:
     """``launcher=``: where the agents run (DESIGN §10, docs/distributed.md)."""
 
-    name: str = doc(MISSING, "inprocess | local | kubernetes")
+    name: str = doc(MISSING, "inprocess | local | kubernetes | ray")
 
 
 @dataclass
@@ -375,6 +479,51 @@ class KubernetesLauncherConfig(LauncherConfig):
     token_secret: TokenSecretConfig = doc(help="an existing Secret holding the token", factory=TokenSecretConfig)
 
 
+RAY_MIN_OBJECT_STORE_BYTES = 78_643_200  # Ray refuses a smaller object store
+
+
+@dataclass
+class RayLocalClusterConfig:
+    """The private Ray cluster ``launcher=ray`` starts when ``launcher.address`` is null (docs/ray.md)."""
+
+    num_cpus: Optional[int] = doc(None, "CPUs it offers; null = enough for every agent (agents x cpus_per_agent), "
+                                        "at least this machine's count", lo=1)
+    num_gpus: Optional[int] = doc(None, "GPUs it offers; null = those Ray finds", lo=0)
+    resources: Any = doc(None, "custom resources it offers, e.g. {lab_node: 8}; null = none")
+    object_store_memory: Optional[int] = doc(200_000_000, "bytes of Ray's object store (lockstep moves tensors over "
+                                                          "gRPC, so little is needed); null = Ray's default, 30 % of "
+                                                          "memory", lo=RAY_MIN_OBJECT_STORE_BYTES)
+
+
+@dataclass
+class RayLauncherConfig(LauncherConfig):
+    """``launcher=ray``: every agent a Ray actor (controller/launchers/ray.py, docs/ray.md)."""
+
+    name: str = "ray"
+    address: Optional[str] = doc(None, "the Ray cluster: null = a private one for the run on 127.0.0.1, stopped "
+                                       "after it; auto = the cluster `ray start --head` runs on this machine; "
+                                       "HOST:PORT of a running cluster's head; ray://HOST:PORT (Ray Client). "
+                                       "conf/launcher/ray.yaml defaults it to $RAY_ADDRESS")
+    cpus_per_agent: float = doc(1.0, "CPUs each agent reserves (its placement group bundle)", lo=0, lo_open=True)
+    gpus_per_agent: float = doc(0.0, "GPUs each agent reserves: a fraction up to 1 shares a GPU (0.25: four agents "
+                                     "on one), above 1 a whole number", lo=0)
+    memory_per_agent: Optional[int] = doc(None, "bytes of memory Ray reserves per agent; null = none", lo=1)
+    resources_per_agent: Any = doc(None, "custom resources per agent, e.g. {lab_node: 1}; null = none")
+    strategy: RayStrategy = doc(RayStrategy.PACK, "placement group strategy: PACK (few nodes) | SPREAD | "
+                                                  "STRICT_PACK (one node) | STRICT_SPREAD (a node per agent)")
+    runtime_env: Any = doc(None, "a Ray runtime_env for the agent actors (pip, env_vars, working_dir, ...); null = "
+                                 "none; Ray shows it to anyone reading its dashboard, so never the token")
+    controller_address: Optional[str] = doc(None, "HOST:PORT the agents dial; null = controller.host:port (with "
+                                                  "controller.host=0.0.0.0, this machine's address as Ray knows it)")
+    namespace: str = doc("lockstep", "Ray namespace of the actors, named lockstep-<run id>-agent-<N>")
+    startup_timeout_s: float = doc(600.0, "seconds the placement group may stay unplaced (an autoscaler adding "
+                                          "nodes) before the run fails", lo=0, lo_open=True)
+    log_poll_s: float = doc(1.0, "agent log lines are copied into RUN_DIR/agents/agent-N.log this often (seconds)",
+                            lo=0, lo_open=True)
+    stop_grace_s: float = doc(5.0, "seconds agents get to finish after the run before their actors are killed", lo=0)
+    local: RayLocalClusterConfig = doc(help="the private cluster (address null)", factory=RayLocalClusterConfig)
+
+
 # -------------------------------------------------------------- the whole run
 @dataclass
 class LockstepConfig:
@@ -404,6 +553,7 @@ class LockstepConfig:
     metrics: MetricsConfig = doc(help="Prometheus endpoints", factory=MetricsConfig)
     trace: TraceConfig = doc(help="trace.json", factory=TraceConfig)
     statelog: StatelogConfig = doc(help="statelog.jsonl", factory=StatelogConfig)
+    outputs: OutputsConfig = doc(help="summary.json while running, uploads", factory=OutputsConfig)
     progress: bool = doc(True, "progress bar on stderr")
     log_level: LogLevel = doc(LogLevel.INFO, "DEBUG | INFO | WARNING | ERROR")
 
@@ -413,10 +563,11 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "compute": {"base_compute": ComputeConfig},
     "strategy": {"base_strategy": StrategyConfig, "base_sharded_ps": ShardedPSConfig, "base_ssp": SSPConfig,
                  "base_ring": RingConfig, "base_hierarchical": HierarchicalConfig, "base_local_sgd": LocalSGDConfig,
-                 "base_gossip": GossipConfig, "base_fedavg": FedAvgConfig, "base_fedasync": FedAsyncConfig},
-    "model": {"base_model": ModelConfig, "base_mlp": MLPConfig},
+                 "base_gossip": GossipConfig, "base_fedavg": FedAvgConfig, "base_fedasync": FedAsyncConfig,
+                 "base_microbench": MicrobenchConfig},
+    "model": {"base_model": ModelConfig, "base_mlp": MLPConfig, "base_flat": FlatConfig},
     "launcher": {"base_inprocess": InprocessLauncherConfig, "base_local": LocalLauncherConfig,
-                 "base_kubernetes": KubernetesLauncherConfig},
+                 "base_kubernetes": KubernetesLauncherConfig, "base_ray": RayLauncherConfig},
 }
 """The schema of each group option: ``conf/<group>/<option>.yaml`` names one of these first in its defaults."""
 

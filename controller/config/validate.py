@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib.util
 import json
 import math
 import typing
@@ -25,6 +26,7 @@ from omegaconf.errors import InterpolationResolutionError
 from agents.common.units import UnitError, parse_duration, parse_rate
 from agents.sim import keyed
 from agents.sim.compute import KINDS
+from agents.sim.tcp import TcpSpec
 from agents.sim.types import seconds_to_ns
 from controller.config import schema as S
 
@@ -80,6 +82,7 @@ class NetworkSettings:
     efficiency: float
     egress: str
     ingress: str
+    tcp: TcpSpec | None = None  # network.model=tcp: the transport's parameters
 
 
 @dataclass(frozen=True)
@@ -94,11 +97,16 @@ class ComputeSettings:
     peak_flops: float
     profile_db: str
     profile_runs: int
+    profile_name: str
+    profile: dict[str, float]
     speed_workers: tuple[float, ...] | None
     stragglers: dict[str, float]
     straggle_p: float
     straggle_factor: float
     jitter: float
+    batch: str  # off | loop | vmap | auto (docs/batching.md)
+    max_batch: int
+    overlap: bool | str  # True | False | "auto"
 
 
 @dataclass(frozen=True)
@@ -152,13 +160,14 @@ class RunConfig:
     trace: TraceSettings
     metrics: MetricsSettings
     statelog: S.StatelogConfig
+    outputs: S.OutputsConfig
     progress: bool
     log_level: str
 
 
 def config_hash(raw: dict[str, Any]) -> str:
-    """A short stable hash of the resolved config (without run_id and hydra)."""
-    d = {k: v for k, v in raw.items() if k not in ("run_id", "hydra")}
+    """A short stable hash of the resolved config (without run_id, hydra and where outputs go)."""
+    d = {k: v for k, v in raw.items() if k not in ("run_id", "hydra", "outputs")}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -255,11 +264,13 @@ def _within(v: float, meta: dict[str, Any]) -> bool:
 
 
 class _Problems:
-    def __init__(self) -> None:
+    def __init__(self, written: dict[str, str] | None = None) -> None:
         self.items: list[str] = []
+        self.written = written or {}  # key -> the value as the user typed it on the command line
 
     def bad(self, key: str, value: Any, accepted: str) -> None:
-        self.items.append(f"{key}={_show(value)} is not valid; accepted: {accepted}.")
+        shown = self.written.get(key, _show(value))
+        self.items.append(f"{key}={shown} is not valid; accepted: {accepted}.")
 
     def add(self, sentence: str) -> None:
         self.items.append(sentence)
@@ -303,7 +314,7 @@ def _check_fields(obj: Any, prefix: str, p: _Problems) -> None:
 
 
 BUILT_IN_TARGETS = frozenset({
-    *("agents.workloads.models." + m for m in ("MLP", "ThesisCNN", "SmallResNet")),
+    *("agents.workloads.models." + m for m in ("MLP", "ThesisCNN", "SmallResNet", "Flat")),
 })
 
 
@@ -353,14 +364,17 @@ class _open:
 
 
 # --------------------------------------------------------------- validate
-def validate(cfg: DictConfig | dict, check_data: bool = True) -> RunConfig:
-    """Check every key of a composed config; raise ConfigError listing each problem, else a RunConfig."""
+def validate(cfg: DictConfig | dict, check_data: bool = True, written: dict[str, str] | None = None) -> RunConfig:
+    """Check every key of a composed config; raise ConfigError listing each problem, else a RunConfig.
+
+    ``written`` (key -> text) lets a sentence quote a command-line value as the user typed it.
+    """
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
     cfg = cfg.copy()
     with _open(cfg):
         cfg.pop("hydra", None)
-    p = _Problems()
+    p = _Problems(written)
     try:
         raw = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     except InterpolationResolutionError as e:  # e.g. batch_size=${nope}, or ${workers} where an enum is due
@@ -428,6 +442,11 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         partition_kw = {"alpha": c.data.alpha}
     elif partition == "non_iid":
         partition_kw = {"major": c.data.major}
+    if c.data.per_client is not None:  # shards of this many samples drawn for each client (they may overlap)
+        if partition != "iid":
+            p.bad("data.per_client", c.data.per_client, "null unless data.partition=iid")
+        else:
+            partition_kw = {"per_client": c.data.per_client}
 
     model = dict(raw["model"])
     if not isinstance(model.get("_target_"), str):
@@ -437,7 +456,12 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     compute = _compute(c.compute, good_workers, c.seed, p)
     launcher = c.launcher
     if not isinstance(launcher, S.LauncherConfig):
-        p.bad("launcher", _plain(launcher).get("name"), "inprocess | local | kubernetes")
+        p.bad("launcher", _plain(launcher).get("name"), "inprocess | local | kubernetes | ray")
+    elif isinstance(launcher, S.KubernetesLauncherConfig) and importlib.util.find_spec("kubernetes") is None:
+        p.add("launcher=kubernetes needs the Kubernetes client, which is not installed: "
+              "pip install 'lockstep[kubernetes]'.")
+    elif isinstance(launcher, S.RayLauncherConfig):
+        _ray_launcher(launcher, c, p)
     ctl = c.controller
     if ctl.agent_timeout_s < 2 * ctl.heartbeat_s:
         p.bad("controller.agent_timeout_s", ctl.agent_timeout_s,
@@ -447,6 +471,9 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     _tls(ctl.tls, isinstance(launcher, S.LocalLauncherConfig), p)
     trace = _trace(c.trace, p)
     metrics = _metrics(c, p)
+    if c.outputs.upload is not None and "://" not in c.outputs.upload:
+        p.bad("outputs.upload", c.outputs.upload, "null or an fsspec URL such as s3://bucket/prefix, gs://bucket/prefix "
+              "or file:///path")
 
     if not p.items and model is not None:
         _check_model(p, model, c.seed)
@@ -471,7 +498,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         stop_virtual_time_ns=None if stop_vt is None else seconds_to_ns(stop_vt), eval_every=c.eval.every,
         eval_samples=c.eval.samples, data_root=c.data.root, partition=partition, partition_kw=partition_kw,
         network=network, compute=compute, launcher=launcher, controller=ctl, trace=trace, metrics=metrics,
-        statelog=c.statelog, progress=c.progress, log_level=c.log_level.value)
+        statelog=c.statelog, outputs=c.outputs, progress=c.progress, log_level=c.log_level.value)
 
 
 def _tls(tls: S.TLSConfig, local: bool, p: _Problems) -> None:
@@ -512,6 +539,47 @@ def _seconds(value: Any) -> float | None:
 
 
 # ---------------------------------------------------------------- sections
+def _ray_launcher(r: S.RayLauncherConfig, c: S.LockstepConfig, p: _Problems) -> None:
+    """``launcher=ray`` (docs/ray.md): Ray installed, resources Ray accepts, an address it can use."""
+    from controller.launchers import ray as ray_launcher  # imports Ray only when a run starts its agents
+
+    if not ray_launcher.available():
+        p.add(f"launcher=ray needs Ray, which is not installed; accepted: {ray_launcher.INSTALL_HINT}, "
+              "or launcher=local | inprocess | kubernetes.")
+    if r.address is not None and r.address != "auto" and ray_launcher.split_address(r.address) is None:
+        p.bad("launcher.address", r.address, "null (a private Ray cluster for the run), auto (the cluster `ray start "
+              "--head` runs on this machine), HOST:PORT of a running cluster's head, or ray://HOST:PORT")
+    g = r.gpus_per_agent
+    if g > 1 and g != int(g):
+        p.bad("launcher.gpus_per_agent", g, "a number of GPUs >= 0: a fraction up to 1 (0.25 puts four agents on one "
+              "GPU) or a whole number")
+    if g == 0 and (c.device == "cuda" or c.device.startswith("cuda:")):
+        p.bad("launcher.gpus_per_agent", g, f"a share of a GPU > 0 (e.g. 0.25) with device={c.device}: Ray hides the "
+              "GPUs from actors that reserve none")
+    for key, res in (("launcher.resources_per_agent", r.resources_per_agent),
+                     ("launcher.local.resources", r.local.resources)):
+        if res is not None and not (isinstance(res, dict) and all(
+                isinstance(k, str) and k not in ("CPU", "GPU", "memory") and _is_num(v) and v >= 0
+                for k, v in res.items())):
+            p.bad(key, res, "null or a mapping from a custom resource name to an amount >= 0, e.g. {lab_node: 1} "
+                  "(CPU, GPU and memory have keys of their own)")
+    if r.strategy == S.RayStrategy.STRICT_SPREAD and r.address is None and c.agents > 1:
+        p.bad("launcher.strategy", r.strategy, "PACK | SPREAD | STRICT_PACK with launcher.address=null: the private "
+              "cluster has one node, and STRICT_SPREAD needs a node per agent")
+    if r.runtime_env is not None and not isinstance(r.runtime_env, dict):
+        p.bad("launcher.runtime_env", r.runtime_env, "null or a Ray runtime_env mapping (pip, env_vars, working_dir, "
+              "...)")
+    elif r.runtime_env and "LOCKSTEP_TOKEN" in (r.runtime_env.get("env_vars") or {}):
+        p.add("launcher.runtime_env.env_vars must not hold LOCKSTEP_TOKEN: Ray shows a runtime_env to anyone who "
+              "reads its dashboard or state API; lockstep hands the agents the token itself.")
+    ca = r.controller_address
+    if ca is not None and (ray_launcher.split_address(ca) is None or ca.startswith("ray:")):
+        p.bad("launcher.controller_address", ca, "null or HOST:PORT that the agents' nodes reach")
+    if not r.namespace:
+        p.bad("launcher.namespace", r.namespace, "a Ray namespace name")
+
+
+
 def _trace(t: S.TraceConfig, p: _Problems) -> TraceSettings:
     window = None
     w = t.window
@@ -551,9 +619,34 @@ def _network(n: S.NetworkConfig, workers: int | None, p: _Problems) -> NetworkSe
     disc = n.discipline.value
     bw = _bandwidth(p, "network.bandwidth", n.bandwidth, workers)
     bw_in = None if n.bandwidth_in is None else _bandwidth(p, "network.bandwidth_in", n.bandwidth_in, workers)
+    tcp = None
+    if n.model == S.NetworkModel.tcp:
+        if n.efficiency != 1.0:
+            p.bad("network.efficiency", n.efficiency, "1.0 with network.model=tcp, which derives the goodput from "
+                  "network.tcp.mtu, header_bytes and frame_bytes")
+        tcp = _tcp(n.tcp, p)
     return NetworkSettings(latency=_latency(p, n.latency), bandwidth=bw, bandwidth_in=bw_in,
                            efficiency=n.efficiency, egress=n.egress.value if n.egress else disc,
-                           ingress=n.ingress.value if n.ingress else disc)
+                           ingress=n.ingress.value if n.ingress else disc, tcp=tcp)
+
+
+def _tcp(t: S.TcpConfig, p: _Problems) -> TcpSpec | None:
+    """``network.tcp`` as the engine's TcpSpec (durations in ns); None when a value is bad (reported)."""
+    ns = {}
+    for key in ("rto_min", "host_latency", "host_jitter"):
+        s = _duration(p, f"network.tcp.{key}", getattr(t, key))
+        if s is None:
+            return None
+        ns[key + "_ns"] = int(round(s * 1e9))
+    try:
+        return TcpSpec(mtu=t.mtu, header_bytes=t.header_bytes, frame_bytes=t.frame_bytes,
+                       initial_window=t.initial_window, gso_max_bytes=t.gso_max_bytes,
+                       nic_burst_bytes=t.nic_burst_bytes, clock_hz=t.clock_hz, tsq_limit_bytes=t.tsq_limit_bytes,
+                       slow_start_after_idle=t.slow_start_after_idle, hystart_delay=t.hystart_delay,
+                       hystart_ack_train=t.hystart_ack_train, **ns)
+    except ValueError as e:
+        p.add(f"network.tcp is not valid: {e}.")
+        return None
 
 
 def _rate(p: _Problems, key: str, v: Any) -> float | None:
@@ -665,12 +758,30 @@ def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -
     if unknown_kinds:
         p.bad("compute.kinds", c.kinds, "a list of " + " | ".join(KINDS))
     straggle = c.straggle
+    if not (isinstance(c.overlap, bool) or c.overlap == "auto"):
+        p.bad("compute.overlap", c.overlap, "auto (on with at least 2 usable CPUs) | true | false")
     return ComputeSettings(
         model=model, constant_s=constant_s, dist=c.distribution.value, dist_params=tuple(c.params),
         dist_kinds=tuple(c.kinds), peak_flops=c.peak_flops, profile_db=c.db or "", profile_runs=c.runs,
+        **_device_profile(p, c.profile if model == "profiled" else None),
         speed_workers=_speed(p, c.speed, workers, seed), stragglers=_stragglers(p, c.stragglers),
         straggle_p=straggle.probability, straggle_factor=straggle.factor if straggle.probability > 0 else 1.0,
-        jitter=c.jitter)
+        jitter=c.jitter, batch=c.batch.value, max_batch=c.max_batch,
+        overlap=c.overlap if isinstance(c.overlap, bool) else "auto")
+
+
+def _device_profile(p: _Problems, name: str | None) -> dict[str, Any]:
+    """``compute.profile``: a shipped name (conf/profiles/<name>.json) or a path, read whole into the plan."""
+    if not name:
+        return {"profile_name": "", "profile": {}}
+    from controller.config.profiles import ProfileError, read_profile
+
+    try:
+        prof = read_profile(name)
+    except ProfileError as e:
+        p.add(str(e))
+        return {"profile_name": "", "profile": {}}
+    return {"profile_name": prof.name, "profile": dict(prof.signatures)}
 
 
 def _speed(p: _Problems, speed: Any, workers: int | None, seed: int) -> tuple[float, ...] | None:
@@ -764,16 +875,22 @@ def _check_data(p: _Problems, root: str | None, partition: str, kw: dict[str, An
     except (DataNotFoundError, ValueError) as e:
         p.add(f"data.root={root!r}: {e}")
         return
-    if len(holders) > len(data.train_y):
-        p.bad("workers", workers, f"at most the {len(data.train_y)} training samples")
+    if kw.get("per_client") is not None:
+        if kw["per_client"] > len(data.train_y):
+            p.bad("data.per_client", kw["per_client"], f"at most the {len(data.train_y)} training samples")
+            return
+    elif len(holders) > len(data.train_y):
+        p.bad("workers", workers, f"at most the {len(data.train_y)} training samples, or set data.per_client "
+              "(samples drawn for each client; shards may overlap)")
         return
     scheme = {"non_iid": "two_class_non_iid"}.get(partition, partition)
     shards = make_partition(scheme, data.train_y.numpy(), len(holders), seed, **kw)
+    shard_sizes = getattr(shards, "sizes", None) or [len(s) for s in shards]  # sampled shards know theirs
     sizes = batch_size if len(batch_size) == len(holders) else (batch_size[0],) * len(holders)
-    for name, shard, b in zip(holders, shards, sizes):
-        if b > len(shard):
-            p.add(f"batch_size={b} is larger than the shard of vworker {name} ({len(shard)} samples with "
+    for name, size, b in zip(holders, shard_sizes, sizes):
+        if b > size:
+            p.add(f"batch_size={b} is larger than the shard of vworker {name} ({size} samples with "
                   f"data.partition={partition} over {len(holders)} workers); accepted: a batch_size <= "
-                  f"{len(shard)}, or fewer workers.")
+                  f"{size}, or fewer workers.")
             return
 

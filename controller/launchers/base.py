@@ -25,6 +25,11 @@ class LaunchSpec:
                 "--agent-id", str(agent_id), "--run-id", self.run_id, "--log-level", self.log_level]
 
 
+class LauncherConfigError(ValueError):
+    """The launcher's settings, or the cluster state they name, are wrong: permanent, reported like a config
+    error (one sentence, exit status 2). Every launcher raises it for what the user must fix."""
+
+
 class AgentFailure(RuntimeError):
     """An agent died, could not start, or stopped answering. Names the agent and why."""
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from controller.config.schema import KubernetesLauncherConfig
-from controller.launchers.base import AgentFailure, LaunchSpec
+from controller.launchers.base import AgentFailure, LaunchSpec, LauncherConfigError
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,6 @@ DEFAULT_ENV = {
     "LOCKSTEP_PROFILE_DB": "/tmp/lockstep-profile.db",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
-
-
-class LauncherConfigError(ValueError):
-    """The ``launcher`` config or the cluster state it names is wrong; permanent, not retried."""
 
 
 class KubernetesLauncherError(RuntimeError):
@@ -277,6 +273,7 @@ class KubernetesLauncher:
         self._unschedulable_since: dict[str, float] = {}
         self._last_list = -float("inf")
         self._failure: AgentFailure | None = None
+        self.job: str | None = None  # the Job owning the controller's pod (in the chart), told about a failure
 
     # --- the Launcher protocol -------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> None:
@@ -483,8 +480,26 @@ class KubernetesLauncher:
                     f"{self.namespace}; agent pods can only be owned by a pod of their own namespace") from e
             raise KubernetesLauncherError(
                 f"cannot read owner pod {owner} in {self.namespace}: {e.status} {e.reason}") from e
+        self.job = next((r.name for r in pod.metadata.owner_references or []
+                         if r.kind == "Job" and (r.api_version or "").startswith("batch/")), None)
         return [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": pod.metadata.uid,
                  "controller": True}]
+
+    def report_failure(self, reason: str, message: str) -> None:
+        """Put the run's one-line failure on the controller's Job: condition ``RunFailed`` (``kubectl get job
+        -o jsonpath='{.status.conditions[?(@.type=="RunFailed")].message}'``). Best effort: the log has it too."""
+        if self._core is None or not self.job:
+            return
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {"status": {"conditions": [{
+            "type": "RunFailed", "status": "True", "reason": reason, "message": message,
+            "lastProbeTime": now, "lastTransitionTime": now}]}}
+        try:
+            batch = self._k8s.client.BatchV1Api(self._core.api_client)
+            batch.patch_namespaced_job_status(self.job, self.namespace, body, _request_timeout=10,
+                                              _content_type="application/strategic-merge-patch+json")
+        except Exception as e:  # noqa: BLE001 - reporting must never hide the failure itself
+            log.warning("could not set condition RunFailed on Job %s: %s", self.job, e)
 
     def _verify_token_secret(self, token: str) -> None:
         """Fail early when the configured Secret is missing or holds a different token than the controller's."""
@@ -560,3 +575,37 @@ def _api_message(e: Exception) -> str:
         return json.loads(body).get("message", body)
     except (TypeError, ValueError, AttributeError):
         return str(body)
+
+
+# --- for lockstep sweep and fetch (controller/cluster.py), which reach the API only through here ---
+def connect(kubeconfig: str | None = None, context: str | None = None,
+            namespace: str | None = None) -> tuple[Any, Any, str]:
+    """(CoreV1Api, BatchV1Api, namespace) from a kubeconfig; the namespace defaults to the context's."""
+    k8s = _import_kubernetes()
+    try:
+        api = k8s.config.new_client_from_config(config_file=kubeconfig, context=context)
+        contexts, active = k8s.config.list_kube_config_contexts(config_file=kubeconfig)
+    except (k8s.config.ConfigException, OSError) as e:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise LauncherConfigError(f"cannot load Kubernetes credentials (kubeconfig {where}, "
+                                  f"context {context or 'current'}): {e}") from e
+    ctx = next((c for c in contexts if c["name"] == context), active) if context else active
+    ns = namespace or ((ctx or {}).get("context") or {}).get("namespace") or "default"
+    return k8s.client.CoreV1Api(api), k8s.client.BatchV1Api(api), ns
+
+
+def exec_in_pod(core: Any, pod: str, namespace: str, container: str, command: list[str]) -> tuple[str, str, int]:
+    """Run ``command`` in a running pod through the API (what ``kubectl exec`` does): stdout, stderr, exit code."""
+    from kubernetes.stream import stream  # noqa: PLC0415
+
+    resp = stream(core.connect_get_namespaced_pod_exec, pod, namespace, container=container, command=command,
+                  stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False)
+    out, err = [], []
+    while resp.is_open():
+        resp.update(timeout=5)
+        if resp.peek_stdout():
+            out.append(resp.read_stdout())
+        if resp.peek_stderr():
+            err.append(resp.read_stderr())
+    resp.close()
+    return "".join(out), "".join(err), resp.returncode or 0

@@ -17,30 +17,51 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("override, expected", [
     ("strategy._target_=nowhere.Nothing", r"strategy=.*cannot be loaded.*accepted: sgd \| ps_sync \| ps_async"),
     ("workers=0", r"workers=0 is not valid; accepted: an integer >= 1\."),
-    ("workers=abc", r"workers='abc' is not valid; accepted: an integer >= 1\."),
-    ("network.latency=-1ms", r"network.latency='-1ms' is not valid; accepted: a duration >= 0"),
+    ("workers=abc", r"workers=abc is not valid; accepted: an integer >= 1\."),
+    ("network.latency=-1ms", r"network.latency=-1ms is not valid; accepted: a duration >= 0"),
     ("network.bandwidth=0", r"network.bandwidth=0 is not valid; accepted: a bandwidth > 0"),
-    ("network.bandwidth=fast", r"network.bandwidth='fast' is not valid; accepted: bytes/s"),
-    ("network.discipline=lifo", r"network.discipline='lifo' is not valid; accepted: fifo \| fair \| unlimited\."),
+    ("network.bandwidth=fast", r"network.bandwidth=fast is not valid; accepted: bytes/s"),
+    ("network.discipline=lifo", r"network.discipline=lifo is not valid; accepted: fifo \| fair \| unlimited\."),
     ("batch_size=5000", r"batch_size=5000 is larger than the shard of vworker w0 \(938 samples"),
     ("data.root=/nonexistent", r"data.root='/nonexistent'.*/nonexistent"),
-    ("compute.model=guess", r"compute.model='guess' is not valid; accepted: profiled \| measured"),
+    ("compute.model=guess", r"compute.model=guess is not valid; accepted: profiled \| measured"),
     ("lr=-0.1", r"lr=-0.1 is not valid; accepted: a number > 0\."),
-    ("momentum=1", r"momentum=1.0 is not valid; accepted: a number >= 0 and < 1\."),
+    ("momentum=1", r"momentum=1 is not valid; accepted: a number >= 0 and < 1\."),
     ("stop.updates=null", r"stop.updates and stop.virtual_time are both null"),
     ("model._target_=torch.nn.NotAModule", r"model._target_='torch.nn.NotAModule' is not usable"),
     ("agents=500", r"agents=500 is not valid; accepted: at most the number of vworkers \(65\)"),
-    ("network=lan", r"network='lan' is not valid; accepted: cluster_1g \| datacenter_10g"),
+    ("network=lan", r"network=lan is not valid; accepted: cluster_1g \| datacenter_10g"),
     ("network.latncy=1ms", r"network.latncy is not a key of network; did you mean latency\?"),
     ("+strategy.shard=2", r"strategy.shard is not a key of strategy; did you mean shards\?"),
     ("sed=3", r"sed is not a config key; did you mean seed\?"),
     ("trace.mode=window", r"trace.window=null is not valid; accepted: \[start, end\]"),
     ("controller.port=70000", r"controller.port=70000 is not valid; accepted: an integer >= 0 and <= 65535\."),
-    ("compute.stragglers={w1:-2}", r"compute.stragglers=\{'w1': -2\} is not valid; accepted: a mapping"),
+    ("compute.stragglers={w1:-2}", r"compute.stragglers=\{w1:-2\} is not valid; accepted: a mapping"),
+    ("compute.batch=fast", r"compute.batch=fast is not valid; accepted: off \| loop \| vmap \| auto"),
+    ("compute.max_batch=0", r"compute.max_batch=0 is not valid; accepted: an integer >= 1"),
+    ("compute.overlap=sometimes", r"compute.overlap=sometimes is not valid; accepted: auto \(on with at least 2"),
+    ("controller.windows=ring", r"controller.windows=ring is not valid; accepted: direct \| hub"),
+    ("workers=70000", r"workers=70000 is not valid; accepted: at most the 60000 training samples, or set "
+                      r"data.per_client"),
+    ("data.per_client=32", None),  # valid with data.partition=iid: no error
 ])
 def test_bad_value_names_key_and_accepted_values(override, expected):
+    if expected is None:
+        load([override])
+        return
     with pytest.raises(ConfigError, match=expected):
         load([override])
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["data.partition=dirichlet", "data.per_client=8"], r"data.per_client=8 is not valid; accepted: null unless "
+                                                        r"data.partition=iid"),
+    (["data.per_client=70000"], r"data.per_client=70000 is not valid; accepted: at most the 60000 training"),
+    (["data.per_client=8", "batch_size=16"], r"batch_size=16 is larger than the shard of vworker w0 \(8 samples"),
+])
+def test_per_client_shards_are_checked(overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load(overrides)
 
 
 def test_constant_compute_without_a_duration_names_the_key():
@@ -96,6 +117,6 @@ def test_a_sweep_with_one_bad_point_fails_before_any_job_runs(tmp_path):
     p = _cli("--multirun", "lr=0.01,-1", "stop.updates=2", "progress=false", "launcher=inprocess",
              f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert p.returncode == 2, p.stderr
-    assert "job 1 (lr=-1" in p.stderr and "lr=-1.0 is not valid; accepted: a number > 0." in p.stderr
+    assert "job 1 (lr=-1" in p.stderr and "lr=-1 is not valid; accepted: a number > 0." in p.stderr
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "sweep").exists()

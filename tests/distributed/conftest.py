@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from controller.config import load
-from tests.helpers import compose_cfg, wait_until  # noqa: F401  (also used by test modules)
+from tests.helpers import FAST, compose_cfg, wait_until  # noqa: F401  (also used by test modules)
 from controller.launchers.local import LocalLauncher
 from controller.remote import ControllerSettings, RemoteAgents
 from controller.run import execute
@@ -15,7 +15,6 @@ from tests.distributed.fakes import plan, server  # noqa: F401  (fixtures: a con
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
-FAST = ["model=mlp", "compute=constant", "eval.every=0", "progress=false", "launcher=inprocess"]
 
 
 def agents_env() -> dict[str, str]:

@@ -162,7 +162,7 @@ def test_an_event_claiming_to_act_before_it_arrives_is_rejected(server, plan):
     t.join(10)
 
 
-def test_frames_for_a_stopped_server_are_dropped_without_an_error(plan):
+def test_frames_for_a_stopped_server_are_dropped_without_an_error(plan, caplog):
     s = ControllerServer(TOKEN, plan.run_id, plan.to_json(), plan.n_agents)
     s.start()
     register(s, agent_id=0)
@@ -170,5 +170,8 @@ def test_frames_for_a_stopped_server_are_dropped_without_an_error(plan):
     s.stop(grace=0)
     f = pb.ControllerFrame()
     f.shutdown.abort = True
-    sess.send(f)  # e.g. an abort after the server went down: nothing to deliver it to, nothing to raise
-    sess.end()
+    with caplog.at_level("DEBUG", logger="lockstep.controller"):
+        sess.send(f)  # e.g. an abort after the server went down: nothing to deliver it to, nothing to raise
+        sess.end()
+    dropped = [r for r in caplog.records if "frame dropped, the server has stopped" in r.getMessage()]
+    assert len(dropped) == 2  # the frame and the end of stream: neither raised, both were dropped

@@ -21,3 +21,23 @@ def test_results_do_not_depend_on_agents_or_placement(tmp_path, strategy):
         r = run(d, COMMON + [f"strategy={strategy}", f"agents={agents}", f"placement={placement}"], local=local)
         assert r.summary["messages_remote"] > 0, "vworkers should really be spread over agents"
         assert_same_outputs(base, d)
+
+
+TCP = ["workers=4", "eval.every=4", "eval.samples=200", "network=tcp", "network.latency=1ms",
+       "network.bandwidth=100Mbit/s", "network.tcp.host_jitter=100us", "compute.gradient=0.005"]
+
+
+@pytest.mark.parametrize("strategy", [["strategy=ring_allreduce", "strategy.collective=gloo", "stop.updates=6"],
+                                      ["strategy=ps_async", "stop.updates=16"]])
+def test_the_tcp_transport_does_not_depend_on_agents_or_placement_and_reruns_identically(tmp_path, strategy):
+    base = tmp_path / "a1"
+    r1 = run(base, TCP + strategy + ["agents=1"])
+    assert r1.summary["updates"] in (6, 16)
+    again = tmp_path / "a1-again"
+    run(again, TCP + strategy + ["agents=1"])
+    assert_same_outputs(base, again)
+    for agents, placement, local in [(2, "round_robin", True), (3, "block", False)]:
+        d = tmp_path / f"a{agents}-{placement}"
+        r = run(d, TCP + strategy + [f"agents={agents}", f"placement={placement}"], local=local)
+        assert r.summary["messages_remote"] > 0, "vworkers should really be spread over agents"
+        assert_same_outputs(base, d)

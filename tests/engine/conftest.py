@@ -10,7 +10,7 @@ from agents.sim.network import ConstantLatency, NetworkSpec
 
 
 def build(workers: dict, *, latency_ns: int = 0, bw=1e9, bw_in=None, egress="fifo", ingress="fifo",
-          constant=None, speed=()):
+          constant=None, speed=(), tcp=None, seed=0):
     """Build a kernel hosting ``workers`` ({name: (cls, kwargs)}) in dict order; return (kernel, env, objs)."""
     names = list(workers)
     n = len(names)
@@ -19,9 +19,10 @@ def build(workers: dict, *, latency_ns: int = 0, bw=1e9, bw_in=None, egress="fif
     k = Kernel()
     env = Environment(
         k, names,
-        NetworkSpec(ConstantLatency(latency_ns), out, inn, egress, ingress),
+        NetworkSpec(ConstantLatency(latency_ns), out, inn, egress, ingress, tcp),
         ComputeSpec(model="constant", constant_s=constant or {"gradient": 0.0, "update": 0.0, "aggregate": 0.0},
                     speed=tuple(speed)),
+        seed=seed,
     )
     objs = {}
     for vid, name in enumerate(names):

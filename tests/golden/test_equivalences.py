@@ -32,12 +32,7 @@ def test_sync_ps_equals_large_batch_sgd(tmp_path):
     torch.testing.assert_close(res.params, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_with_one_worker_every_strategy_equals_plain_sgd(tmp_path):
-    common = ["workers=1", "batch_size=16", "stop.updates=6", "lr=0.05", "seed=1"]
-    sgd = run(tmp_path / "sgd", ["strategy=sgd", *common]).params
-    for strategy in ("ps_sync", "ps_async"):
-        got = run(tmp_path / strategy, [f"strategy={strategy}", *common]).params
-        assert torch.equal(got, sgd), strategy
+# With one worker every strategy equals plain SGD: tests/strategies/test_equivalences.py (every strategy).
 
 
 def test_rerun_gives_byte_identical_outputs_except_wall_columns(tmp_path):

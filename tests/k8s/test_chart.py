@@ -7,6 +7,8 @@ real, but the Job's pod is never created (no job controller runs) and no contain
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -47,7 +49,15 @@ SERVICE_MONITOR_SCHEMA = {
                          "type": "object", "additionalProperties": False, "required": ["port"],
                          "properties": {"port": {"type": "string"}, "path": {"type": "string"},
                                         "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
-                                        "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}}}},
+                                        "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                                        "relabelings": {"type": "array", "items": {
+                                            "type": "object", "additionalProperties": False,
+                                            "required": ["sourceLabels", "targetLabel"],
+                                            "properties": {
+                                                "sourceLabels": {"type": "array", "items": {
+                                                    "type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+                                                "targetLabel": {"type": "string",
+                                                                "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}}}}}}},
                  }},
     },
 }
@@ -210,7 +220,9 @@ def test_the_role_allows_managing_pods_and_reading_only_its_own_secret(helm):
     kinds = by_kind(render(helm))
     [role], [binding], [secret] = kinds["Role"], kinds["RoleBinding"], kinds["Secret"]
     rules = {tuple(r["resources"]): r for r in role["rules"]}
-    assert set(rules) == {("pods",), ("pods/log",), ("secrets",)}
+    assert set(rules) == {("pods",), ("pods/log",), ("secrets",), ("jobs/status",)}
+    assert rules[("jobs/status",)] == {"apiGroups": ["batch"], "resources": ["jobs/status"],
+                                       "resourceNames": [kinds["Job"][0]["metadata"]["name"]], "verbs": ["patch"]}
     assert sorted(rules[("pods",)]["verbs"]) == ["create", "delete", "get", "list"]  # no unused watch
     assert rules[("pods/log",)]["verbs"] == ["get"]
     assert rules[("secrets",)] == {"apiGroups": [""], "resources": ["secrets"],
@@ -285,17 +297,17 @@ def test_gpu_values_reach_the_agent_pod_template(helm, tmp_path):
     assert "image" not in agent  # the launcher sets it from launcher.image
 
 
-def test_persistence_puts_results_on_a_kept_claim(helm):
-    docs = render(helm, "-f", str(CHART / "ci" / "persistence-values.yaml"))
-    [pvc] = by_kind(docs)["PersistentVolumeClaim"]
-    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert pvc["spec"]["resources"]["requests"]["storage"] == "20Gi"
-    [job] = by_kind(docs)["Job"]
-    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["results"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
-    assert "PersistentVolumeClaim" not in by_kind(render(helm))  # emptyDir by default
-    assert by_kind(render(helm))["Job"][0]["spec"]["template"]["spec"]["volumes"][0] == {
-        "name": "results", "emptyDir": {}}
+def test_persistence_puts_results_on_a_kept_claim_by_default(helm):
+    for docs, size in ((render(helm), "2Gi"), (render(helm, "-f", str(CHART / "ci" / "persistence-values.yaml")), "20Gi")):
+        [pvc] = by_kind(docs)["PersistentVolumeClaim"]
+        assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert pvc["spec"]["resources"]["requests"]["storage"] == size
+        [job] = by_kind(docs)["Job"]
+        volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["results"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    off = by_kind(render(helm, "--set", "results.persistence.enabled=false"))
+    assert "PersistentVolumeClaim" not in off
+    assert off["Job"][0]["spec"]["template"]["spec"]["volumes"][0] == {"name": "results", "emptyDir": {}}
 
 
 def test_an_existing_secret_replaces_the_generated_one(helm):
@@ -311,10 +323,33 @@ def test_an_existing_secret_replaces_the_generated_one(helm):
 def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_port(helm):
     assert "ServiceMonitor" not in by_kind(render(helm))
     docs = render(helm, "-f", str(CHART / "ci" / "servicemonitor-values.yaml"))
-    [sm], [svc] = by_kind(docs)["ServiceMonitor"], by_kind(docs)["Service"]
+    [sm], [svc], [job] = by_kind(docs)["ServiceMonitor"], by_kind(docs)["Service"], by_kind(docs)["Job"]
     assert sm["metadata"]["labels"]["release"] == "prometheus"
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    # the dashboard's release and run_id labels come from the controller pod's labels
+    relabel = {r["targetLabel"]: r["sourceLabels"] for r in sm["spec"]["endpoints"][0]["relabelings"]}
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["app.kubernetes.io/instance"] == "exp1" and pod_labels["lockstep.io/run-id"] == "exp1"
+    assert relabel == {"release": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+                       "run_id": ["__meta_kubernetes_pod_label_lockstep_io_run_id"],
+                       "job": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"]}
+    assert arg(job_args(docs), "run_id") == "exp1"
+
+
+def test_monitoring_switches_the_service_monitor_pod_monitor_and_dashboard_on_together(helm):
+    def kinds(*sets: str) -> set[str]:
+        docs = render(helm, *[a for s in sets for a in ("--set", s)])
+        out = {d["kind"] for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor")}
+        return out | {"dashboard" for d in docs if "lockstep.json" in d.get("data", {})}
+
+    assert kinds() == set()
+    assert kinds("monitoring.enabled=true") == {"ServiceMonitor", "PodMonitor", "dashboard"}
+    assert kinds("monitoring.enabled=true", "podMonitor.enabled=false") == {"ServiceMonitor", "dashboard"}
+    assert kinds("dashboard.enabled=true") == {"dashboard"}
+    docs = render(helm, "--set", "monitoring.enabled=true", "--set", "monitoring.release=kube-prom")
+    assert [d["metadata"]["labels"]["release"] for d in docs
+            if d["kind"] in ("ServiceMonitor", "PodMonitor")] == ["kube-prom", "kube-prom"]
 
 
 def test_the_pod_monitor_is_off_by_default_and_selects_the_agent_pods_by_their_metrics_port(helm, tmp_path):
@@ -335,13 +370,29 @@ def test_the_pod_monitor_is_off_by_default_and_selects_the_agent_pods_by_their_m
     assert {"name": "metrics", "containerPort": 9411, "protocol": "TCP"} in agent["ports"]
 
 
-def test_the_dashboard_ships_as_a_configmap_for_the_grafana_sidecar(helm):
-    docs = render(helm, "--set", "dashboard.annotations.grafana_folder=lockstep")
+def dashboard_of(docs: list[dict]) -> tuple[dict, dict]:
     [cm] = [d for d in docs if d["kind"] == "ConfigMap" and "lockstep.json" in d.get("data", {})]
+    return cm, json.loads(cm["data"]["lockstep.json"])
+
+
+def test_the_dashboard_ships_as_a_configmap_for_the_grafana_sidecar(helm):
+    docs = render(helm, "--set", "monitoring.enabled=true", "--set", "dashboard.annotations.grafana_folder=lockstep")
+    cm, shipped = dashboard_of(docs)
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert cm["metadata"]["annotations"] == {"grafana_folder": "lockstep"}
-    assert cm["data"]["lockstep.json"] == DASHBOARD.read_text().rstrip("\n")
-    assert not [d for d in render(helm, "--set", "dashboard.enabled=false")
+    # the committed dashboard, but for uid, title and where its namespace and release variables start
+    committed = json.loads(DASHBOARD.read_text())
+    assert (shipped["uid"], shipped["title"]) == ("lockstep-" + hashlib.sha256(b"lab/exp1").hexdigest()[:12],
+                                                  "lockstep: lab/exp1")
+    start = {v["name"]: v.get("current") for v in shipped["templating"]["list"]}
+    assert start["namespace"] == {"text": "lab", "value": ["lab"]}
+    assert start["release"] == {"text": "exp1", "value": ["exp1"]}
+    for d in (shipped, committed):
+        del d["uid"], d["title"]
+        for v in d["templating"]["list"]:
+            v.pop("current", None)
+    assert shipped == committed
+    assert not [d for d in render(helm, "--set", "monitoring.enabled=true", "--set", "dashboard.enabled=false")
                 if "lockstep.json" in d.get("data", {})]
 
 

@@ -51,7 +51,7 @@ def test_an_unknown_config_key_is_named_with_a_suggestion():
 
 
 def test_a_wrong_pull_policy_is_refused_with_the_accepted_values():
-    with pytest.raises(ConfigError, match=r"launcher.image_pull_policy='Sometimes' is not valid; accepted: Always \| "
+    with pytest.raises(ConfigError, match=r"launcher.image_pull_policy=Sometimes is not valid; accepted: Always \| "
                                           r"IfNotPresent \| Never or null"):
         load(["launcher=kubernetes", "launcher.image_pull_policy=Sometimes"], check_data=False)
 
@@ -146,3 +146,21 @@ def test_a_failed_init_container_and_an_earlier_oom_are_failures():
     assert pod_failure({"status": {"containerStatuses": [
         {"name": "agent", "state": {"running": {}}, "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
     ) == "OOMKilled (container agent, exit code 137)"
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["launcher.kubeconfig=/nonexistent/kubeconfig", "launcher.controller_address=controller.invalid:50051"],
+     "cannot load Kubernetes credentials"),  # (the credentials fail first: nothing dials that address)
+    (["launcher.kubeconfig=/nonexistent/kubeconfig"], "which a pod cannot reach"),
+])
+def test_a_cli_run_with_an_unusable_cluster_exits_2_with_one_sentence(tmp_path, extra, expected):
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-m", "controller.cli", "run", "launcher=kubernetes", "workers=2",
+                        "model=mlp", "stop.updates=2", "progress=false", *extra, f"hydra.run.dir={tmp_path}"],
+                       cwd=root, capture_output=True, text=True, timeout=180, env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    assert p.returncode == 2, p.stderr
+    assert "lockstep: invalid configuration:" in p.stderr and expected in p.stderr
+    assert "Traceback" not in p.stderr

@@ -9,8 +9,10 @@ container isolation are not (``make kind-e2e`` covers those).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -33,7 +35,7 @@ def controller_pod(kube_cluster: KubeCluster, namespace: str) -> str:
 
 
 def lockstep_run(kube_cluster: KubeCluster, namespace: str, run_dir, run_id: str, owner: str,
-                 *extra: str) -> subprocess.CompletedProcess[str]:
+                 *extra: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
     port = free_port()
     cmd = [sys.executable, "-m", "controller.cli", "run", "launcher=kubernetes", f"run_id={run_id}",
            "agents=2", "workers=4", "stop.updates=20", "eval.every=0", "eval.samples=200", "progress=false",
@@ -41,7 +43,8 @@ def lockstep_run(kube_cluster: KubeCluster, namespace: str, run_dir, run_id: str
            f"launcher.kubeconfig={kube_cluster.kubeconfig}", f"launcher.namespace={namespace}",
            f"launcher.controller_address={SERVICE}.{namespace}.svc:{port}", "launcher.image=lockstep:test",
            f"launcher.owner_pod={owner}", "launcher.check_interval_s=0.2", f"hydra.run.dir={run_dir}", *extra]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
 
 
 def leftovers(core, namespace: str, run_id: str) -> list[str]:
@@ -79,3 +82,45 @@ def test_a_pod_that_cannot_pull_its_image_stops_the_run_with_its_name_and_reason
     assert ("agent lockstep-k8s-bad-agent-1 failed: ImagePullBackOff (container agent): "
             'Back-off pulling image "lockstep:test"') in proc.stderr
     assert leftovers(core, namespace, "k8s-bad") == []
+
+
+def test_a_pod_stuck_in_image_pull_backoff_fails_the_run_in_one_line_on_the_log_the_job_and_the_pod(
+        kube_cluster, namespace, tmp_path):
+    """In the chart the controller's pod belongs to a Job: the one-line reason lands on the Job's status
+    (condition RunFailed) and in the container's termination message, long before any start-up deadline."""
+    from kubernetes import client
+
+    core, batch = kube_cluster.core(), client.BatchV1Api(kube_cluster.api_client())
+    job = batch.create_namespaced_job(namespace, {  # stored only: no job controller runs here
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "exp2-lockstep"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                                       "containers": [{"name": "controller", "image": "lockstep:test"}]}}}})
+    owner = "exp2-lockstep-abcde"
+    core.create_namespaced_pod(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": owner, "labels": {"job-name": "exp2-lockstep"},
+        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "exp2-lockstep",
+                             "uid": job.metadata.uid, "controller": True}]},
+        "spec": {"automountServiceAccountToken": False, "containers": [{"name": "controller", "image": "lockstep:test"}]}})
+    pull_error = {"phase": "Pending", "containerStatuses": [{
+        "name": "agent", "image": "lockstep:test", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"waiting": {"reason": "ImagePullBackOff",
+                              "message": 'Back-off pulling image "lockstep:test"'}}}]}
+    termination_log = tmp_path / "termination-log"
+    deadline_s = 60
+    started = time.monotonic()
+    with FakeKubelet(core, namespace, tmp_path / "kubelet", dns={f"{SERVICE}.{namespace}.svc": "127.0.0.1"},
+                     fail={"lockstep-k8s-pull-agent-0": pull_error}):
+        proc = lockstep_run(kube_cluster, namespace, tmp_path / "run", "k8s-pull", owner,
+                            f"launcher.startup_timeout_s={deadline_s}",
+                            env={"LOCKSTEP_TERMINATION_LOG": str(termination_log)})
+    assert time.monotonic() - started < deadline_s  # the pull error, not the start-up deadline, ended it
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = (f"lockstep: the run stopped because agent lockstep-k8s-pull-agent-0 failed: ImagePullBackOff "
+            f'(container agent): Back-off pulling image "lockstep:test". The outputs written so far are in '
+            f"{tmp_path / 'run'}.")
+    assert line in proc.stderr.splitlines()
+    assert termination_log.read_text() == line + "\n"
+    conditions = {c.type: c for c in batch.read_namespaced_job_status("exp2-lockstep", namespace).status.conditions}
+    assert (conditions["RunFailed"].status, conditions["RunFailed"].reason) == ("True", "ImagePullBackOff")
+    assert conditions["RunFailed"].message == line
+    assert leftovers(core, namespace, "k8s-pull") == []

@@ -13,6 +13,7 @@ GENERATOR = ROOT / "scripts/make-dashboard.py"
 # Grafana's built-in interval variables, replaced as Grafana would for a 1 s scrape
 # interval, but wide enough that a rate sees two scrapes of a test server.
 GRAFANA_INTERVALS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1m"}
+VARIABLES = ("namespace", "release", "run")
 _VARIABLE = re.compile(r"\$\{?\w+")
 
 
@@ -35,9 +36,12 @@ def expressions(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
             for p in panels(dashboard) for t in p.get("targets", []) if "expr" in t]
 
 
-def runnable(expr: str) -> str:
-    """``expr`` with Grafana's interval variables replaced; raises on any other variable."""
+def runnable(expr: str, namespace: str = ".*", release: str = ".*", run: str = ".*") -> str:
+    """``expr`` with Grafana's interval variables and the dashboard's own (namespace, release, run: each a
+    regex, All = ``.*`` as the dashboard's allValue) replaced; raises on any other variable."""
     for var, val in GRAFANA_INTERVALS.items():
+        expr = expr.replace(var, val)
+    for var, val in (("$namespace", namespace), ("$release", release), ("$run", run)):
         expr = expr.replace(var, val)
     left = _VARIABLE.findall(expr)
     if left:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -56,12 +57,13 @@ def test_every_panel_queries_the_templated_prometheus_datasource():
 
 def test_dashboard_has_the_panels_the_issue_asks_for():
     exprs = " ".join(e for _, e in dashboard.expressions(dashboard.load()))
+    f = '{namespace=~"$namespace", release=~"$release", run_id=~"$run"}'
     for needle in ("lockstep_virtual_time_seconds", "lockstep_speed_ratio", "lockstep_training_loss",
-                   "lockstep_test_accuracy_ratio", "rate(lockstep_updates_total[",
-                   "lockstep_staleness_updates_bucket", "histogram_quantile(0.9, sum by (le) "
-                   "(rate(lockstep_barrier_wait_seconds_bucket[",
-                   "sum by (scope) (rate(lockstep_message_bytes_total[", "lockstep_agents",
-                   "rate(lockstep_events_total["):
+                   "lockstep_test_accuracy_ratio", f"sum by (run_id) (rate(lockstep_updates_total{f}[",
+                   "lockstep_staleness_updates_bucket", "histogram_quantile(0.9, sum by (run_id, le) "
+                   f"(rate(lockstep_barrier_wait_seconds_bucket{f}[",
+                   f"sum by (run_id, scope) (rate(lockstep_message_bytes_total{f}[", "lockstep_agents",
+                   f"rate(lockstep_events_total{f}["):
         assert needle in exprs
     heatmaps = [p for p in dashboard.panels(dashboard.load()) if p["type"] == "heatmap"]
     assert [t["format"] for p in heatmaps for t in p["targets"]] == ["heatmap"]
@@ -74,3 +76,19 @@ def test_every_metric_family_except_per_worker_ones_is_on_the_dashboard():
         Metrics(reg, role=role)
         for fam in reg.collect():
             assert fam.name in exprs, f"{fam.name} ({role}) is not shown on the dashboard"
+
+
+def test_every_expression_keeps_only_the_chosen_runs_and_never_sums_across_runs():
+    d = dashboard.load()
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    for name, label in (("namespace", "namespace"), ("release", "release"), ("run", "run_id")):
+        v = variables[name]
+        assert (v["type"], v["multi"], v["includeAll"], v["allValue"]) == ("query", True, True, ".*")
+        assert v["query"].startswith("label_values(lockstep_virtual_time_seconds") and v["query"].endswith(
+            f", {label})")
+    f = '{namespace=~"$namespace", release=~"$release", run_id=~"$run"}'
+    for title, expr in dashboard.expressions(d):
+        names = re.findall(r"lockstep_\w+", expr)
+        assert names and all(expr.count(n + f) == expr.count(n) for n in set(names)), (title, expr)
+        for agg in re.findall(r"(?<!\w)sum(?: by \(([^)]*)\))?", expr):
+            assert "run_id" in agg or (title == "Staleness" and agg == "le"), (title, expr)

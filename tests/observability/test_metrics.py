@@ -47,6 +47,16 @@ def test_window_sets_virtual_time_in_seconds_counts_windows_and_barrier_wait(con
     assert sample(reg, "lockstep_barrier_wait_seconds_bucket", le="0.25") == 2
 
 
+def test_windows_reported_together_count_each_and_observe_their_mean_wait(controller):
+    reg, m = controller
+    m.observe_window(S, 0.3, windows=3)  # direct windows: the agents report several windows at once
+    m.observe_window(2 * S, 0.0, windows=0)  # a report with no new window: nothing to count
+    assert sample(reg, "lockstep_windows_total") == 3
+    assert sample(reg, "lockstep_barrier_wait_seconds_count") == 1
+    assert sample(reg, "lockstep_barrier_wait_seconds_sum") == pytest.approx(0.1)
+    assert sample(reg, "lockstep_virtual_time_seconds") == 2.0
+
+
 def test_virtual_time_never_moves_backwards(controller):
     reg, m = controller
     m.set_virtual_time(3 * S)

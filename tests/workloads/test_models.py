@@ -74,7 +74,7 @@ def test_build_model_accepts_configs_dotted_paths_and_user_modules():
 
 
 @pytest.mark.parametrize("cfg, error, message", [
-    ("lenet", ValueError, r"model._target_='lenet' is neither a built-in model \(mlp, cnn, resnet\)"),
+    ("lenet", ValueError, r"model._target_='lenet' is neither a built-in model \(mlp, cnn, resnet, flat\)"),
     ({"hidden": [3]}, ValueError, "model config needs a _target_"),
     ("no_such.Module", ValueError, "model._target_='no_such.Module' could not be instantiated"),
     ({"_target_": "mlp", "depth": 3}, ValueError, "unexpected keyword argument 'depth'"),

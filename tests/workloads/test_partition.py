@@ -165,3 +165,16 @@ def test_the_dispatcher_passes_through_and_names_the_accepted_schemes():
 def test_bad_arguments_get_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_sampled_shards_give_any_number_of_clients_their_own_keyed_draw():
+    shards = partition("iid", FASHION_LABELS, 100_000, 3, per_client=16)
+    assert len(shards) == 100_000 and shards.sizes[99_999] == 16
+    a, b = shards[7], shards[99_999]
+    assert len(a) == 16 == len(np.unique(a)) and a.dtype == np.int64 and (np.diff(a) > 0).all()
+    assert 0 <= a.min() and a.max() < 60_000
+    assert_same([shards[7]], [partition("iid", FASHION_LABELS, 100_000, 3, per_client=16)[7]])  # keyed
+    assert not np.array_equal(a, b)
+    assert not np.array_equal(a, partition("iid", FASHION_LABELS, 100_000, 4, per_client=16)[7])  # seeded
+    with pytest.raises(ValueError, match=r"per_client must lie in \[1, 60000\]"):
+        partition("iid", FASHION_LABELS, 10, 0, per_client=60_001)

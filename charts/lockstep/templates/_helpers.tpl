@@ -5,18 +5,25 @@
 
 {{/*
 Full name: <release>-<chart>, or the release name alone when it already contains the chart name.
-Kept to 40 characters so suffixes (-agent-pod, -results, -test-metrics) stay valid names.
+Kept to 40 characters so suffixes (-agent-pod, -results, -test-metrics) stay valid names; a longer
+name keeps its first 31 characters and a hash of the whole, so two long names stay different.
 */}}
 {{- define "lockstep.fullname" -}}
+{{- $full := "" }}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- $full = .Values.fullnameOverride }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- $full = .Release.Name }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- $full = printf "%s-%s" .Release.Name $name }}
 {{- end }}
+{{- end }}
+{{- if gt (len $full) 40 }}
+{{- printf "%s-%s" ($full | trunc 31 | trimSuffix "-") ($full | sha256sum | trunc 8) }}
+{{- else }}
+{{- $full }}
 {{- end }}
 {{- end }}
 
@@ -36,6 +43,9 @@ helm.sh/chart: {{ include "lockstep.chart" . }}
 {{ include "lockstep.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* The labels the Kubernetes launcher gives this release's agent pods (controller/launchers/kubernetes.py). */}}
@@ -50,8 +60,11 @@ app.kubernetes.io/managed-by: lockstep
 {{- default (printf "%s-tls" (include "lockstep.fullname" .)) .Values.tls.secretName }}
 {{- end }}
 
+{{/* The controller's ServiceAccount: controller.serviceAccountName, else serviceAccount.name, else the full name. */}}
 {{- define "lockstep.serviceAccountName" -}}
-{{- if .Values.serviceAccount.create }}
+{{- if .Values.controller.serviceAccountName }}
+{{- .Values.controller.serviceAccountName }}
+{{- else if .Values.serviceAccount.create }}
 {{- default (include "lockstep.fullname" .) .Values.serviceAccount.name }}
 {{- else }}
 {{- default "default" .Values.serviceAccount.name }}
@@ -62,14 +75,48 @@ app.kubernetes.io/managed-by: lockstep
 {{- default (include "lockstep.fullname" .) .Values.auth.existingSecret }}
 {{- end }}
 
+{{/* repository@digest when a digest is set, else repository:tag. */}}
 {{- define "lockstep.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+{{- end }}
 
+{{/* The agents' image: their own repository/tag/digest, each defaulting to the controller's. */}}
 {{- define "lockstep.agentImage" -}}
-{{- $repo := default .Values.image.repository .Values.agents.image.repository }}
-{{- $tag := default (default .Chart.AppVersion .Values.image.tag) .Values.agents.image.tag }}
-{{- printf "%s:%s" $repo $tag }}
+{{- $a := .Values.agents.image }}
+{{- $repo := default .Values.image.repository $a.repository }}
+{{- $digest := $a.digest }}
+{{- if and (not $digest) (not $a.repository) (not $a.tag) }}
+{{- $digest = .Values.image.digest }}
+{{- end }}
+{{- if $digest }}
+{{- printf "%s@%s" $repo $digest }}
+{{- else }}
+{{- printf "%s:%s" $repo (default (default .Chart.AppVersion .Values.image.tag) $a.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The run id: experiment.runId, else the release name. */}}
+{{- define "lockstep.runId" -}}
+{{- default .Release.Name .Values.experiment.runId }}
+{{- end }}
+
+{{/* The run directory: <mountPath>/<sweep>/<release>, or <mountPath>/<release> outside a sweep. */}}
+{{- define "lockstep.runDir" -}}
+{{- if .Values.experiment.sweep }}
+{{- printf "%s/%s/%s" (trimSuffix "/" .Values.results.mountPath) .Values.experiment.sweep .Release.Name }}
+{{- else }}
+{{- printf "%s/%s" (trimSuffix "/" .Values.results.mountPath) .Release.Name }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the object's own `enabled` says so, or it is null and monitoring.enabled is true. */}}
+{{- define "lockstep.monitoringOn" -}}
+{{- $own := index .Values .key "enabled" }}
+{{- if kindIs "invalid" $own }}{{ .Values.monitoring.enabled }}{{ else }}{{ $own }}{{ end }}
 {{- end }}
 
 {{/* DNS name the agents dial: the Service, fully qualified within the cluster domain. */}}
@@ -93,4 +140,18 @@ app.kubernetes.io/managed-by: lockstep
   value: /tmp/lockstep-profile.db
 - name: PYTHONDONTWRITEBYTECODE
   value: "1"
+{{- end }}
+
+{{/*
+Relabelings that give every series of the release the labels the dashboard filters on: `release`
+(app.kubernetes.io/instance) and `run_id` (lockstep.io/run-id) from the scraped pod's labels; the
+operator adds `namespace` itself. `job` becomes controller or agent, as for a local run.
+*/}}
+{{- define "lockstep.runRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_instance]
+  targetLabel: release
+- sourceLabels: [__meta_kubernetes_pod_label_lockstep_io_run_id]
+  targetLabel: run_id
+- sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component]
+  targetLabel: job
 {{- end }}

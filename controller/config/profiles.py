@@ -1,0 +1,148 @@
+"""Device profiles: what "the emulated machine" is, as a file that travels with the config.
+
+A profile is a JSON file ``{"name", "host", "torch", "threads", "created", "signatures": {signature: seconds}}``:
+the median durations of the compute calls of an experiment, measured once on one machine by
+``lockstep profile`` (Tianshu's ahead-of-time database, made portable). ``compute.profile=<name>``
+reads ``conf/profiles/<name>.json`` (or a path) and puts its durations into the plan, so every agent,
+on every host, gives a call the same virtual duration: the run is the same on a laptop and a cluster.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DeviceProfile", "ProfileError", "profiles_dir", "read_profile", "profile_main"]
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class ProfileError(ValueError):
+    """A device profile that cannot be used (missing, malformed); the message is one sentence."""
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    signatures: dict[str, float]
+    host: str = ""
+    torch: str = ""
+    threads: int = 1
+    created: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"name": self.name, "host": self.host, "torch": self.torch, "threads": self.threads,
+                           "created": self.created, "signatures": dict(sorted(self.signatures.items()))},
+                          indent=1) + "\n"
+
+
+def profiles_dir() -> Path:
+    from controller.config.load import CONF_DIR
+
+    return Path(CONF_DIR) / "profiles"
+
+
+def _path_of(name_or_path: str) -> Path:
+    if NAME.match(name_or_path) and not name_or_path.endswith(".json"):
+        return profiles_dir() / f"{name_or_path}.json"
+    return Path(name_or_path).expanduser()
+
+
+def read_profile(name_or_path: str) -> DeviceProfile:
+    """The profile named ``name_or_path`` (conf/profiles/<name>.json) or stored at that path."""
+    path = _path_of(name_or_path)
+    shipped = sorted(p.stem for p in profiles_dir().glob("*.json"))
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"compute.profile={name_or_path!r} is not valid: no file {path}; accepted: "
+                           f"{' | '.join(shipped) or '(none shipped)'}, a path to a profile made by "
+                           "`lockstep profile`, or null.") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ProfileError(f"compute.profile={name_or_path!r}: {path} is not a readable JSON profile ({e}).") from None
+    sigs = d.get("signatures") if isinstance(d, dict) else None
+    if not isinstance(d, dict) or not isinstance(d.get("name"), str) or not isinstance(sigs, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+            for k, v in sigs.items()):
+        raise ProfileError(f"compute.profile={name_or_path!r}: {path} is not a device profile; accepted: "
+                           '{"name": ..., "signatures": {signature: seconds >= 0}} as `lockstep profile` writes.')
+    return DeviceProfile(d["name"], {k: float(v) for k, v in sigs.items()}, str(d.get("host", "")),
+                         str(d.get("torch", "")), int(d.get("threads", 1) or 1), str(d.get("created", "")))
+
+
+USAGE = """usage: lockstep profile --name NAME [--out FILE] [overrides...]
+
+Measure the compute calls of the experiment the overrides describe on this machine (median of
+compute.runs timed runs each, after a warm-up) and write a device profile: conf/profiles/NAME.json,
+or FILE. Then `lockstep run compute.profile=NAME ...` emulates this machine on any host. Profiling
+an existing profile's experiment again adds to it (other signatures are kept).
+"""
+
+
+def profile_main(argv: list[str]) -> int:
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="lockstep profile", usage=USAGE)
+    p.add_argument("--name", required=True, help="the profile's name (letters, digits, . _ -)")
+    p.add_argument("--out", help="where to write it (default: conf/profiles/NAME.json)")
+    p.add_argument("overrides", nargs="*")
+    a = p.parse_args(argv)
+    if not NAME.match(a.name):
+        print(f"lockstep profile: --name {a.name!r} is not valid; accepted: 1-63 letters, digits, '.', '_', '-'.",
+              file=sys.stderr)
+        return 2
+    from controller.config import ConfigError, load
+
+    try:
+        rc = load([*a.overrides, "compute=profiled", "compute.profile=null"])
+    except ConfigError as e:
+        print("lockstep profile: invalid configuration:", file=sys.stderr)
+        for problem in e.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    out = Path(a.out) if a.out else profiles_dir() / f"{a.name}.json"
+    prof = measure(rc, a.name)
+    if out.exists():
+        try:
+            old = read_profile(str(out))
+            prof = DeviceProfile(prof.name, {**old.signatures, **prof.signatures}, prof.host, prof.torch,
+                                 prof.threads, prof.created)
+        except ProfileError:
+            pass
+    from agents.common.files import write_atomic
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(out, prof.to_json())
+    for sig, s in sorted(prof.signatures.items()):
+        print(f"{s * 1e3:10.3f} ms  {sig}")
+    print(f"lockstep profile: {len(prof.signatures)} signatures of {prof.host} written to {out}", file=sys.stderr)
+    return 0
+
+
+def measure(rc: Any, name: str) -> DeviceProfile:
+    """Time the calls the run's strategies make (Training.profile) on this host, into a fresh database."""
+    import tempfile
+
+    import torch
+
+    from agents.sim.compute import ComputeModel, device_kind, resolve_device
+    from agents.workloads.training import Training
+    from controller.plan import make_plan
+
+    plan = make_plan(rc, run_id="profile")
+    torch.set_num_threads(plan.workload.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = plan.compute
+        from dataclasses import replace
+
+        compute = ComputeModel(replace(spec, profile_db=str(Path(tmp) / "db.json")))
+        training = Training(plan.workload, plan.seed)
+        training.profile(compute, workers=len(plan.workload.data_holders))
+        host = device_kind(resolve_device(spec.device))
+        sigs = json.loads((Path(tmp) / "db.json").read_text())[host]
+    return DeviceProfile(name, sigs, host, torch.__version__, plan.workload.threads,
+                         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -1,0 +1,220 @@
+"""``lockstep validate RESULTS.jsonl [overrides...] [--json] [--out DIR]``: emulate measured runs, compare.
+
+Every point of the results file (controller/results.py) is emulated with the same K, L,
+B, model bytes M and compute C — ``model=flat model.bytes=M``, ``compute=constant`` with
+the gradient taking C, the aggregation the measured PS averaging time (when the file has
+it) and the optimizer step nothing (the benchmarks have none) — under the run
+configuration plus the given overrides, and the
+emulated step time (ring, ps_sync), updates/s (ps_async) or transfer time (p2p, fanin)
+is set beside the measured one: a table, the mean and max error per scenario, and
+``validate.png`` (emulated against measured, and the error of each point).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controller.results import Point, ResultsError, load_results
+
+__all__ = ["main", "emulate", "Row", "validate_points", "summarize"]
+
+STRATEGY = {"ring": "ring_allreduce", "ps_sync": "ps_sync", "ps_async": "ps_async", "p2p": "microbench",
+            "fanin": "microbench"}
+
+
+@dataclass
+class Row:
+    point: Point
+    emulated: float
+
+    @property
+    def error(self) -> float:
+        return self.emulated / self.point.measured - 1.0
+
+
+def _overrides_for(p: Point) -> list[str]:
+    """The point's own settings (the user's overrides come after them and win)."""
+    steps = p.warmup + p.N
+    ov = [f"strategy={STRATEGY[p.scenario]}", f"workers={p.K}", f"network.latency={p.L_s!r}",
+          f"network.bandwidth={p.B_bps / 8!r}", "model=flat", f"model.bytes={p.M_bytes}",
+          "compute=constant", f"compute.gradient={p.C_s!r}", "compute.update=0",
+          f"compute.aggregate={p.aggregate_s!r}", "batch_size=1", "eval.every=0",
+          "eval.samples=10", "progress=false", "launcher=inprocess", "trace.mode=off", "statelog.enabled=false",
+          "agents=1", "metrics.port=null"]
+    if p.scenario == "ps_async":
+        ov.append(f"stop.updates={p.K * steps}")
+    elif p.scenario in ("p2p", "fanin"):
+        ov += [f"strategy.kind={p.scenario}", f"stop.updates={steps}"]
+    else:
+        ov.append(f"stop.updates={steps}")
+    return ov
+
+
+def _applicable(p: Point, overrides: list[str]) -> list[str]:
+    """The overrides that apply to ``p``'s strategy: ``strategy.collective=gloo`` concerns the ring, not a PS."""
+    from controller.config import compose_config
+
+    base = compose_config(_overrides_for(p))
+    keep = []
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key.startswith("strategy.") and key.split(".")[1] not in base.strategy:
+            continue
+        keep.append(o)
+    return keep
+
+
+def emulate(p: Point, overrides: list[str], workdir: Path | None = None) -> float:
+    """The emulated value of ``p``: median step (s), updates/s, or median transfer time (s)."""
+    from controller.config import load
+    from controller.outputs import read_csv
+    from controller.run import execute
+
+    rc = load(_overrides_for(p) + _applicable(p, overrides))
+    with tempfile.TemporaryDirectory(prefix="lockstep-validate-", dir=workdir) as d:
+        execute(rc, Path(d))
+        rows = read_csv(Path(d) / "metrics.csv")
+    times = [int(r["virtual_time_ns"]) for r in rows]
+    if p.scenario == "ps_async":
+        meas = times[p.K * p.warmup:]
+        if len(meas) < 2:
+            raise RuntimeError(f"{p.describe()}: the emulation made {len(times)} updates, too few to time")
+        return (len(meas) - 1) / ((meas[-1] - meas[0]) / 1e9)
+    if p.scenario in ("p2p", "fanin"):  # the microbenchmark reports each repetition's time as its "loss"
+        return statistics.median(float(r["loss"]) for r in rows[p.warmup:])
+    steps = [(b - a) / 1e9 for a, b in zip(times, times[1:])][p.warmup - 1 if p.warmup else 0:]
+    if p.warmup == 0:
+        steps = [times[0] / 1e9] + steps
+    if not steps:
+        raise RuntimeError(f"{p.describe()}: the emulation made {len(times)} updates, too few to time")
+    return statistics.median(steps[: p.N])
+
+
+def validate_points(points: list[Point], overrides: list[str], log: Any = None) -> list[Row]:
+    rows = []
+    for i, p in enumerate(points, 1):
+        rows.append(Row(p, emulate(p, overrides)))
+        if log is not None:
+            r = rows[-1]
+            log(f"[{i}/{len(points)}] {p.describe()}: measured {_fmt(p, p.measured)}, emulated "
+                f"{_fmt(p, r.emulated)} ({100 * r.error:+.1f} %)")
+    return rows
+
+
+def _fmt(p: Point, v: float) -> str:
+    return f"{v:.2f} updates/s" if p.scenario == "ps_async" else f"{v * 1e3:.1f} ms"
+
+
+def summarize(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """Per scenario: points, mean and max |error|, mean signed error."""
+    out: dict[str, dict[str, float]] = {}
+    for scen in dict.fromkeys(r.point.scenario for r in rows):
+        errs = [r.error for r in rows if r.point.scenario == scen]
+        out[scen] = {"points": len(errs), "mean_abs_error": sum(abs(e) for e in errs) / len(errs),
+                     "max_abs_error": max(abs(e) for e in errs), "mean_error": sum(errs) / len(errs)}
+    return out
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'scenario':9s} {'K':>3s} {'L ms':>6s} {'B Mbit/s':>9s} {'M MB':>6s} {'C ms':>5s} "
+             f"{'measured':>16s} {'emulated':>16s} {'error':>8s}"]
+    for r in rows:
+        p = r.point
+        lines.append(f"{p.scenario:9s} {p.K:3d} {p.L_s * 1e3:6g} {p.B_bps / 1e6:9g} {p.M_bytes / 1e6:6g} "
+                     f"{p.C_s * 1e3:5g} {_fmt(p, p.measured):>16s} {_fmt(p, r.emulated):>16s} "
+                     f"{100 * r.error:+7.1f}%")
+    lines.append("")
+    for scen, s in summarize(rows).items():
+        lines.append(f"{scen:9s} {int(s['points']):3d} points: mean |error| {100 * s['mean_abs_error']:.1f} %, "
+                     f"max {100 * s['max_abs_error']:.1f} % (mean signed {100 * s['mean_error']:+.1f} %)")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ex) = plt.subplots(1, 2, figsize=(12, 5), constrained_layout=True)
+    for scen in dict.fromkeys(r.point.scenario for r in rows):
+        sel = [r for r in rows if r.point.scenario == scen]
+        # one axis for all: seconds for times, a step's seconds (1/rate) for ps_async
+        m = [r.point.measured if scen != "ps_async" else 1 / r.point.measured for r in sel]
+        e = [r.emulated if scen != "ps_async" else 1 / r.emulated for r in sel]
+        ax.scatter(m, e, label=scen, s=18)
+        ex.scatter(range(len(sel)), [100 * r.error for r in sel], label=scen, s=18)
+    lo = min(min(r.point.measured, r.emulated) for r in rows if r.point.scenario != "ps_async") if any(
+        r.point.scenario != "ps_async" for r in rows) else 1e-3
+    lims = [min(lo, 1e-3), max(max(r.point.measured for r in rows), 1.0) * 2]
+    ax.plot(lims, lims, color="grey", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured [s per step; 1/(updates/s) for ps_async]")
+    ax.set_ylabel("emulated [same]")
+    ax.legend()
+    ex.axhspan(-2, 2, color="green", alpha=0.1)
+    ex.axhline(0, color="grey", linewidth=0.8)
+    ex.set_xlabel("point (in file order per scenario)")
+    ex.set_ylabel("error [%] = emulated / measured - 1")
+    ex.legend()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="lockstep validate", description=__doc__.split("\n")[0])
+    ap.add_argument("results", help="a results file (JSON lines: realrun or lockstep measure)")
+    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. network=tcp strategy.collective=gloo")
+    ap.add_argument("--json", action="store_true", help="print the rows and summary as JSON instead of a table")
+    ap.add_argument("--out", default=".", help="directory for validate.png (default: the current one)")
+    ap.add_argument("--only", default=None, help="comma-separated scenarios to emulate (default: all)")
+    a = ap.parse_args(argv)
+    bad = [o for o in a.overrides if "=" not in o]
+    if bad:
+        print(f"lockstep validate: {bad[0]!r} is not an override; accepted: key=value (e.g. network=tcp).",
+              file=sys.stderr)
+        return 2
+    try:
+        scen = tuple(a.only.split(",")) if a.only else None
+        points = load_results(a.results, scen) if scen else load_results(a.results)
+    except ResultsError as e:
+        print(f"lockstep validate: {e}", file=sys.stderr)
+        return 2
+    from controller.config import ConfigError, load
+
+    logging.getLogger().setLevel(logging.WARNING)
+    try:
+        for p in points:  # a bad override fails before any emulation
+            load(_overrides_for(p) + _applicable(p, a.overrides), check_data=False)
+        rows = validate_points(points, a.overrides, log=None if a.json else lambda s: print(s, file=sys.stderr))
+    except ConfigError as e:
+        print("lockstep validate: invalid configuration:\n  " + "\n  ".join(e.problems), file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - a Hydra override error is one sentence for the user
+        if type(e).__module__.startswith(("hydra", "omegaconf")):
+            print(f"lockstep validate: {e}", file=sys.stderr)
+            return 2
+        raise
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot(rows, out / "validate.png")
+    if a.json:
+        print(json.dumps({"rows": [{"scenario": r.point.scenario, "K": r.point.K, "L_ms": r.point.L_s * 1e3,
+                                    "B_mbit": r.point.B_bps / 1e6, "M_bytes": r.point.M_bytes,
+                                    "C_ms": r.point.C_s * 1e3, "measured": r.point.measured,
+                                    "emulated": r.emulated, "error": r.error, "line": r.point.line}
+                                   for r in rows],
+                          "summary": summarize(rows), "overrides": a.overrides, "plot": str(png)}, indent=1))
+    else:
+        print(table(rows))
+        print(f"\nplot: {png}")
+    return 0

@@ -1,0 +1,111 @@
+"""Results that survive: summary.json grows with the run, a failed run keeps what it reached, the run
+directory is uploaded with fsspec, and the reader pod's tar script (``lockstep fetch``) round-trips."""
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller import cluster
+from tests.helpers import run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Watcher:
+    """A progress bar that reads summary.json each time rows are written (the collector calls it)."""
+
+    def __init__(self, run_dir: Path, stop_after: int | None = None):
+        self.run_dir, self.stop_after = run_dir, stop_after
+        self.seen: list[dict] = []
+        self.updates = 0
+
+    def update(self, n: int) -> None:
+        self.updates += n
+        path = self.run_dir / "summary.json"
+        if path.exists():
+            self.seen.append(json.loads(path.read_text()))
+        if self.stop_after is not None and self.updates >= self.stop_after:
+            raise KeyboardInterrupt
+
+    def set_postfix_str(self, *a, **kw) -> None:
+        pass
+
+
+def test_summary_json_is_rewritten_as_the_run_goes_and_says_when_it_is_complete(tmp_path):
+    watcher = Watcher(tmp_path)
+    result = run(tmp_path, ["workers=4", "agents=2", "stop.updates=200", "outputs.summary_every_s=1e-9"],
+                 progress=watcher)
+    partial = [s for s in watcher.seen if not s["complete"]]
+    assert len(partial) >= 3
+    updates = [s["updates"] for s in partial]
+    assert updates == sorted(updates) and updates[-1] < 200 and len(set(updates)) >= 3
+    assert all(s["run_id"] == result.summary["run_id"] for s in partial)
+    final = json.loads((tmp_path / "summary.json").read_text())
+    assert final["complete"] is True and final["updates"] == 200
+
+
+def test_a_run_that_stops_keeps_a_partial_summary_that_matches_its_metrics_csv(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, ["workers=4", "agents=2", "stop.updates=100000", "outputs.summary_every_s=0"],
+            progress=Watcher(tmp_path, stop_after=150))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()[1:]
+    assert summary["complete"] is False
+    assert summary["updates"] == len(rows) >= 150
+    assert summary["virtual_time_ns"] == int(rows[-1].split(",")[0])
+
+
+def test_a_run_uploads_its_directory_to_an_fsspec_url(tmp_path):
+    bucket = tmp_path / "bucket"
+    run_dir = tmp_path / "runs" / "exp1"
+    p = subprocess.run([sys.executable, "-m", "controller.cli", "run", "model=mlp", "compute=constant",
+                        "launcher=inprocess", "progress=false", "workers=2", "stop.updates=20", "eval.every=0",
+                        "eval.samples=100", f"outputs.upload=file://{bucket}/lockstep", f"hydra.run.dir={run_dir}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert f"lockstep: uploaded the run directory to file://{bucket}/lockstep/exp1" in p.stderr
+    local = sorted(f.relative_to(run_dir) for f in run_dir.rglob("*") if f.is_file())
+    remote = sorted(f.relative_to(bucket / "lockstep" / "exp1") for f in (bucket / "lockstep" / "exp1").rglob("*")
+                    if f.is_file())
+    assert local == remote and Path("summary.json") in local
+    for f in local:
+        if f.name != "lockstep.log":  # the log gets the upload's own line after the copy
+            assert (run_dir / f).read_bytes() == (bucket / "lockstep" / "exp1" / f).read_bytes()
+
+
+def test_an_upload_url_that_is_not_one_is_a_config_error(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "controller.cli", "run", "outputs.upload=bucket",
+                        f"hydra.run.dir={tmp_path / 'r'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert ("outputs.upload=bucket is not valid; accepted: null or an fsspec URL such as s3://bucket/prefix, "
+            "gs://bucket/prefix or file:///path.") in p.stderr
+
+
+def test_the_reader_pods_tar_script_round_trips_a_run_directory(tmp_path):
+    """What runs in the reader pod (through the API's exec, which needs a kubelet): here a local process."""
+    src = tmp_path / "results" / "sweep" / "exp1"
+    (src / "agents").mkdir(parents=True)
+    (src / "summary.json").write_text('{"complete": true}')
+    (src / "agents" / "agent-0.log").write_bytes(bytes(range(256)) * 1000)
+    p = subprocess.run([sys.executable, "-c", cluster.TAR_SCRIPT, str(src), "exp1"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    names = cluster.extract_tar(base64.b64decode(p.stdout), tmp_path / "out")
+    assert sorted(names) == ["exp1", "exp1/agents", "exp1/agents/agent-0.log", "exp1/summary.json"]
+    assert (tmp_path / "out" / "exp1" / "agents" / "agent-0.log").read_bytes() == bytes(range(256)) * 1000
+
+
+def test_a_sweeps_plot_leaves_out_runs_whose_summary_is_not_complete(tmp_path):
+    from controller.plotcli import sweep_points
+
+    sweep = tmp_path / "lr"
+    for name, complete in (("a", True), ("b", False)):
+        (sweep / name).mkdir(parents=True)
+        (sweep / name / "summary.json").write_text(json.dumps({"complete": complete, "strategy": "ps_async",
+                                                               "workers": 4}))
+    assert [i["dir"].name for infos in sweep_points(sweep).values() for i in infos] == ["a"]

@@ -1,0 +1,185 @@
+"""The tcp transport model, one effect at a time, with delivery times derived by hand (docs/engine.md).
+
+Conventions of every derivation below: a full segment carries MSS = 1500 − 52 = 1448 bytes
+and costs 1448 + 52 + 38 = 1538 bytes of line time; a packet of n segments costs
+``payload + 90·n`` bytes; ACKs are 90 bytes. A fresh connection has cwnd = 10 segments and
+the handshake's RTT sample 2L (srtt 2L, RTO = 2L + 200 ms). The NIC's token bucket starts
+full (72 887 bytes), so a host's first packet leaves at once; the line then serialises
+(``e = max(t, egress_free) + w/B``), the latency follows, and the receiver's switch port
+serialises again in arrival order (``r = max(e + L, port_free + w/B)``). Host latency is 0
+unless a test sets it.
+"""
+from __future__ import annotations
+
+import pytest
+
+from agents.sim.tcp import TcpSpec, goodput_fraction, wire_bytes
+from agents.sim.worker import Worker
+from agents.strategies.collective import gloo_ring_allreduce
+
+MS = 1_000_000
+SEG = 1448
+TCP = TcpSpec(host_latency_ns=0)
+
+
+class Sender(Worker):
+    """Sends ``plan`` = [(at_ns, dst, nbytes), ...] in order, each at its time."""
+
+    def __init__(self, name, vid, env, plan=()):
+        super().__init__(name, vid, env)
+        self.plan = list(plan)
+
+    async def run(self):
+        for at, dst, nbytes in self.plan:
+            if at > self.now:
+                await self.sleep(at - self.now)
+            self.send(dst, None, nbytes=nbytes, tag="m")
+
+
+class Sink(Worker):
+    def __init__(self, name, vid, env, expect=1):
+        super().__init__(name, vid, env)
+        self.expect, self.got = expect, []
+
+    async def run(self):
+        for _ in range(self.expect):
+            m = await self.recv()
+            self.got.append((m.src, m.nbytes, m.delivered_at))
+
+
+def ns(nbytes: int, rate: float) -> int:
+    """Line time of ``nbytes`` at ``rate`` bytes/s (the rates below make it a whole number of ns)."""
+    t = nbytes * 1_000_000_000 / rate
+    assert t == int(t)
+    return int(t)
+
+
+def test_goodput_is_payload_per_wire_byte_of_ethernet_frames():
+    assert wire_bytes(TCP, 10 * SEG) == 15380 and wire_bytes(TCP, 1) == 91 and wire_bytes(TCP, 0) == 90
+    assert goodput_fraction(TCP) == 1448 / 1538
+
+
+def test_a_message_within_the_initial_window_takes_its_line_time_plus_latency(build_kernel):
+    B = 125e6  # 1 Gbit/s
+    k, _, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 10 * SEG)]}), "b": (Sink, {})},
+                           latency_ns=MS, bw=B, tcp=TCP)
+    k.run_until()
+    # one packet of 10 segments: 15380 bytes = 123 040 ns on the line, then L; the port is idle
+    assert o["b"].got == [("a", 10 * SEG, ns(15380, B) + MS)] == [("a", 14480, 1_123_040)]
+
+
+def test_the_eleventh_segment_waits_one_round_trip_for_the_window_to_grow(build_kernel):
+    B = 125e6
+    k, _, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 11 * SEG)]}), "b": (Sink, {})},
+                           latency_ns=MS, bw=B, tcp=TCP)
+    k.run_until()
+    first = ns(15380, B)                    # 10 segments leave at 0, reach b at first + L
+    ack_back = first + MS + ns(90, B) + MS  # b's ACK: 90 bytes on b's line, then L; cwnd 10 -> 20
+    last = ack_back + ns(1538, B) + MS      # the 11th segment: one more line time and L
+    assert o["b"].got == [("a", 11 * SEG, last)] == [("a", 15928, 3_136_064)]
+
+
+@pytest.mark.parametrize("idle_ms, delivered", [
+    (100, 100 * MS + 1_246_080),     # idle < RTO (202 ms): cwnd stays 20, one packet of 20 segments
+    (1000, 1000 * MS + 3_246_800),   # idle > RTO: cwnd halves once per RTO beyond the first, back to 10
+])
+def test_a_transfer_after_an_idle_gap_longer_than_the_rto_restarts_slow_start(build_kernel, idle_ms, delivered):
+    B = 125e6
+    plan = [(0, "b", 10 * SEG), (idle_ms * MS, "b", 20 * SEG)]
+    k, _, o = build_kernel({"a": (Sender, {"plan": plan}), "b": (Sink, {"expect": 2})},
+                           latency_ns=MS, bw=B, tcp=TCP)
+    k.run_until()
+    T = idle_ms * MS
+    # the first message's ACK (at 2 123 760 ns) grew cwnd to 20 segments; the RTO is 2 ms + 200 ms,
+    # 51 jiffies of 4 ms; restart after idle compares whole jiffies since the last data sent (at 0)
+    if idle_ms < 202:
+        expect = T + ns(20 * SEG + 20 * 90, B) + MS                  # 30 760 bytes at once
+    else:
+        first_half_acked = T + ns(15380, B) + MS + ns(90, B) + MS    # 10 segments, their ACK
+        expect = first_half_acked + ns(15380, B) + MS               # then the other 10
+    assert expect == delivered
+    assert o["b"].got[1] == ("a", 20 * SEG, delivered)
+
+
+def test_two_flows_starting_one_ms_apart_on_one_nic_share_its_line_in_order(build_kernel):
+    B = 12.5e6  # 100 Mbit/s: a 10-segment packet takes 1.2304 ms on the line
+    plan = [(0, "b", 10 * SEG), (MS, "c", 10 * SEG)]
+    k, _, o = build_kernel({"a": (Sender, {"plan": plan}), "b": (Sink, {}), "c": (Sink, {})},
+                           latency_ns=MS, bw=B, tcp=TCP)
+    k.run_until()
+    line = ns(15380, B)
+    assert o["b"].got == [("a", 10 * SEG, line + MS)] == [("a", 14480, 2_230_400)]
+    # the bucket lets c's packet go at 1 ms, but the line is busy with b's until 1.2304 ms
+    assert o["c"].got == [("a", 10 * SEG, 2 * line + MS)] == [("a", 14480, 3_460_800)]
+
+
+def test_two_senders_into_one_host_queue_at_its_switch_port(build_kernel):
+    B = 12.5e6
+    k, _, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 10 * SEG)]}), "b": (Sink, {"expect": 2}),
+                            "c": (Sender, {"plan": [(0, "b", 10 * SEG)]})}, latency_ns=MS, bw=B, tcp=TCP)
+    k.run_until()
+    line = ns(15380, B)
+    # both lines finish at `line`; both reach b's port at line + L; the port serves a (lower id) first
+    assert sorted(o["b"].got) == [("a", 14480, line + MS), ("c", 14480, 2 * line + MS)]
+
+
+def test_a_small_message_waits_behind_a_packet_already_on_the_line(build_kernel):
+    B = 12.5e6
+    plan = [(0, "b", 10 * SEG), (0, "c", 4)]
+    k, _, o = build_kernel({"a": (Sender, {"plan": plan}), "b": (Sink, {}), "c": (Sink, {})},
+                           latency_ns=MS, bw=B, tcp=TCP)
+    k.run_until()
+    # both leave the bucket at 0; the 4-byte message (94 bytes of line time) follows the big one
+    assert o["c"].got == [("a", 4, ns(15380, B) + ns(94, B) + MS)] == [("a", 4, 2_237_920)]
+
+
+def test_host_latency_and_its_keyed_jitter_delay_every_delivered_message(build_kernel):
+    B = 125e6
+    base = ns(15380, B) + MS
+    spec = TcpSpec(host_latency_ns=150_000)
+    k, _, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 10 * SEG)]}), "b": (Sink, {})},
+                           latency_ns=MS, bw=B, tcp=spec)
+    k.run_until()
+    assert o["b"].got == [("a", 14480, base + 150_000)]
+    got = []
+    for seed in (0, 0, 1):
+        k, _, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 10 * SEG)]}), "b": (Sink, {})},
+                               latency_ns=MS, bw=B, tcp=TcpSpec(host_latency_ns=150_000, host_jitter_ns=300_000),
+                               seed=seed)
+        k.run_until()
+        got.append(o["b"].got[0][2])
+    assert got[0] == got[1] and got[0] != got[2]  # a keyed draw: same seed, same delay
+    assert min(got) > base + 150_000
+
+
+class GlooMember(Worker):
+    def __init__(self, name, vid, env, ring=(), nbytes=0, max_segment=0):
+        super().__init__(name, vid, env)
+        self.ring, self.nbytes, self.max_segment = list(ring), nbytes, max_segment
+
+    async def run(self):
+        import torch
+
+        vec = torch.full((self.nbytes // 4,), float(self.id + 1))
+        self.out, _, _ = await gloo_ring_allreduce(self, vec, self.ring, "t", max_segment=self.max_segment)
+        self.done = self.now
+
+
+@pytest.mark.parametrize("segments, expected", [
+    # two ranks, s = 1000-byte segments, L = 5 ms, B = 1 MB/s (1 us per byte), ideal FIFO links.
+    # Each phase (reduce-scatter, all-gather) a rank posts receives and sends of its first two
+    # segments at once: four 48-byte notifications; the peer's NOTIFY_RECV_READY of segment 0 is
+    # back after 48 us + L and the data (s + 48 bytes) follows, segment 1's right behind it:
+    # 2 L + (2 s + 144) us per phase (two segments in flight).
+    (2, 2 * (2 * 5 * MS + (2 * 1000 + 144) * 1000)),
+    # A third segment is posted only once segment 0 has arrived (2 L + (s + 96) us): its receive
+    # notification crosses (48 us + L) and its data follows (s + 48 us + L): 4 L + (2 s + 192) us.
+    (3, 2 * (4 * 5 * MS + (2 * 1000 + 192) * 1000)),
+])
+def test_one_gloo_ring_all_reduce_keeps_two_segments_in_flight(build_kernel, segments, expected):
+    ring = ["a", "b"]
+    kw = {"ring": ring, "nbytes": 2 * segments * 1000, "max_segment": 1000}
+    k, _, o = build_kernel({"a": (GlooMember, kw), "b": (GlooMember, kw)}, latency_ns=5 * MS, bw=1e6)
+    k.run_until()
+    assert o["a"].done == o["b"].done == expected
+    assert o["a"].out.tolist() == o["b"].out.tolist() == [3.0] * (segments * 500)

@@ -1,0 +1,225 @@
+"""``lockstep sweep --kubernetes`` and ``lockstep fetch`` against the real API server and the real helm.
+
+No kubelet and no job controller run (conftest.py): Jobs are stored but never start pods, so where
+a test needs a point to end or its controller pod to fail, it patches the status through the API as
+the job controller or a kubelet would. ``fetch`` reads a volume through the API's exec, which the
+kubelet serves: here a stand-in copies from a local directory that plays the claim's contents.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from controller import cluster as cl
+from .conftest import CHART, REPO, KubeCluster, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def lockstep(helm_bin: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{helm_bin.parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("KUBECONFIG", None)
+    return subprocess.run([sys.executable, "-m", "controller.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def kube_args(kube_cluster: KubeCluster, namespace: str) -> list[str]:
+    return ["--namespace", namespace, "--kubeconfig", str(kube_cluster.kubeconfig)]
+
+
+def sweep_jobs(kube_cluster: KubeCluster, namespace: str, sweep: str) -> list:
+    from kubernetes import client
+
+    jobs = client.BatchV1Api(kube_cluster.api_client()).list_namespaced_job(
+        namespace, label_selector=f"lockstep.io/sweep={sweep}").items
+    return sorted(jobs, key=lambda j: int(j.metadata.labels["lockstep.io/point"]))
+
+
+def job_arg(job, key: str) -> str:
+    [value] = [a.split("=", 1)[1] for a in job.spec.template.spec.containers[0].args if a.startswith(key + "=")]
+    return value
+
+
+def test_a_three_point_sweep_creates_three_jobs_with_distinct_names_and_one_sweep_directory(
+        helm_bin, kube_cluster, namespace):
+    proc = lockstep(helm_bin, "sweep", "--kubernetes", "--name", "lr-sweep", "--no-wait",
+                    *kube_args(kube_cluster, namespace), "lr=0.1,0.01,0.001", "workers=8")
+    assert proc.returncode == 0, proc.stderr
+    jobs = sweep_jobs(kube_cluster, namespace, "lr-sweep")
+    names = [j.metadata.name for j in jobs]
+    assert len(names) == 3 and len(set(names)) == 3 and all(len(n) <= 63 for n in names)
+    releases = [j.metadata.labels["app.kubernetes.io/instance"] for j in jobs]
+    assert [job_arg(j, "lr") for j in jobs] == ["0.1", "0.01", "0.001"]
+    assert {job_arg(j, "workers") for j in jobs} == {"8"}
+    run_dirs = [job_arg(j, "hydra.run.dir") for j in jobs]
+    assert run_dirs == [f"/results/lr-sweep/{r}" for r in releases]  # one sweep directory, a run each
+    assert [job_arg(j, "run_id") for j in jobs] == releases
+    for j, r in zip(jobs, releases):
+        assert f"point {j.metadata.labels['lockstep.io/point']} -> release {r}" in proc.stdout
+
+
+def test_the_sweep_reports_each_point_and_a_controller_that_cannot_pull_its_image(helm_bin, kube_cluster, namespace):
+    assert lockstep(helm_bin, "sweep", "--kubernetes", "--name", "seeds", "--no-wait",
+                    *kube_args(kube_cluster, namespace), "seed=1,2,3").returncode == 0
+    jobs = sweep_jobs(kube_cluster, namespace, "seeds")
+    from kubernetes import client
+
+    batch, core = client.BatchV1Api(kube_cluster.api_client()), kube_cluster.core()
+    for job in jobs[:2]:  # what the job controller writes when the controller pod succeeded
+        batch.patch_namespaced_job_status(job.metadata.name, namespace, {"status": {
+            "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}})
+    # the third point's controller pod (a stand-in: no job controller creates it) cannot pull its image
+    bad = jobs[2].metadata.name
+    core.create_namespaced_pod(namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"{bad}-x7k2p", "labels": {"job-name": bad}}, "spec": {"automountServiceAccountToken": False, "containers": [
+            {"name": "controller", "image": "lockstep:0.1.0"}]}})
+    core.patch_namespaced_pod_status(f"{bad}-x7k2p", namespace, {"status": {"phase": "Pending", "containerStatuses": [{
+        "name": "controller", "image": "lockstep:0.1.0", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "lockstep:0.1.0"'}}}]}})
+
+    proc = lockstep(helm_bin, "sweep", "--kubernetes", "--name", "seeds", "--watch", "--timeout", "60",
+                    *kube_args(kube_cluster, namespace))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    release = jobs[2].metadata.labels["app.kubernetes.io/instance"]
+    assert (f"lockstep sweep seeds: point 2 ({bad}) failed: controller pod {bad}-x7k2p cannot run: ImagePullBackOff "
+            f'(container controller): Back-off pulling image "lockstep:0.1.0"; remove it with: helm uninstall '
+            f"{release}") in lines
+    assert lines[-1] == "lockstep sweep seeds: 3/3 points: 2 done, 1 failed, 0 running, 0 pending"
+
+
+def test_the_sweep_refuses_a_bad_point_before_installing_anything(helm_bin, kube_cluster, namespace):
+    proc = lockstep(helm_bin, "sweep", "--kubernetes", "--name", "bad", *kube_args(kube_cluster, namespace),
+                    "lr=0.1,-1")
+    assert proc.returncode == 2
+    assert proc.stderr == "lockstep sweep: point 1 (lr=-1): lr=-1 is not valid; accepted: a number > 0.\n"
+    assert sweep_jobs(kube_cluster, namespace, "bad") == []
+
+
+def test_sweep_names_are_hashed_dns_labels_that_stay_unique_when_cut():
+    long = "a-very-long-sweep-name-for-learning-rates"
+    a, b = cl.release_name(long, ["lr=0.1", "seed=1"]), cl.release_name(long, ["lr=0.1", "seed=2"])
+    assert a != b and a[:-9] == b[:-9] and len(a) <= 40 and cl.DNS_LABEL.match(a)
+    assert cl.expand(["lr=0.1,0.01", "seed=range(1,3)", "workers=8"]) == [
+        ["lr=0.1", "seed=1", "workers=8"], ["lr=0.1", "seed=2", "workers=8"],
+        ["lr=0.01", "seed=1", "workers=8"], ["lr=0.01", "seed=2", "workers=8"]]
+    assert cl.expand(["+experiment=a,b", "x='1,2'"]) == [["+experiment=a", "x='1,2'"], ["+experiment=b", "x='1,2'"]]
+    with pytest.raises(cl.SweepError, match="hydra settings are the chart's"):
+        cl.expand(["hydra.run.dir=/x"])
+
+
+# --- fetch -------------------------------------------------------------------------------
+def _volume(tmp_path: Path, run_dir: str, updates: int) -> Path:
+    """The claim's contents as the controller left them: <mountPath>/... -> a local directory."""
+    root = tmp_path / "volume"
+    d = root / run_dir.lstrip("/").split("/", 1)[1]
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"complete": True, "updates": updates}))
+    (d / "metrics.csv").write_text("virtual_time_ns,loss\n1,2.0\n")
+    return root
+
+
+class StandInKubelet:
+    """Marks the fetch reader pods Running and serves their exec as a tar of the local volume."""
+
+    def __init__(self, core, namespace: str, volume: Path, mount_path: str = "/results"):
+        self.core, self.namespace, self.volume, self.mount = core, namespace, volume, mount_path
+        self.pods: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            for pod in self.core.list_namespaced_pod(self.namespace,
+                                                     label_selector="app.kubernetes.io/component=fetch").items:
+                if pod.status.phase != "Running" and not pod.metadata.deletion_timestamp:
+                    self.pods.append(self.core.api_client.sanitize_for_serialization(pod))
+                    self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace,
+                                                          {"status": {"phase": "Running"}})
+            self._stop.wait(0.1)
+
+    def copy(self, cluster, pod: str, container: str, path: str, arcname: str) -> bytes:
+        assert (pod, container) == (self.pods[-1]["metadata"]["name"], "fetch")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as t:
+            t.add(self.volume / Path(path).relative_to(self.mount), arcname=arcname)
+        return buf.getvalue()
+
+
+def test_fetch_copies_a_releases_run_directory_through_a_reader_pod_that_mounts_its_claim(
+        helm, kube_cluster, namespace, tmp_path, capsys):
+    helm("install", "exp1", str(CHART), "--namespace", namespace, "--kubeconfig", str(kube_cluster.kubeconfig))
+    core = kube_cluster.core()
+    volume = _volume(tmp_path, "/results/exp1", 300)
+    with StandInKubelet(core, namespace, volume) as kubelet:
+        code = cl.fetch_main(["exp1", str(tmp_path / "out"), *kube_args(kube_cluster, namespace)], copy=kubelet.copy)
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "exp1" / "summary.json").read_text())["updates"] == 300
+    assert capsys.readouterr().out == f"lockstep fetch: exp1 -> {tmp_path / 'out' / 'exp1'} (300 updates, complete)\n"
+    [reader] = kubelet.pods
+    from kubernetes import client
+
+    job = client.BatchV1Api(kube_cluster.api_client()).read_namespaced_job("exp1-lockstep", namespace)
+    [loc] = cl.find_runs([core.api_client.sanitize_for_serialization(job)])
+    kubernetes_validate.validate(cl.reader_pod(loc, reader["metadata"]["name"], namespace), "1.29.0", strict=True)
+    spec = reader["spec"]
+    assert spec["volumes"] == [{"name": "results", "persistentVolumeClaim": {
+        "claimName": "exp1-lockstep-results", "readOnly": True}}]
+    assert spec["containers"][0]["volumeMounts"] == [{"name": "results", "mountPath": "/results", "readOnly": True}]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    wait_until(lambda: not core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/component=fetch").items,
+               timeout=30, what="the reader pod deleted")
+
+
+def test_fetch_of_a_sweep_makes_one_local_sweep_directory(helm_bin, kube_cluster, namespace, tmp_path, capsys):
+    assert lockstep(helm_bin, "sweep", "--kubernetes", "--name", "two", "--no-wait",
+                    *kube_args(kube_cluster, namespace), "seed=1,2").returncode == 0
+    releases = [j.metadata.labels["app.kubernetes.io/instance"] for j in sweep_jobs(kube_cluster, namespace, "two")]
+    volume = tmp_path / "volume"
+    for i, r in enumerate(releases):
+        src = _volume(tmp_path / f"v{i}", f"/results/two/{r}", 10 + i)
+        (volume / "two").mkdir(parents=True, exist_ok=True)
+        (src / "two" / r).rename(volume / "two" / r)
+    with StandInKubelet(kube_cluster.core(), namespace, volume) as kubelet:
+        code = cl.fetch_main(["--sweep", "two", str(tmp_path / "out"), *kube_args(kube_cluster, namespace)],
+                             copy=kubelet.copy)
+    assert code == 0, capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out" / "two").iterdir()) == sorted(releases)
+    assert capsys.readouterr().out.splitlines()[-1] == f"lockstep fetch: plot the sweep with: lockstep plot {tmp_path / 'out' / 'two'}"
+
+
+def test_fetch_says_so_when_the_results_went_with_an_emptydir(helm, kube_cluster, namespace, capsys):
+    helm("install", "tmp1", str(CHART), "--namespace", namespace, "--kubeconfig", str(kube_cluster.kubeconfig),
+         "--set", "results.persistence.enabled=false")
+    assert cl.fetch_main(["tmp1", *kube_args(kube_cluster, namespace)]) == 2
+    assert capsys.readouterr().err == ("lockstep fetch: release tmp1 kept its results on an emptyDir "
+                                       "(results.persistence.enabled=false) and its controller pod is not running: "
+                                       "they are gone\n")
+
+
+def test_extracting_a_tar_never_writes_outside_the_destination(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(tarfile.OutsideDestinationError):
+        cl.extract_tar(buf.getvalue(), tmp_path / "dest")
+    assert not (tmp_path / "escape.txt").exists()

@@ -1,0 +1,185 @@
+"""launcher=ray on a real Ray cluster: the same outputs as local subprocesses, placement, logs, failures.
+
+The cluster is real (``ray start --head`` on 127.0.0.1, see conftest.py), the agents are real Ray actors
+speaking real gRPC to the controller. Only the GPU is pretend: the cluster declares one that Ray
+counts but nobody computes on (this machine has none).
+"""
+from __future__ import annotations
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from controller.config import load
+from controller.launchers.base import AgentFailure
+from controller.plan import make_plan
+from controller.remote import ControllerSettings, RemoteAgents
+from controller.run import execute
+from tests.distributed.conftest import FAST, agents_env, assert_same_outputs, run as run_local
+from tests.helpers import wait_until
+
+from .conftest import ROOT, is_loopback, kill_marked, listening, marked_env, need_ray, processes_with
+
+COMMON = ["workers=8", "stop.updates=24", "eval.every=8", "eval.samples=500", "network.latency=1ms"]
+
+
+def ray_pool(address: str, **launcher) -> tuple[RemoteAgents, "RayLauncher"]:  # noqa: F821
+    from controller.launchers.ray import RayLauncher
+
+    impl = RayLauncher({"address": address, "log_poll_s": 0.2, "stop_grace_s": 5.0, **launcher})
+    settings = ControllerSettings(agent_timeout_s=30.0, startup_timeout_s=180.0, heartbeat_s=0.5)
+    return RemoteAgents(impl, settings, log_level="INFO", extra_env=agents_env()), impl
+
+
+def run_ray(tmp: Path, overrides: list[str], address: str, **launcher):
+    pool, _ = ray_pool(address, **launcher)
+    return execute(load(FAST + overrides), Path(tmp), launcher=pool)
+
+
+@pytest.mark.parametrize("strategy", ["ps_sync", "ps_async"])
+def test_ray_actors_give_the_same_outputs_as_local_agent_processes(tmp_path, ray_cluster, strategy):
+    over = COMMON + [f"strategy={strategy}", "agents=2"]
+    local = tmp_path / "local"
+    run_local(local, over, local=True)
+    d = tmp_path / "ray"
+    r = run_ray(d, over, ray_cluster)
+    assert r.summary["updates"] == 24 and r.summary["agents"] == 2
+    assert r.summary["messages_remote"] > 0, "vworkers should really be spread over the two actors"
+    assert_same_outputs(local, d)  # metrics.csv (but wall_*), eval.csv, params.pt
+    # each actor's log, collected into the run directory
+    for i in range(2):
+        text = (d / "agents" / f"agent-{i}.log").read_text()
+        assert f"[agent-{i}]" in text and "[lockstep.agent][INFO] registered with" in text and "hosting" in text
+        assert "run finished; exiting" in text
+
+
+def test_fractional_gpus_and_custom_resources_reserve_a_bundle_per_agent(tmp_path, ray_cluster):
+    import ray
+    from ray.util import placement_group_table
+
+    rc = load(FAST + COMMON + ["agents=2"])
+    pool, impl = ray_pool(ray_cluster, gpus_per_agent=0.5, resources_per_agent={"lockstep_slot": 1},
+                          cpus_per_agent=0.5, strategy="STRICT_PACK")
+    try:
+        pool.start_agents(make_plan(rc), tmp_path)  # returns once both agents are Ready
+        table = placement_group_table(impl.pg)
+        assert table["strategy"] == "STRICT_PACK"
+        assert list(table["bundles"].values()) == [{"CPU": 0.5, "GPU": 0.5, "lockstep_slot": 1.0}] * 2
+        where = ray.get(impl._where)
+        # two halves of the cluster's one (pretend) GPU: Ray shows both actors GPU 0
+        assert [w["cuda_visible_devices"] for w in where] == ["0", "0"]
+        assert len({w["pid"] for w in where}) == 2
+    finally:
+        pool.close()
+    assert impl.conn is None and impl.pg is None
+
+
+def test_a_placement_group_that_cannot_be_placed_fails_the_run_naming_what_it_asked_for(tmp_path, ray_cluster):
+    # STRICT_SPREAD wants a node per agent; the cluster has one node
+    with pytest.raises(AgentFailure) as e:
+        run_ray(tmp_path / "run", COMMON + ["agents=2"], ray_cluster, strategy="STRICT_SPREAD",
+                startup_timeout_s=2.0)
+    assert e.value.agent == "all"
+    assert re.search(r"placement group lockstep-\S+ \(2 bundles of \{'CPU': 1.0\}, strategy STRICT_SPREAD\) is "
+                     r"still \w+ after \d+ s \(launcher.startup_timeout_s\)", e.value.reason), e.value.reason
+
+
+def test_a_shared_cluster_is_left_running_with_the_runs_actors_and_placement_group_removed(tmp_path, ray_cluster):
+    import ray
+    from ray.util import list_named_actors, placement_group_table
+
+    from controller.launchers.ray import Connection
+
+    pool, _ = ray_pool(ray_cluster)
+    r = execute(load(FAST + COMMON + ["agents=2"]), tmp_path / "run", launcher=pool)
+    assert not ray.is_initialized(), "the controller disconnects from a cluster it did not start"
+    conn = Connection(ray_cluster).open()  # the cluster still answers
+    try:
+        name = f"lockstep-{r.summary['run_id']}"
+        assert not [a for a in list_named_actors(all_namespaces=True) if a["name"].startswith(name)]
+        groups = [g for g in placement_group_table().values() if g["name"] == name]
+        assert [g["state"] for g in groups] == ["REMOVED"]
+    finally:
+        conn.close()
+
+
+def test_the_token_never_appears_in_what_ray_shows_about_an_actor(tmp_path):
+    need_ray()
+    from controller.launchers.base import LaunchSpec
+    from controller.launchers.ray import RayLauncher
+
+    token = "tok-" + uuid.uuid4().hex
+    spec = LaunchSpec(run_id="r1", n_agents=2, controller_address="127.0.0.1:5000", token=token,
+                      run_dir=tmp_path, extra_env={"PYTHONPATH": "/src"})
+    impl = RayLauncher({"address": None, "runtime_env": {"env_vars": {"A": "1"}, "pip": ["x"]}})
+    opts = impl.actor_options(spec, 1)
+    # name, namespace, resources, runtime_env: everything Ray's dashboard and state API show of an actor
+    assert token not in repr(opts)
+    assert opts["name"] == "lockstep-r1-agent-1" and opts["namespace"] == "lockstep"
+    assert opts["runtime_env"] == {"env_vars": {"A": "1", "PYTHONPATH": "/src"}, "pip": ["x"]}
+    assert opts["max_restarts"] == 0 and opts["max_concurrency"] == 2
+
+
+def _pids_from_logs(run_dir: Path, n: int) -> list[int]:
+    def pids():
+        out = []
+        for i in range(n):
+            p = run_dir / "agents" / f"agent-{i}.log"
+            m = re.search(r"pid (\d+) hosting", p.read_text()) if p.exists() else None
+            if m is None:
+                return None
+            out.append(int(m.group(1)))
+        return out
+
+    found = wait_until(pids, timeout=240, what="both actors to build their vworkers (logs copied to the run dir)")
+    wait_until(lambda: (run_dir / "metrics.csv").exists() and len((run_dir / "metrics.csv").read_text().splitlines()) > 3,
+               timeout=60, what="the first rows of metrics.csv")
+    return found
+
+
+def test_killing_an_actors_process_stops_the_run_with_a_clear_error_and_leaves_no_ray_process(tmp_path):
+    need_ray()
+    d, mark = tmp_path / "run", f"ray-kill-{uuid.uuid4().hex[:12]}"
+    timeout_s = 10
+    over = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=1000000", "eval.every=0",
+            "progress=false", "launcher=ray", "launcher.address=null", "launcher.log_poll_s=0.2",
+            "controller.heartbeat_s=0.5", f"controller.agent_timeout_s={timeout_s}", "network.latency=1ms"]
+    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "run", *over, f"hydra.run.dir={d}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=marked_env(mark))
+    try:
+        pids = _pids_from_logs(d, 2)
+        # the private cluster for the run listens on 127.0.0.1 only: every Ray server, worker and agent
+        ports = listening(processes_with(mark))
+        assert ports and all(is_loopback(a) for a, _ in ports), sorted(ports)
+        os.kill(pids[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        elapsed = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+    try:
+        assert proc.returncode == 1, err
+        assert elapsed < timeout_s, f"took {elapsed:.1f} s to notice (controller.agent_timeout_s={timeout_s})"
+        line = next(ln for ln in err.splitlines() if "the run stopped because" in ln)
+        assert re.search(r"agent 1 failed: its Ray actor lockstep-\S+-agent-1 \(pid " + str(pids[1]) +
+                         r" on node 127\.0\.0\.1, id [0-9a-f]{8}\) died: The actor is dead because its worker "
+                         r"process has died\. Worker exit type: \w+", line), line
+        assert "last log lines of agent 1" in err and "hosting" in err, err
+        assert "Traceback" not in err, err
+        with open(d / "metrics.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert rows and all(r["vworker"] == "ps0" for r in rows)
+        # the run stopped its private cluster: no process it started (Ray's or an agent) is left
+        wait_until(lambda: not processes_with(mark), timeout=30, what="every process of the run's Ray cluster to end",
+                   on_timeout=lambda: f"left: {processes_with(mark)}")
+    finally:
+        kill_marked(mark)

@@ -1,0 +1,125 @@
+"""Deferred, batched compute (DESIGN §4.2, agents/sim/executor.py) through whole runs of every strategy.
+
+``compute.batch=loop`` defers every compute call and runs it later, one call per task: outputs must be
+byte-identical to eager execution (``off``), in-process and over agents, whatever the placement.
+``vmap`` runs same-shaped gradients as one ``torch.func.vmap`` call: parameters within 1e-5 of ``off``,
+and a rerun identical to the bit. ``auto`` probes at start-up and records its figures in summary.json.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.distributed.conftest import assert_same_outputs
+from tests.distributed.conftest import run as run_dist
+
+STRATEGIES = ["ps_sync", "ps_async", "ssp", "ring_allreduce", "hierarchical_allreduce", "gossip", "local_sgd",
+              "fedavg", "fedasync", "sgd"]
+# heterogeneous speeds make the asynchronous strategies interleave; every worker holds data
+COMMON = ["workers=4", "stop.updates=10", "eval.every=5", "eval.samples=300", "network.latency=1ms",
+          "compute.speed=[1,1.5,2,3]", "strategy.local_steps=2"]
+
+
+def _common(strategy: str) -> list[str]:
+    extra = ["strategy.group_size=2"] if strategy == "hierarchical_allreduce" else []
+    if strategy in ("sgd",):
+        return ["workers=1", "stop.updates=10", "eval.every=5", "eval.samples=300"]
+    if strategy not in ("local_sgd", "fedavg", "fedasync"):
+        return [o for o in COMMON if not o.startswith("strategy.local_steps")] + extra
+    return COMMON + extra
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_loop_gives_byte_identical_outputs_to_off_in_process_and_over_two_agents(tmp_path, strategy):
+    base = [f"strategy={strategy}", *_common(strategy)]
+    off = run_dist(tmp_path / "off", base + ["compute.batch=off"])
+    loop = run_dist(tmp_path / "loop", base + ["compute.batch=loop"])
+    assert off.summary["updates"] == 10
+    assert loop.summary["compute_batch"]["deferred"] and loop.summary["compute_batch"]["tasks"] > 0
+    assert loop.summary["compute_batch"]["eager_identical"] is True
+    assert_same_outputs(tmp_path / "off", tmp_path / "loop")
+    if strategy == "sgd":
+        return  # one vworker: nothing to place
+    # two agents (in-process), with the work split each way: still the same bytes, for both modes
+    for mode in ("off", "loop"):
+        for placement in ("round_robin", "block"):
+            d = tmp_path / f"a2-{mode}-{placement}"
+            r = run_dist(d, base + [f"compute.batch={mode}", "agents=2", f"placement={placement}"])
+            assert r.summary["messages_remote"] > 0
+            assert_same_outputs(tmp_path / "off", d)
+
+
+@pytest.mark.parametrize("strategy", ["ps_async", "fedavg"])
+def test_loop_over_two_agent_processes_with_overlap_matches_off_in_one_process(tmp_path, strategy):
+    base = [f"strategy={strategy}", *_common(strategy)]
+    run_dist(tmp_path / "off", base + ["compute.batch=off"])
+    r = run_dist(tmp_path / "local", base + ["compute.batch=loop", "compute.overlap=true", "agents=2"], local=True)
+    assert r.summary["compute_batch"]["tasks"] > 0 and r.summary["messages_remote"] > 0
+    assert_same_outputs(tmp_path / "off", tmp_path / "local")
+
+
+VMAP = ["workers=8", "stop.updates=100", "eval.every=0", "network.latency=100us", "batch_size=8"]
+
+
+@pytest.mark.parametrize("strategy", ["ps_sync", "ps_async", "fedavg"])
+def test_vmap_stays_within_1e_5_of_off_after_100_updates_and_reruns_identically(tmp_path, strategy):
+    extra = ["strategy.local_steps=1", "strategy.fraction=1.0"] if strategy == "fedavg" else []
+    base = [f"strategy={strategy}", *VMAP, *extra]
+    off = run_dist(tmp_path / "off", base + ["compute.batch=off"])
+    vm = run_dist(tmp_path / "vmap", base + ["compute.batch=vmap"])
+    again = run_dist(tmp_path / "again", base + ["compute.batch=vmap"])
+    cb = vm.summary["compute_batch"]
+    assert cb["vmap_batches"] > 0 and cb["largest_batch"] > 1, "same-shaped gradients should have run together"
+    assert cb["eager_identical"] is False  # vmap's floats differ in the last bits, and the summary says so
+    assert off.summary["updates"] == vm.summary["updates"] == 100
+    rel = float((vm.params - off.params).norm() / off.params.norm())
+    assert 0 < rel <= 1e-5, rel
+    assert off.summary["virtual_time_ns"] == vm.summary["virtual_time_ns"]  # durations come from the model
+    assert_same_outputs(tmp_path / "vmap", tmp_path / "again")
+
+
+def test_auto_records_its_probe_and_choice_in_the_summary(tmp_path):
+    db = tmp_path / "profiles.json"
+    base = ["strategy=ps_sync", *VMAP, "stop.updates=3", f"compute.db={db}", "compute.max_batch=8"]
+    r = run_dist(tmp_path / "auto", base + ["compute.batch=auto"])
+    cb = r.summary["compute_batch"]
+    (probes,) = cb["probes"]
+    (sig, probe), = probes.items()
+    assert sig.startswith("gradient|") and "MLP" in sig
+    assert sorted(probe["figures"], key=int) == ["2", "4", "8"]  # batch sizes up to max_batch and the workers
+    for fig in probe["figures"].values():
+        assert fig["loop_s"] > 0 and fig["vmap_s"] > 0
+    # the choice follows the figures: vmap from the smallest size whose batches (and all larger) win by 10 %
+    wins = [int(n) for n, f in probe["figures"].items() if f["vmap_s"] <= 0.9 * f["loop_s"]]
+    expected = None
+    for n in sorted(map(int, probe["figures"]), reverse=True):
+        if n not in wins:
+            break
+        expected = n
+    assert probe["vmap_from"] == expected
+    assert cb["eager_identical"] == (cb["vmap_tasks"] == 0)
+    # the figures are kept in the profile database: a rerun reads them and chooses alike
+    stored = json.loads(db.read_text())
+    assert any(k.startswith("batchprobe|vmap|8|") for dev in stored.values() for k in dev)
+    r2 = run_dist(tmp_path / "again", base + ["compute.batch=auto"])
+    assert r2.summary["compute_batch"]["probes"] == cb["probes"]
+    assert_same_outputs(tmp_path / "auto", tmp_path / "again")
+
+
+def test_summary_reports_peak_memory(tmp_path):
+    r = run_dist(tmp_path, ["strategy=ps_async", "workers=2", "stop.updates=2"])
+    mem = r.summary["peak_memory"]
+    assert mem["max_rss_bytes"] >= mem["controller_rss_bytes"] > 50 * 2**20  # torch alone is larger
+    assert len(mem["agents_rss_bytes"]) == 1
+
+
+def test_the_default_defers_as_a_loop_and_off_runs_eagerly(tmp_path):
+    r = run_dist(tmp_path / "default", ["strategy=ps_async", "workers=2", "stop.updates=2"])
+    cb = r.summary["compute_batch"]
+    assert (cb["mode"], cb["deferred"], cb["eager_identical"], cb["vmap_tasks"]) == ("loop", True, True, 0)
+    off = run_dist(tmp_path / "off", ["strategy=ps_async", "workers=2", "stop.updates=2", "compute.batch=off"])
+    assert off.summary["compute_batch"] == {"mode": "off", "overlap": False, "deferred": False,
+                                            "eager_identical": True}
+    assert torch.equal(r.params, off.params)

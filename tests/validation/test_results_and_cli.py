@@ -1,0 +1,74 @@
+"""Results files and the validate / calibrate / measure commands: bad input is one sentence and exit 2."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controller.calibrate import main as calibrate_main
+from controller.measure import main as measure_main
+from controller.results import load_results
+from controller.validate import main as validate_main
+
+GOOD = {"scenario": "ring", "K": 2, "L_ms": 1.0, "B_mbit": 1000, "M_bytes": 1000000, "C_ms": 20, "median_s": 0.033}
+
+
+def write(tmp_path, *recs, raw=None):
+    p = tmp_path / "r.jsonl"
+    p.write_text(raw if raw is not None else "".join(json.dumps(r) + "\n" for r in recs))
+    return p
+
+
+@pytest.mark.parametrize("rec, sentence", [
+    ({k: v for k, v in GOOD.items() if k != "B_mbit"},
+     "line 1: the field 'B_mbit' is missing; accepted: a number > 0."),
+    ({**GOOD, "scenario": "allgather"},
+     "line 1: scenario='allgather' is not valid; accepted: ring | ps_sync | ps_async | p2p | fanin."),
+    ({**GOOD, "L_ms": -1.0}, "line 1: L_ms=-1.0 is not valid; accepted: a number >= 0."),
+    ({**GOOD, "scenario": "ps_async"}, "line 1: the field 'updates_per_s' is missing; accepted: a number > 0."),
+    ({**GOOD, "K": 2.5}, "line 1: K=2.5 is not valid; accepted: an integer >= 1."),
+])
+@pytest.mark.parametrize("command", [validate_main, calibrate_main])
+def test_a_bad_results_file_is_one_sentence_and_exit_2(tmp_path, capsys, rec, sentence, command):
+    p = write(tmp_path, rec)
+    assert command([str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(sentence) and err.count("\n") == 0 and "Traceback" not in err
+
+
+def test_a_results_file_that_is_not_json_lines_is_one_sentence(tmp_path, capsys):
+    p = write(tmp_path, raw='{"scenario": "ring", \n')
+    assert validate_main([str(p)]) == 2
+    assert "line 1: not valid JSON" in capsys.readouterr().err
+
+
+def test_a_missing_results_file_is_one_sentence(tmp_path, capsys):
+    assert validate_main([str(tmp_path / "nope.jsonl")]) == 2
+    assert "cannot be read" in capsys.readouterr().err
+
+
+def test_a_bad_override_fails_before_any_emulation(tmp_path, capsys):
+    p = write(tmp_path, GOOD)
+    assert validate_main([str(p), "network=tcp", "network.efficiency=0.94"]) == 2
+    assert "network.efficiency=0.94 is not valid; accepted: 1.0 with network.model=tcp" in capsys.readouterr().err
+    assert validate_main([str(p), "strategy.collective=nccl"]) == 2
+    assert "strategy.collective=nccl is not valid" in capsys.readouterr().err
+
+
+def test_the_minimal_format_is_realrun_s_required_subset(tmp_path):
+    p = write(tmp_path, GOOD, {**GOOD, "scenario": "ps_async", "median_s": 1.0, "updates_per_s": 75.5, "K": 4,
+                               "p2p": {"rtt_small_s": 0.0024}, "extra": "ignored"})
+    ring, ps = load_results(p)
+    assert (ring.scenario, ring.K, ring.L_s, ring.B_bps, ring.M_bytes, ring.C_s, ring.measured, ring.N,
+            ring.warmup) == ("ring", 2, 0.001, 1e9, 1000000, 0.02, 0.033, 10, 2)
+    assert (ps.scenario, ps.measured, ps.rtt_small_s) == ("ps_async", 75.5, 0.0024)
+
+
+@pytest.mark.parametrize("argv, sentence", [
+    (["--workers", "0"], "--workers=0 is not valid; accepted: an integer >= 1."),
+    (["--scenarios", "ring,allgather"], "--scenarios='allgather' is not valid"),
+    (["--latency-ms", "-1"], "--latency-ms must be >= 0"),
+])
+def test_measure_refuses_bad_options_in_one_sentence(tmp_path, capsys, argv, sentence):
+    assert measure_main(["--out", str(tmp_path / "m.jsonl"), *argv]) == 2
+    assert sentence in capsys.readouterr().err

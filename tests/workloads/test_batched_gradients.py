@@ -1,0 +1,89 @@
+"""The batch rule of Training.gradient_at (torch.func.vmap over stacked parameters and batches), on CPU and GPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agents.sim.executor import batch_rule_of
+from agents.workloads.training import Training, WorkloadSpec
+from tests.helpers import run
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(),
+                         reason="needs a CUDA GPU; this machine has none (the CPU path is tested beside it)")
+
+
+def _training(model: str, device: str = "cpu") -> Training:
+    spec = WorkloadSpec(model={"_target_": model}, data_root=None, partition="iid", partition_kw={},
+                        data_holders=("w0",), batch_size=(8,), lr=0.05, momentum=0.0, eval_samples=10,
+                        device=device, threads=1, optimizer="sgd")
+    return Training(spec, seed=0)
+
+
+def _calls(tr: Training, n: int) -> list[tuple]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(n):
+        x, y = tr.batch(np.arange(8) + 8 * i)
+        out.append((tr.initial + 0.01 * torch.randn(tr.initial.shape, generator=g), x, y))
+    return out
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_the_vmap_rule_gives_each_calls_loss_and_gradient_up_to_rounding(model):
+    tr = _training(model)
+    assert batch_rule_of(tr.gradient_at) == tr.gradient_at_batched
+    calls = _calls(tr, 5)
+    batched = tr.gradient_at_batched(calls)
+    for (loss, grad), c in zip(batched, calls):
+        ref_loss, ref_grad = tr.gradient_at(*c)
+        assert grad.shape == ref_grad.shape and grad.device.type == "cpu"
+        assert loss == pytest.approx(ref_loss, rel=1e-5)
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_model_with_frozen_parameters_falls_back_to_one_call_each():
+    tr = _training("mlp")
+    next(tr.scratch.parameters()).requires_grad_(False)
+    calls = _calls(tr, 3)
+    for (loss, grad), c in zip(tr.gradient_at_batched(calls), calls):
+        ref_loss, ref_grad = tr.gradient_at(*c)
+        assert loss == ref_loss and torch.equal(grad, ref_grad)
+
+
+@GPU
+def test_the_vmap_rule_runs_on_the_gpu_and_returns_cpu_tensors():
+    tr = _training("mlp", device="cuda")
+    cpu = _training("mlp")
+    calls = _calls(tr, 6)
+    torch.cuda.reset_peak_memory_stats()
+    batched = tr.gradient_at_batched(calls)
+    assert torch.cuda.max_memory_allocated() > 0  # the stacked batch lived on the device
+    for (loss, grad), c in zip(batched, calls):
+        ref_loss, ref_grad = cpu.gradient_at(*c)
+        assert grad.device.type == "cpu" and grad.is_pinned()  # through pinned host memory
+        assert loss == pytest.approx(ref_loss, rel=1e-4)
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-3, atol=1e-5)
+
+
+@GPU
+def test_vmap_on_the_gpu_trains_like_eager_cpu_within_1e_4(tmp_path):
+    base = ["strategy=ps_sync", "workers=8", "stop.updates=20", "batch_size=8", "model=mlp"]
+    cpu = run(tmp_path / "cpu", base + ["compute.batch=off"])
+    gpu = run(tmp_path / "gpu", base + ["compute.batch=vmap", "device=cuda", "compute.overlap=true"])
+    assert gpu.summary["device"].startswith("cuda")
+    cb = gpu.summary["compute_batch"]
+    assert cb["vmap_batches"] > 0 and cb["largest_batch"] == 8
+    assert "gpu_peak_allocated_bytes" in gpu.summary["peak_memory"]
+    rel = float((gpu.params - cpu.params).norm() / cpu.params.norm())
+    assert rel <= 1e-4, rel
+    assert gpu.summary["virtual_time_ns"] == cpu.summary["virtual_time_ns"]  # compute=constant
+
+
+@GPU
+def test_auto_probes_on_the_gpu_and_records_the_device(tmp_path):
+    r = run(tmp_path, ["strategy=ps_sync", "workers=8", "stop.updates=3", "model=mlp", "compute.batch=auto",
+                       "device=cuda", f"compute.db={tmp_path / 'db.json'}", "compute.max_batch=8"])
+    (probes,) = r.summary["compute_batch"]["probes"]
+    (sig,) = probes
+    assert "/cuda" in sig  # the probe is keyed by the device it measured
