@@ -283,9 +283,23 @@ def _show(value: Any) -> str:
     return "null" if value is None else repr(value)
 
 
+@lru_cache(maxsize=None)
+def _containers(cls: type) -> dict[str, type]:
+    """The fields of a schema class declared as a list or a dict: name -> list | dict."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        origin = typing.get_origin(hint)
+        if origin is typing.Union:  # Optional[List[...]]
+            origin = next((typing.get_origin(a) for a in typing.get_args(hint) if typing.get_origin(a)), None)
+        if origin in (list, dict):
+            out[name] = origin
+    return out
+
+
 def _check_fields(obj: Any, prefix: str, p: _Problems) -> None:
     """Generic checks of one schema object's fields (bounds, choices, units), recursing into sections."""
     cls = type(obj)
+    containers = _containers(cls)
     for f in fields(cls):
         if f.name.startswith("_"):
             continue
@@ -296,6 +310,11 @@ def _check_fields(obj: Any, prefix: str, p: _Problems) -> None:
             _check_fields(v, key + ".", p)
             continue
         if v is None:
+            continue
+        want = containers.get(f.name)
+        if want is not None and not isinstance(v, want):  # e.g. compute.params=${workers}: an int
+            p.bad(key, v, f"{'a list' if want is list else 'a mapping'} ({accepted_text(cls, f.name)})")
+            setattr(obj, f.name, want())  # reported; later checks see an empty one
             continue
         if meta.get("unit") == "duration":
             try:
@@ -468,7 +487,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
               f"at least twice controller.heartbeat_s ({ctl.heartbeat_s:g} s)")
     if not ctl.host:
         p.bad("controller.host", ctl.host, "an address to listen on, e.g. 127.0.0.1 or 0.0.0.0")
-    _tls(ctl.tls, isinstance(launcher, S.LocalLauncherConfig), p)
+    _tls(ctl.tls, isinstance(launcher, S.LocalLauncherConfig), p, check_files=check_data)
     trace = _trace(c.trace, p)
     metrics = _metrics(c, p)
     if c.outputs.upload is not None and "://" not in c.outputs.upload:
@@ -501,9 +520,10 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         statelog=c.statelog, outputs=c.outputs, progress=c.progress, log_level=c.log_level.value)
 
 
-def _tls(tls: S.TLSConfig, local: bool, p: _Problems) -> None:
+def _tls(tls: S.TLSConfig, local: bool, p: _Problems, check_files: bool = True) -> None:
     """``controller.tls``: when on, the controller's files must be there (and the agents' too with
-    launcher=local, whose agents read them on this machine)."""
+    launcher=local, whose agents read them on this machine); ``check_files`` False (like ``check_data``)
+    checks a config meant for another machine, e.g. the chart's pod, without looking at this one's files."""
     if not tls.enabled:
         return
     import os
@@ -513,7 +533,7 @@ def _tls(tls: S.TLSConfig, local: bool, p: _Problems) -> None:
         if v is None:
             if key in ("cert", "key", "ca"):
                 p.bad(f"controller.tls.{key}", v, "a PEM file (controller.tls.enabled=true needs cert, key and ca)")
-        elif (key in ("cert", "key", "ca") or local) and not os.path.isfile(v):
+        elif check_files and (key in ("cert", "key", "ca") or local) and not os.path.isfile(v):
             p.bad(f"controller.tls.{key}", v, "a readable PEM file (it does not exist)")
 
 

@@ -64,17 +64,21 @@ def _tls_overrides(pki) -> list[str]:
             f"controller.tls.ca={pki['ca'].path}"]
 
 
-def test_a_run_with_tls_on_gives_the_same_outputs(tmp_path, pki):
+@pytest.mark.parametrize("windows, streams", [
+    ("hub", "direct stream to agent"),  # tensors on the direct streams, windows through the controller
+    ("direct", "direct windows: streams to agents [0] open (mutual TLS)"),  # everything between the agents
+])
+def test_a_run_with_tls_on_gives_the_same_outputs(tmp_path, pki, windows, streams):
     over = ["strategy=ps_async", "workers=2", "stop.updates=30", "agents=2", "placement=round_robin"]
     run(tmp_path / "plain", over + ["agents=1"])
     d = tmp_path / "tls"
     proc = subprocess.run([sys.executable, "-m", "controller.cli", "run", *FAST, *over, "launcher=local",
-                           *_tls_overrides(pki), f"hydra.run.dir={d}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+                           f"controller.windows={windows}", *_tls_overrides(pki), f"hydra.run.dir={d}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(TLS)" in (d / "lockstep.log").read_text()
-    # the model (636 kB) travels on the direct streams, which speak TLS too
-    assert "direct stream to agent" in (d / "agents" / "agent-0.log").read_text()
+    # the model (636 kB) travels on the agents' own streams, which speak TLS too
+    assert streams in (d / "agents" / "agent-1.log").read_text()
     assert_same_outputs(tmp_path / "plain", d)
 
 
@@ -86,5 +90,5 @@ def test_a_run_with_tls_on_gives_the_same_outputs(tmp_path, pki):
 ])
 def test_a_wrong_tls_setting_is_one_clear_sentence(override, problem):
     with pytest.raises(ConfigError) as e:
-        validate(compose_cfg(FAST + override), check_data=False)
+        validate(compose_cfg(FAST + override))  # check_data: the files of this machine are looked at
     assert any(p.startswith(problem) for p in e.value.problems), e.value.problems
