@@ -286,8 +286,11 @@ class AgentProcess:
 
         try:
             if self.mesh is None:
-                self.mesh = MeshSession(self.core, self.run_id, local_address_towards(self.controller),
-                                        self.writer)
+                tls = self.tls.enabled and bool(self.tls.cert)  # the streams speak mutual TLS too
+                self.mesh = MeshSession(
+                    self.core, self.run_id, local_address_towards(self.controller), self.writer,
+                    server_ssl_context(self.tls.ca, self.tls.cert, self.tls.key) if tls else None,
+                    client_ssl_context(self.tls.ca, self.tls.cert, self.tls.key) if tls else None)
             if call.method == "mesh_open":
                 f = pb.AgentFrame()
                 f.reply.id = call.id

@@ -249,6 +249,93 @@ def agent_takes(event: pb.Event) -> str:
         return "refused: WireError"
 
 
+# ------------------------------------------------------------ direct windows
+@st.composite
+def mesh_streams(draw: Any) -> bytes:
+    """What a peer might send on a direct-window stream (agents/mesh.py): frames of a prefix, a
+    MeshReport (random times, routing entries and events), a tensor table and tensor bytes; some bytes
+    mangled, the stream ending anywhere."""
+    from agents.mesh import _BLOB, _PREFIX
+    from protos.lockstep.v1 import mesh_pb2 as mpb
+
+    from agents.sim.types import INFINITY
+
+    times = st.one_of(st.just(INFINITY), st.integers(0, 10_000), ANY_INT)  # INFINITY: the peer is done
+    out = bytearray()
+    for k in range(draw(st.integers(1, 3))):
+        rep = mpb.MeshReport(window=draw(st.sampled_from([k, k, k, k + 1, -1])), next_time=draw(times),
+                             horizon=draw(times))
+        if draw(st.booleans()):
+            rep.stop_time = draw(ANY_INT)
+        for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
+            rep.routed.add(agent=draw(st.integers(-1, 3)), count=draw(SMALL), min_time=draw(times),
+                           min_effect=draw(times))
+        for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
+            draw(events(rep.events.add()))
+        body = rep.SerializeToString()
+        sizes = draw(st.lists(st.one_of(st.integers(0, 64), st.just(LIMITS.max_blob_bytes + 1), INT64),
+                              max_size=draw(st.sampled_from([0, 2, 20]))))
+        ids = [draw(st.one_of(st.integers(-1, 4), INT64)) for _ in sizes]
+        out += _PREFIX.pack(len(body), len(sizes)) + body + b"".join(_BLOB.pack(i, n) for i, n in zip(ids, sizes))
+        exact = sum(n for n in sizes if 0 <= n <= 64)
+        # the tensors' bytes: as many as announced, or too few, or too many
+        out += draw(st.one_of(st.binary(min_size=exact, max_size=exact), st.binary(max_size=128)))
+    if draw(st.booleans()):  # truncate, flip or insert
+        pos = draw(st.integers(0, max(len(out), 1)))
+        how = draw(st.sampled_from(["truncate", "flip", "insert"]))
+        if how == "truncate":
+            del out[pos:]
+        elif how == "flip" and out:
+            out[min(pos, len(out) - 1)] ^= draw(st.integers(1, 255))
+        else:
+            out[pos:pos] = draw(st.binary(min_size=1, max_size=8))
+    return bytes(out)
+
+
+class _IdleCore:
+    """Agent 0 of a two-agent run hosting vworker 0 (agent 1 hosts 1 and 2): its windows produce nothing."""
+
+    agent_id = 0
+
+    def advance(self, *a: Any, **k: Any) -> Any:
+        from agents.core import Reached
+        from agents.sim.types import INFINITY
+
+        return Reached(INFINITY, [], None, INFINITY)
+
+
+def mesh_takes(data: bytes, limits: wire.Limits = LIMITS) -> str:
+    """Feed agent 1's stream to agent 0's direct-window loop (real sockets, the real reader and checks).
+
+    Returns "accepted" (the windows ran to their end) or "refused: MeshError"; raises anything else (a
+    crash), or AssertionError when more memory was taken than the limits allow.
+    """
+    import socket
+
+    from agents.mesh import MeshError, MeshLinks, MeshLoop
+    from agents.sim.types import INFINITY
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    tracemalloc.start()
+    links = MeshLinks(0, {1: a}, limits=limits)
+    try:
+        try:
+            b.sendall(data)
+            b.close()  # the peer is done: the stream ends after its bytes
+            loop = MeshLoop(_IdleCore(), links, placement=[0, 1, 1], n_agents=2, lookahead=1000,
+                            next_times=[INFINITY, 5], horizons=[INFINITY, 5], report=lambda p: None)
+            loop.run()
+            return "accepted"
+        except MeshError:
+            return "refused: MeshError"
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+            links.close()
+    finally:
+        tracemalloc.stop()
+        assert peak < 4 * limits.max_pending_bytes + (8 << 20), f"{peak} bytes traced"
+
+
 # ------------------------------------------------------------------ configs
 CONF = __import__("pathlib").Path(__file__).resolve().parents[2] / "conf"
 GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml") if not p.stem.startswith("_")) + ["nope", "../x"]

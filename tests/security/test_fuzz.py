@@ -38,6 +38,12 @@ def test_fuzzed_controller_events_decode_or_raise_a_wire_error_in_an_agent(event
     assert agent_takes(event).startswith(("accepted", "refused"))
 
 
+@FUZZ
+@given(data=fuzzing.mesh_streams())
+def test_fuzzed_direct_window_streams_run_or_fail_with_a_mesh_error_never_a_crash(data):
+    assert fuzzing.mesh_takes(data).startswith(("accepted", "refused"))
+
+
 class _Noise(threading.Thread):
     """Throws random bytes and metadata at every method of a controller until stopped."""
 
