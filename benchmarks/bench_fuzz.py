@@ -44,6 +44,9 @@ def _count(name: str, n: int, strategy, outcome) -> tuple[collections.Counter, l
             counts["CRASH"] += 1
             if len(crashes) < 5:
                 crashes.append(f"{example!r:.300}\n{''.join(traceback.format_exception(e))[-1500:]}")
+        done = sum(counts.values())
+        if done % 500 == 0:  # progress, so a run cut short still says how far it came
+            print(f"{name}: {done} so far in {time.perf_counter() - t0:.0f} s: {dict(counts)}", flush=True)
 
     t0 = time.perf_counter()
     one()
