@@ -12,14 +12,13 @@ import grpc
 import pytest
 
 from agents.common import wire
-from controller.config import ConfigError, validate
+from controller.config import ConfigError, load
 from controller.config.schema import TLSConfig
 from controller.server import ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 from tests.distributed.conftest import FAST, assert_same_outputs, run
 from tests.distributed.fakes import TOKEN, register_metadata
-from tests.helpers import compose_cfg
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
@@ -83,12 +82,12 @@ def test_a_run_with_tls_on_gives_the_same_outputs(tmp_path, pki, windows, stream
 
 
 @pytest.mark.parametrize("override, problem", [
-    (["controller.tls.enabled=true"], "controller.tls.cert=None is not valid"),
+    (["controller.tls.enabled=true"], "controller.tls.cert=null is not valid; accepted: a PEM file"),
     (["controller.tls.enabled=true", "controller.tls.cert=/nonexistent.crt", "controller.tls.key=/nonexistent.key",
-      "controller.tls.ca=/nonexistent.ca"], "controller.tls.cert='/nonexistent.crt' is not valid; accepted: a readable"),
-    (["controller.tls.enabled=maybe"], "controller.tls.enabled='maybe' is not valid; accepted: true | false"),
+      "controller.tls.ca=/nonexistent.ca"], "controller.tls.cert=/nonexistent.crt is not valid; accepted: a readable"),
+    (["controller.tls.enabled=maybe"], "controller.tls.enabled=maybe is not valid; accepted: true | false"),
 ])
 def test_a_wrong_tls_setting_is_one_clear_sentence(override, problem):
     with pytest.raises(ConfigError) as e:
-        validate(compose_cfg(FAST + override))  # check_data: the files of this machine are looked at
+        load(FAST + override)  # as `lockstep run` checks it: the files of this machine are looked at
     assert any(p.startswith(problem) for p in e.value.problems), e.value.problems
