@@ -14,6 +14,7 @@ commands:
   sweep [--kubernetes] [overrides...]   a Hydra sweep; --kubernetes: one Helm release per point
   fetch RELEASE [DIR] | --sweep NAME [DIR]  copy run directories out of a cluster's results volume
   profile --name NAME [overrides...]   measure this machine's compute calls into a device profile
+  predict [--json] [overrides...]      the throughput the experiment should reach, by the paper's models
   plot RUN_OR_SWEEP_DIR...  draw loss/accuracy vs virtual time and iterations (and throughput for sweeps)
   agent --controller HOST:PORT --agent-id N   an agent process (started by launchers)
   inspect RUN --at T [--worker W]             what a vworker was doing and holding at virtual time T
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         from controller.config.profiles import profile_main
 
         return profile_main(rest)
+    if cmd == "predict":
+        from controller.predict import predict_main
+
+        return predict_main(rest)
     if cmd == "plot":
         from controller.plotcli import main as plot_main
 

@@ -90,14 +90,9 @@ def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookah
 
 def window_ends(T: VirtualTime, bound: Sequence[VirtualTime], pending: Sequence[Sequence[RemoteEvent]],
                 lookahead: VirtualTime) -> list[VirtualTime]:
-    """Each agent's window end (docs/distributed.md, "Window ends").
-
-    Agent ``a`` may run every event before ``min over b != a of first(b) + lookahead``, where
-    ``first(b)`` is the earliest time agent ``b`` could act on another agent: its output bound
-    (:meth:`agents.sim.kernel.Kernel.output_bound`) or the ``acts_at`` of an event routed to it.
-    Nothing ``b`` sends this window can arrive earlier; what ``a`` itself sends is answered no
-    sooner than ``lookahead`` after the receiver can act on it, and ``a``'s kernel stops its
-    window there (``Kernel.reply_lookahead``). Zero lookahead: the single instant ``T``.
+    """Each agent's window end (docs/distributed.md, "Window ends"): :func:`agents.common.windows.ends_from_first`
+    with ``first(b)`` the earlier of agent ``b``'s output ``bound`` and the ``acts_at`` of any event in
+    ``pending[b]``, the events routed to it.
     """
     n = len(bound)
     if n == 1 or lookahead >= INFINITY or lookahead <= 0:

@@ -81,8 +81,11 @@ def worker_main(a: argparse.Namespace) -> int:
         if rank == 0:
             rtt = statistics.median(rtts[a.warmup:])
             # each transfer less half the least disturbed round trip: on a busy host a median ping can take
-            # longer than a short bulk transfer's whole exchange
-            times = [b - min(rtts[a.warmup:]) / 2 for b in bigs]
+            # longer than a short bulk transfer's whole exchange, and even the fastest ping longer than the
+            # fastest exchange (which holds a one-way ack too), so the ack is never taken for more than half
+            # of that exchange: every transfer time stays > 0
+            one_way = min(min(rtts[a.warmup:]), min(bigs[a.warmup:])) / 2
+            times = [b - one_way for b in bigs]
             res["p2p"] = {"rtt_small_s": rtt, "rtt_small_all_s": rtts, "send_plus_ack_s": bigs,
                           "transfer_s": statistics.median(times[a.warmup:]),
                           "eff_mbit": numel * 32 / max(1e-9, statistics.median(bigs[a.warmup:]) - rtt) / 1e6}

@@ -39,14 +39,14 @@ def _fmt(v: Any) -> Any:
 class RunDir:
     """Writers for one run directory."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, extra_columns: tuple[str, ...] = ()):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._metrics = open(self.path / "metrics.csv", "w", newline="")
         self._eval = open(self.path / "eval.csv", "w", newline="")
         self._mw = csv.writer(self._metrics)
         self._ew = csv.writer(self._eval)
-        self._mw.writerow(UPDATE_COLUMNS)
+        self._mw.writerow((*UPDATE_COLUMNS, *extra_columns))  # extra: e.g. the data-on-network totals
         self._ew.writerow(EVAL_COLUMNS)
         self.n_updates = 0
 

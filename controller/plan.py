@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from agents.common.plan import Plan
 from agents.sim import keyed
@@ -77,8 +78,12 @@ def network_spec(net: NetworkSettings, vworkers: list[VWorkerSpec], seed: int) -
     out_bw = per_vworker_bandwidth(net.bandwidth, vworkers, seed)
     in_bw = out_bw if net.bandwidth_in is None else per_vworker_bandwidth(net.bandwidth_in, vworkers, seed)
     eff = net.efficiency
+    from controller.topology import topology_spec
+
+    data = [i for i, v in enumerate(vworkers) if v.cls.endswith("DataServer")]
+    topology = topology_spec(net.topology, net.links, vworkers, data)
     return NetworkSpec(latency_model(net.latency, len(vworkers), seed), tuple(b * eff for b in out_bw),
-                       tuple(b * eff for b in in_bw), net.egress, net.ingress, net.tcp)
+                       tuple(b * eff for b in in_bw), net.egress, net.ingress, net.tcp, topology)
 
 
 def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str, seed: int) -> ComputeSpec:
@@ -97,25 +102,57 @@ def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str
                        profile_db=comp.profile_db, profile_runs=comp.profile_runs, speed=speed,
                        jitter=comp.jitter, stragglers={ids[k]: f for k, f in comp.stragglers.items()},
                        straggle_p=comp.straggle_p, straggle_factor=comp.straggle_factor, device=device, seed=seed,
-                       profile_name=comp.profile_name, profile=dict(comp.profile), batch=comp.batch,
-                       max_batch=comp.max_batch, overlap=comp.overlap)
+                       profile_name=comp.profile_name, profile=dict(comp.profile),
+                       estimators=dict(comp.estimators), layerwise=comp.layerwise,
+                       forward_fraction=comp.forward_fraction, allreduce_share=comp.allreduce_share,
+                       batch=comp.batch, max_batch=comp.max_batch, overlap=comp.overlap)
+
+
+SAMPLE_BYTES = 28 * 28 + 1
+"""One Fashion-MNIST (or MNIST) sample as stored: 28x28 bytes of pixels and a label byte."""
+
+
+def with_data_servers(vworkers: list[VWorkerSpec], data: Any) -> list[VWorkerSpec]:
+    """The strategy's vworkers, then ``data.end_devices`` end devices per training worker when the data travels.
+
+    End devices come last, so the strategy's vworkers keep their ids (and their keyed draws).
+    """
+    if data is None or data.placement != "end_devices":
+        return vworkers
+    holders = [v.name for v in vworkers if v.holds_data]
+    size = data.sample_bytes or SAMPLE_BYTES
+    extra = [VWorkerSpec(f"d{i}", "agents.workloads.datanet.DataServer", {"serves": h, "sample_bytes": size})
+             for i, h in enumerate(h for j in range(data.end_devices) for h in holders)]
+    return [*vworkers, *extra]
 
 
 def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:
     strategy = load_strategy(rc.strategy)
-    vworkers = strategy.layout(rc.workers, rc.strategy_settings)
+    vworkers = with_data_servers(strategy.layout(rc.workers, rc.strategy_settings), rc.data)
     holders = tuple(v.name for v in vworkers if v.holds_data)
+    servers: dict[str, list[str]] = {}
+    for v in vworkers:
+        if v.cls.endswith("DataServer"):
+            servers.setdefault(v.kwargs["serves"], []).append(v.name)
     workload = WorkloadSpec(model=rc.model, data_root=rc.data_root,
                             partition="two_class_non_iid" if rc.partition == "non_iid" else rc.partition,
                             partition_kw=rc.partition_kw, data_holders=holders,
                             batch_size=rc.batch_size[: len(holders)] or (1,), lr=rc.lr, momentum=rc.momentum,
                             eval_samples=rc.eval_samples, device=rc.device, threads=rc.threads,
-                            optimizer=rc.optimizer)
+                            optimizer=rc.optimizer, data_placement=rc.data.placement, cache=rc.data.cache,
+                            cache_size=rc.data.cache_size, data_servers=servers)
     settings = {"stop_updates": rc.stop_updates, "eval_every": rc.eval_every, **rc.strategy_settings}
     rid = run_id or rc.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{config_hash(rc.raw)}"
+    compute = compute_spec(rc.compute, vworkers, rc.device, rc.seed)
+    if rc.compute.layerwise:  # per-layer shares of a gradient call (controller.predict.costs)
+        from dataclasses import replace
+
+        from controller.predict.costs import layer_table_of
+
+        compute = replace(compute, layers=layer_table_of(rc, compute, workload.batch_size[0]))
     return Plan(run_id=rid, seed=rc.seed, strategy=rc.strategy_name,
                 result=strategy.result_for(rc.workers, rc.strategy_settings), vworkers=vworkers,
                 placement=place(vworkers, rc.agents, rc.placement), n_agents=rc.agents,
                 network=network_spec(rc.network, vworkers, rc.seed),
-                compute=compute_spec(rc.compute, vworkers, rc.device, rc.seed), workload=workload,
+                compute=compute, workload=workload,
                 settings=settings, stop_virtual_time_ns=rc.stop_virtual_time_ns)

@@ -6,8 +6,11 @@
   writes): throughput against workers, one curve per (strategy, NIC
   discipline); where the runs used ``compute=constant`` the closed forms of the
   throughput-prediction paper are drawn beside the emulated curves (Eq. 7 and
-  8 for the synchronous PS, Eq. 11 for ring all-reduce), plus a loss figure of
-  all its runs.
+  8 for the synchronous PS, Eq. 11 for ring all-reduce), and where they ran with
+  ``predict=true`` the predictions in their ``summary.json`` (the model of their
+  network and Algorithm 2.1: the paper's Fig. 2a / 3a), plus a loss figure of
+  all its runs; a sweep over ``data.cache_size`` also gets the data-wait time,
+  the virtual time and the accuracy against the cache size (sim4DistrDL).
 """
 from __future__ import annotations
 
@@ -122,6 +125,27 @@ FORM_LABEL = {"eq7_ps": "Eq. 7 (PS sharing)", "eq8_fcfs": "Eq. 8 (FCFS)", "eq9_h
               "eq11_ring": "Eq. 11 (ring)"}
 
 
+def prediction_of(info: dict[str, Any], model: str) -> float | None:
+    """Samples per second that ``model`` predicted for this run (``predict=true``), or None."""
+    pred = info["summary"].get("predictions") or {}
+    return next((m.get("samples_per_s") for m in pred.get("models", []) if m.get("model") == model), None)
+
+
+def predicted_curves(infos: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The prediction curves of a group: the model of its network (selected) and Algorithm 2.1, if run."""
+    names: list[str] = []
+    for i in infos:
+        pred = i["summary"].get("predictions") or {}
+        sel = pred.get("selected")
+        if sel and sel not in names:
+            names.append(sel)
+        for m in pred.get("models", []):
+            if m["model"].startswith("finegrained_") and "skipped" not in m and m["model"] not in names and \
+                    m["model"].split("_", 1)[1] in ((sel or "").rsplit("_", 1)[-1], "all_reduce"):
+                names.append(m["model"])
+    return [(n, "-." if n.startswith("finegrained") else (0, (3, 1, 1, 1))) for n in names]
+
+
 def plot_sweep(sweep: Path, out: Path) -> Path:
     """Throughput (samples per virtual second) against workers, with the closed forms where they apply."""
     groups = sweep_points(sweep)
@@ -138,11 +162,55 @@ def plot_sweep(sweep: Path, out: Path) -> Path:
             batch = [i["plan"]["workload"]["batch_size"][0] for _, _, i in pts]
             ax.plot([k for k, _, _ in pts], [cf.throughput(st, k, b) for (k, st, _), b in zip(pts, batch)],
                     linestyle=("--", ":")[j % 2], color=line.get_color(), label=f"{strategy}, {disc}: {FORM_LABEL[form]}")
+        for name, style in predicted_curves(infos):  # runs with predict=true: the paper's models beside them
+            pts = [(i["summary"]["workers"], prediction_of(i, name)) for i in infos]
+            pts = [(k, v) for k, v in pts if v is not None]
+            if pts:
+                ax.plot([k for k, _ in pts], [v for _, v in pts], linestyle=style, marker="x", color=line.get_color(),
+                        alpha=0.8, label=f"{strategy}, {disc}: predicted, {name}")
     ax.set_xlabel("workers K")
     ax.set_ylabel("throughput [samples / virtual s]")
     ax.set_title(f"throughput vs workers: {sweep.name}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
+def cache_points(sweep: Path) -> list[dict[str, Any]]:
+    """The complete runs of a sweep with data on the network (``data_cache_size`` in summary.json), by cache size."""
+    out = []
+    for sub in sorted(p for p in sweep.iterdir() if (p / "summary.json").exists()):
+        s = json.loads((sub / "summary.json").read_text())
+        if s.get("complete") is not False and "data_cache_size" in s:
+            out.append({"summary": s, "dir": sub})
+    return sorted(out, key=lambda i: (i["summary"]["data_cache_size"] if i["summary"]["data_cache"] == "lru" else 0))
+
+
+def plot_cache_sweep(sweep: Path, out: Path) -> Path | None:
+    """sim4DistrDL's sweep: data-wait time, virtual time and test accuracy against the cache size (None: no such runs)."""
+    pts = cache_points(sweep)
+    if len({p["summary"]["data_cache_size"] for p in pts}) < 2:
+        return None
+    size = [p["summary"]["data_cache_size"] if p["summary"]["data_cache"] == "lru" else 0 for p in pts]
+    fig, (aw, at) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    aw.plot(size, [p["summary"]["data_wait_s"] for p in pts], marker="o", label="waiting for data")
+    aw.plot(size, [p["summary"]["virtual_time_s"] for p in pts], marker="s", label="run (virtual time)")
+    aw.set_xlabel("cache size [samples per node]")
+    aw.set_ylabel("virtual seconds")
+    aw.legend(fontsize="small")
+    for p, n in zip(pts, size):
+        ev = read_csv(p["dir"] / "eval.csv") if (p["dir"] / "eval.csv").exists() else []
+        if ev:
+            at.plot([float(r["virtual_time_s"]) for r in ev], [100 * float(r["test_accuracy"]) for r in ev],
+                    marker=".", label=f"cache {n}")
+    at.set_xlabel("virtual time [s]")
+    at.set_ylabel("test accuracy [%]")
+    at.legend(fontsize="small")
+    for ax in (aw, at):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"data on the network: {sweep.name}")
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return Path(out)
@@ -165,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     for sweep in sweeps:
         out = a.out if a.out is not None and not runs and len(sweeps) == 1 else sweep / "throughput.png"
         written.append(plot_sweep(sweep, out))
+        cache = plot_cache_sweep(sweep, out.with_name(out.stem + "-cache.png"))
+        if cache is not None:
+            written.append(cache)
         members = sorted(s for s in sweep.iterdir() if (s / "metrics.csv").exists())
         written.append(plot_runs(members, out.with_name(out.stem + "-loss.png")))
     if runs:

@@ -21,7 +21,10 @@ from controller.config import RunConfig, config_hash
 from controller.outputs import RunDir, write_json_atomic
 from controller.plan import make_plan
 
-__all__ = ["execute", "RunResult", "InProcessAgent"]
+__all__ = ["execute", "RunResult", "InProcessAgent", "DATA_COLUMNS"]
+
+DATA_COLUMNS = ("data_hits", "data_misses", "data_bytes", "data_wait_s")
+"""metrics.csv's last columns with data.placement=end_devices: totals over every worker up to the row."""
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,9 @@ class _Collector:
         self.max_time = 0
         self.stop_time: int | None = None
         self.done_before = 0  # every event before this virtual time is done (the last window's next start)
+        # data.placement=end_devices: data.fetch rows, summed in key order into metrics.csv's last columns
+        self.data_rows: list[tuple] | None = None
+        self.data = {"data_hits": 0, "data_misses": 0, "data_bytes": 0, "data_wait_ns": 0}
 
     def on_window(self, w: Window) -> None:
         self.windows += w.count
@@ -94,6 +100,8 @@ class _Collector:
             self.stats.merge(r.stats)
             if self.observer is not None and r.events:
                 self.observer.on_events(r.events)
+            if self.data_rows is not None:
+                self.data_rows.extend(e for e in r.events if e[1] == "data.fetch")
         self.stop_time = w.stop_time
         if self.metrics is not None:
             self.metrics.observe_window(w.start, w.barrier_wall_s, w.count)
@@ -114,13 +122,37 @@ class _Collector:
             buf.sort(key=lambda kr: kr[0])
             cut = len(buf) if before is None else next((i for i, (key, _) in enumerate(buf) if key.time >= before),
                                                        len(buf))
-            ready = [row for key, row in buf[:cut] if self.stop_time is None or key.time <= self.stop_time]
+            ready = [(key, row) for key, row in buf[:cut] if self.stop_time is None or key.time <= self.stop_time]
             del buf[:cut]
+            if ready and self.data_rows is not None and buf is self.updates:
+                ready = [(key, (*row, *self._data_until(tuple(key)))) for key, row in ready]
             if ready:
-                write(ready)
+                write([row for _, row in ready])
+        if self.data_rows is not None:
+            self._data_until((before, -1, -1) if before is not None else None)
+
+    def _data_until(self, key: tuple | None) -> tuple:
+        """Fold the data.fetch rows up to ``key`` (all, for None) into the totals; the totals as columns."""
+        rows = self.data_rows
+        rows.sort(key=lambda e: tuple(e[0]))
+        n = 0
+        for k, _, _, f in rows:
+            if key is not None and tuple(k) > key or (self.stop_time is not None and k[0] > self.stop_time):
+                break
+            n += 1
+            self.data["data_hits"] += f["hits"]
+            self.data["data_misses"] += f["misses"]
+            self.data["data_bytes"] += f["bytes"]
+            self.data["data_wait_ns"] += f["wait_ns"]
+            if self.metrics is not None:
+                self.metrics.add_data(f["hits"], f["misses"], f["bytes"], f["wait_ns"] / NS_PER_S)
+        del rows[:n]
+        d = self.data
+        return d["data_hits"], d["data_misses"], d["data_bytes"], d["data_wait_ns"] / NS_PER_S
 
     def _write_updates(self, rows: list[UpdateRow]) -> None:
         self.out.write_updates(rows)
+        rows = [UpdateRow(*r[:len(UpdateRow._fields)]) for r in rows]
         for r in rows:
             self.n_updates += 1
             self.samples += r.samples
@@ -171,9 +203,12 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     if metrics is not None:
         metrics.set_run_info(run_id=plan.run_id, config_hash=config_hash(rc.raw), strategy=rc.strategy_name,
                              workers=rc.workers, agents=rc.agents)
-    out = RunDir(run_dir)
+    remote_data = rc.data.placement == "end_devices"
+    out = RunDir(run_dir, DATA_COLUMNS if remote_data else ())
     col = _Collector(out, progress, metrics, observer,
                      partial_every_s=rc.outputs.summary_every_s)
+    if remote_data:
+        col.data_rows = []
 
     def partial() -> None:
         """summary.json so far ("complete": false): what a run that dies or is still going has reached."""
@@ -326,6 +361,14 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     }
     if stopped is not None:
         summary["signal"] = stopped.name
+    if remote_data:  # sim4DistrDL's data on the network: what the caches saved, what the wait cost
+        summary.update({"data_cache_hits": col.data["data_hits"], "data_cache_misses": col.data["data_misses"],
+                        "data_bytes_moved": col.data["data_bytes"], "data_wait_s": col.data["data_wait_ns"] / NS_PER_S,
+                        "data_cache": rc.data.cache, "data_cache_size": rc.data.cache_size})
+    if rc.predict:  # the throughput-prediction paper's models beside the emulated figures (controller.predict)
+        from controller.predict import summary_entry
+
+        summary["predictions"] = summary_entry(rc, summary)
     if metrics is not None:
         metrics.set_speed_ratio(summary["speed_ratio"])
     write_json_atomic(run_dir / "summary.json", summary)

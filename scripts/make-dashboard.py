@@ -201,6 +201,24 @@ def build() -> dash_b.Dashboard:
         "Agents", "Agents by state.", "none", pos(16, y, 8),
         query(f"sum by (run_id, state) ({m('lockstep_agents')})", "{{run_id}} {{state}}"))
         .stacking(common_b.StackingConfig().mode(common_m.StackingMode.NORMAL)))
+    y += 8
+
+    d = d.with_row(dash_b.Row("Data on the network").grid_pos(pos(0, y, 24, 1)))
+    y += 1
+    d = d.with_panel(timeseries(
+        "Cache hits and misses", "Samples training workers found in their node's LRU cache, and samples "
+        "they fetched from their end devices (data.placement=end_devices), per wall second.", "ops",
+        pos(0, y, 8),
+        query(f"sum by (run_id) (rate({m('lockstep_data_cache_hits_total')}[{RATE}]))", "{{run_id}} hits", "A"),
+        query(f"sum by (run_id) (rate({m('lockstep_data_cache_misses_total')}[{RATE}]))", "{{run_id}} misses",
+              "B")))
+    d = d.with_panel(timeseries(
+        "Data moved", "Bytes of training samples moved over the network per wall second.", "Bps", pos(8, y, 8),
+        query(f"sum by (run_id) (rate({m('lockstep_data_moved_bytes_total')}[{RATE}]))", "{{run_id}}")))
+    d = d.with_panel(timeseries(
+        "Waiting for data", "Virtual seconds training workers waited for their samples, per wall second.", "s",
+        pos(16, y, 8),
+        query(f"sum by (run_id) (rate({m('lockstep_data_wait_seconds_total')}[{RATE}]))", "{{run_id}}")))
     return d
 
 

@@ -134,6 +134,16 @@ class Metrics:
                 self.agents.labels(state=state).set(0)
             self.run_info = Info(
                 "run", "The run: id, config hash, strategy, number of vworkers and agents.", **reg({}))
+            self.data_hits = Counter(
+                "data_cache_hits", "Samples a training worker found in its node's cache (data.placement="
+                "end_devices).", **reg({}))
+            self.data_misses = Counter(
+                "data_cache_misses", "Samples a training worker had to fetch from its end devices.", **reg({}))
+            self.data_bytes = Counter(
+                "data_moved", "Bytes of training samples moved over the network.", **reg(dict(unit="bytes")))
+            self.data_wait = Counter(
+                "data_wait", "Virtual seconds training workers waited for their samples.",
+                **reg(dict(unit="seconds")))
             if per_worker:
                 self.worker_updates = Counter(
                     "worker_updates", "Global model updates contributed by each vworker.",
@@ -218,6 +228,14 @@ class Metrics:
         if self.per_worker and vworker is not None:
             self.worker_updates.labels(vworker=str(vworker)).inc()
             self.worker_training_loss.labels(vworker=str(vworker)).set(loss)
+
+    def add_data(self, hits: int, misses: int, nbytes: int, wait_s: float) -> None:
+        """One data fetch of a training worker (data.placement=end_devices)."""
+        self._need("controller", "add_data")
+        self.data_hits.inc(hits)
+        self.data_misses.inc(misses)
+        self.data_bytes.inc(nbytes)
+        self.data_wait.inc(wait_s)
 
     def set_accuracy(self, accuracy: float) -> None:
         """Test accuracy of the global model, a ratio in [0, 1] (not a percentage)."""

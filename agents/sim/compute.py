@@ -162,6 +162,11 @@ class ComputeSpec:
     # signature, carried by the plan so every agent and host uses the same ones ("" / {}: time this host)
     profile_name: str = ""
     profile: dict[str, float] = field(default_factory=dict)
+    estimators: dict[str, Any] = field(default_factory=dict)  # the profile's fitted estimators (agents.sim.estimator)
+    layerwise: bool = False  # layer-wise overlap (docs/predict.md)
+    forward_fraction: float = 1 / 3
+    allreduce_share: float = 0.0  # Tianshu: the device share an all-reduce takes from overlapping computation
+    layers: tuple[dict[str, Any], ...] = ()  # layerwise: {name, params (indices), nbytes, forward, backward} shares
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (the plan travels to agents as JSON)."""
@@ -173,7 +178,7 @@ class ComputeSpec:
     def from_dict(cls, d: dict[str, Any]) -> "ComputeSpec":
         d = dict(d)
         d["stragglers"] = {int(k): float(v) for k, v in d.get("stragglers", {}).items()}
-        for key in ("dist_params", "dist_kinds", "speed"):
+        for key in ("dist_params", "dist_kinds", "speed", "layers"):
             if key in d:
                 d[key] = tuple(d[key])
         return cls(**d)

@@ -164,8 +164,15 @@ class Environment:
                 overlap = usable_cpus() >= 2
             self.executor = Executor(ExecutorSpec(compute.batch, compute.max_batch, bool(overlap)),
                                      threads=threads)
-        self.network: Network | TcpNetwork = (TcpNetwork(kernel, network, self) if network.tcp is not None
-                                              else Network(kernel, network, self))
+        self.network: Any
+        if network.tcp is not None:  # the tcp transport model (star only: validate refuses tcp with a topology)
+            self.network = TcpNetwork(kernel, network, self)
+        elif network.topology is not None:  # links and routes beyond the NICs (agents.sim.topology)
+            from agents.sim.topology import TopologyNetwork
+
+            self.network = TopologyNetwork(kernel, network, self)
+        else:
+            self.network = Network(kernel, network, self)
 
     def resolve(self, dst: str | int) -> int:
         if isinstance(dst, int):

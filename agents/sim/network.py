@@ -154,6 +154,7 @@ class NetworkSpec:
     egress: str = "fair"
     ingress: str = "fair"
     tcp: "TcpSpec | None" = None  # set: the ``tcp`` transport model (agents/sim/tcp.py) moves the bytes
+    topology: Any = None  # agents.sim.routes.TopologySpec: links and routes beyond the NICs (None: star)
 
     def __post_init__(self) -> None:
         for side in (self.egress, self.ingress):
@@ -164,18 +165,26 @@ class NetworkSpec:
         """Plain JSON data (the plan travels to agents as JSON)."""
         from dataclasses import asdict
 
-        return {"latency": latency_to_dict(self.latency), "bandwidth_out": list(self.bandwidth_out),
-                "bandwidth_in": list(self.bandwidth_in), "egress": self.egress, "ingress": self.ingress,
-                "tcp": None if self.tcp is None else asdict(self.tcp)}
+        d = {"latency": latency_to_dict(self.latency), "bandwidth_out": list(self.bandwidth_out),
+             "bandwidth_in": list(self.bandwidth_in), "egress": self.egress, "ingress": self.ingress,
+             "tcp": None if self.tcp is None else asdict(self.tcp)}
+        if self.topology is not None:
+            d["topology"] = self.topology.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NetworkSpec":
         from agents.sim.tcp import TcpSpec  # only the tcp model's runs need it (and tcp imports this module)
 
+        topology = None
+        if d.get("topology") is not None:
+            from agents.sim.routes import TopologySpec
+
+            topology = TopologySpec.from_dict(d["topology"])
         tcp = d.get("tcp")
         return cls(latency_from_dict(d["latency"]), tuple(float(b) for b in d["bandwidth_out"]),
                    tuple(float(b) for b in d["bandwidth_in"]), d["egress"], d["ingress"],
-                   None if tcp is None else TcpSpec(**tcp))
+                   None if tcp is None else TcpSpec(**tcp), topology)
 
 
 def latency_to_dict(m: LatencyModel) -> dict[str, Any]:

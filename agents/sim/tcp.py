@@ -324,8 +324,7 @@ class _Sender:
         if self.delay_min is None or rtt < self.delay_min:
             self.delay_min = rtt
         s = self.net.tcp
-        if (s.hystart_delay or s.hystart_ack_train) and not self.found and self.cwnd < self.ssthresh \
-                and self.cwnd >= 16:
+        if (s.hystart_delay or s.hystart_ack_train) and not self.found and self.cwnd < self.ssthresh:
             self._hystart_update(rtt)
         if self._cwnd_limited():
             if self.cwnd < self.ssthresh:  # tcp_slow_start
@@ -386,6 +385,8 @@ class _Sender:
             self.end_seq = self.nxt
             self.curr_rtt = None
             self.sample_cnt = 0
+        if self.cwnd < 16:  # hystart_low_window, checked after the round reset (Linux 6.14, 25c1a9ca53db)
+            return
         if self.net.tcp.hystart_ack_train and now - self.last_ack <= 2_000_000:
             self.last_ack = now
             rate = self.pacing_rate()

@@ -54,9 +54,17 @@ class TrainingWorker(Worker):
             self._stream = self.training.stream(self.name, self.id)
         return self.training.batch(next(self._stream))
 
+    async def fetch_batch(self):
+        """The next batch; with ``data.placement=end_devices`` it travels from the end devices first."""
+        if self.training.spec.data_placement == "local":
+            return self.next_batch()
+        from agents.workloads.datanet import fetch_batch
+
+        return await fetch_batch(self)
+
     async def gradient(self, params):
         """Forward+backward at ``params`` on the next batch: ``(loss, flat_grad, samples)``."""
-        x, y = self.next_batch()
+        x, y = await self.fetch_batch()
         loss, grad = await self.compute(self.training.gradient_at, params, x, y, kind="gradient")
         return loss, grad, len(y)
 

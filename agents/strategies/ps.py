@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from agents.observe.statelog import log_model, log_result, log_version
+from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
 __all__ = ["PSSync", "PSAsync", "ParameterServer", "PSWorker", "TensorShards"]
@@ -127,16 +128,28 @@ class ParameterServer(TrainingWorker):
             self._owned_set = set(self._owned)
         params = self.params()
         log_version(self, 0, params)
-        for w in self.workers:
-            self.send(w, (params, 0), tag="params")
+        self.layerwise = self.env.compute.spec.layerwise  # one message per layer (agents.strategies.layerwise)
+        await self._send_params(self.workers, params, (0,))
         if self.sync:
             await self._run_sync()
         else:
             await self._run_async()
 
+    async def _recv_grad(self):
+        if self.layerwise:
+            return await layerwise.ps_recv_gradient(self)
+        return await self.recv(tag="grad")
+
+    async def _send_params(self, workers: list[str], params, meta: tuple) -> None:
+        if self.layerwise:
+            await layerwise.ps_send_params(self, workers, params, meta)
+            return
+        for w in workers:
+            self.send(w, (params, *meta), tag="params")
+
     async def _run_async(self) -> None:
         while True:
-            m = await self.recv(tag="grad")
+            m = await self._recv_grad()
             grad, version, loss, samples = m.payload
             staleness = self.version - version
             await self.apply(grad)
@@ -147,7 +160,7 @@ class ParameterServer(TrainingWorker):
             if self.record(loss, staleness, samples, m.nbytes):
                 return
             if self.bound is None:
-                self.send(m.src, (self.params(), self.version), tag="params")
+                await self._send_params([m.src], self.params(), (self.version,))
                 continue
             self.held.append(m.src)
             await self._release()
@@ -168,7 +181,7 @@ class ParameterServer(TrainingWorker):
     async def _run_sync(self) -> None:
         order = {w: i for i, w in enumerate(self.workers)}
         while True:
-            msgs = [await self.recv(tag="grad") for _ in self.workers]
+            msgs = [await self._recv_grad() for _ in self.workers]
             msgs.sort(key=lambda m: order[m.src])  # summation order fixed by worker, not arrival
             grad = await self.aggregate([m.payload[0] for m in msgs])
             await self.apply(grad)
@@ -181,9 +194,7 @@ class ParameterServer(TrainingWorker):
             nbytes = sum(m.nbytes for m in msgs)
             if self.record(loss, 0, samples, nbytes):
                 return
-            params = self.params()
-            for w in self.workers:
-                self.send(w, (params, self.version, loss, samples, nbytes), tag="params")
+            await self._send_params(self.workers, self.params(), (self.version, loss, samples, nbytes))
 
 
 class PSWorker(TrainingWorker):
@@ -195,6 +206,9 @@ class PSWorker(TrainingWorker):
         self.counts = counts  # a sharded sync PS: this worker records version v once it holds all of it
 
     async def run(self) -> None:
+        if self.env.compute.spec.layerwise:
+            await self._run_layerwise()
+            return
         split = shards_of(self.training, len(self.shards)) if len(self.shards) > 1 else None
         keeps_model = split is not None and self.name == "w0"  # the result vworker of a sharded PS
         every = self.setting("eval_every", 0)
@@ -217,6 +231,21 @@ class PSWorker(TrainingWorker):
             parts = [grad] if split is None else split.split(grad)
             for s, part, v in zip(self.shards, parts, versions):
                 self.send(s, (part, v, loss, samples), tag="grad")
+
+
+    async def _run_layerwise(self) -> None:
+        """One PS shard, the parameters and the gradient one message per layer (compute.layerwise)."""
+        ps = self.shards[0]
+
+        async def recv_layer(i: int):
+            m = await self.recv(src=ps, tag=("p", i))
+            return m.payload[0], m.payload[1]
+
+        def send_layer(i: int, g, loss: float, samples: int, version: int):
+            return self.send(ps, (g, version, loss, samples), tag=("g", i))
+
+        while True:
+            await layerwise.worker_step(self, recv_layer, send_layer)
 
 
 class _PS(Strategy):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 from agents.strategies.collective import gloo_ring_allreduce, ring_allreduce
 
@@ -37,6 +38,21 @@ class RingWorker(TrainingWorker):
     async def run(self) -> None:
         self.make_model()
         k, version = len(self.ring), 0
+        if self.env.compute.spec.layerwise:  # an all-reduce per layer as its gradient is ready (DDP's buckets)
+            while True:
+                sent = 0
+
+                async def allreduce_layer(i, g, loss, samples):
+                    nonlocal sent
+                    total, extras, n = await self.allreduce(g, f"r{version}.{i}", [loss, samples])
+                    sent += n
+                    return total, extras
+
+                (loss_sum, n), total, _ = await layerwise.ring_step(self, allreduce_layer)
+                await self.apply(total / k)
+                version += 1
+                if self.name == self.ring[0] and self.updated(version, loss_sum / k, 0, int(n), sent):
+                    return
         while True:
             loss, grad, samples = await self.gradient(self.flat())
             total, (loss_sum, n), sent = await self.allreduce(grad, f"r{version}", [loss, samples])

@@ -8,7 +8,7 @@ bound methods of this object, and their profile key includes the model's name.
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -42,6 +42,10 @@ class WorkloadSpec:
     device: str
     threads: int  # torch intra-op threads of each agent process
     optimizer: str  # sgd | adam: what the model holder (PS, learner) steps with
+    data_placement: str = "local"  # local | end_devices (agents.workloads.datanet)
+    cache: str = "none"  # none | lru: each training vworker's node caches fetched samples
+    cache_size: int = 3000  # samples
+    data_servers: dict[str, list[str]] = field(default_factory=dict)  # worker -> its end devices
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (the plan travels to agents as JSON)."""

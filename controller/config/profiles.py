@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +32,17 @@ class DeviceProfile:
     torch: str = ""
     threads: int = 1
     created: str = ""
+    estimators: dict[str, Any] = field(default_factory=dict)  # "<kind>/<pass>" -> agents.sim.estimator.OpModel
+    layers: dict[str, Any] = field(default_factory=dict)  # "<model>/batch<b>" -> its layers: bytes, times
 
     def to_json(self) -> str:
-        return json.dumps({"name": self.name, "host": self.host, "torch": self.torch, "threads": self.threads,
-                           "created": self.created, "signatures": dict(sorted(self.signatures.items()))},
-                          indent=1) + "\n"
+        d = {"name": self.name, "host": self.host, "torch": self.torch, "threads": self.threads,
+             "created": self.created, "signatures": dict(sorted(self.signatures.items()))}
+        if self.estimators:
+            d["estimators"] = dict(sorted(self.estimators.items()))
+        if self.layers:
+            d["layers"] = dict(sorted(self.layers.items()))
+        return json.dumps(d, indent=1) + "\n"
 
 
 def profiles_dir() -> Path:
@@ -69,16 +75,24 @@ def read_profile(name_or_path: str) -> DeviceProfile:
             for k, v in sigs.items()):
         raise ProfileError(f"compute.profile={name_or_path!r}: {path} is not a device profile; accepted: "
                            '{"name": ..., "signatures": {signature: seconds >= 0}} as `lockstep profile` writes.')
+    est = d.get("estimators", {})
+    if not isinstance(est, dict) or not all(isinstance(v, dict) for v in est.values()):
+        raise ProfileError(f"compute.profile={name_or_path!r}: {path} has an 'estimators' section that is not a "
+                           "mapping of fitted models as `lockstep profile --estimator` writes.")
     return DeviceProfile(d["name"], {k: float(v) for k, v in sigs.items()}, str(d.get("host", "")),
-                         str(d.get("torch", "")), int(d.get("threads", 1) or 1), str(d.get("created", "")))
+                         str(d.get("torch", "")), int(d.get("threads", 1) or 1), str(d.get("created", "")), est,
+                         d.get("layers", {}) if isinstance(d.get("layers"), dict) else {})
 
 
-USAGE = """usage: lockstep profile --name NAME [--out FILE] [overrides...]
+USAGE = """usage: lockstep profile --name NAME [--out FILE] [--layers] [--estimator N] [overrides...]
 
 Measure the compute calls of the experiment the overrides describe on this machine (median of
 compute.runs timed runs each, after a warm-up) and write a device profile: conf/profiles/NAME.json,
 or FILE. Then `lockstep run compute.profile=NAME ...` emulates this machine on any host. Profiling
 an existing profile's experiment again adds to it (other signatures are kept).
+--layers adds each layer's forward and backward time (Tianshu's N/M-copies differencing), which
+compute.layerwise uses; --estimator N times N random shapes per operation kind, fits Tianshu's
+principal-component estimator for shapes no one profiled and reports its held-out error.
 """
 
 
@@ -86,11 +100,18 @@ def profile_main(argv: list[str]) -> int:
     import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="lockstep profile", usage=USAGE)
+    p = argparse.ArgumentParser(prog="lockstep profile", usage=USAGE.removeprefix("usage: "))
     p.add_argument("--name", required=True, help="the profile's name (letters, digits, . _ -)")
     p.add_argument("--out", help="where to write it (default: conf/profiles/NAME.json)")
+    p.add_argument("--layers", action="store_true", help="also time every layer's forward and backward pass")
+    p.add_argument("--estimator", type=int, default=0, metavar="N",
+                   help="fit the per-operation estimator on N random shapes per kind (0: no)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args(argv)
+    if a.estimator < 0 or a.estimator == 1:
+        print(f"lockstep profile: --estimator {a.estimator} is not valid; accepted: 0 (none) or at least 10 shapes.",
+              file=sys.stderr)
+        return 2
     if not NAME.match(a.name):
         print(f"lockstep profile: --name {a.name!r} is not valid; accepted: 1-63 letters, digits, '.', '_', '-'.",
               file=sys.stderr)
@@ -106,11 +127,25 @@ def profile_main(argv: list[str]) -> int:
         return 2
     out = Path(a.out) if a.out else profiles_dir() / f"{a.name}.json"
     prof = measure(rc, a.name)
+    if a.layers or a.estimator:
+        from controller.estimate import fit_estimators, layer_signatures
+
+        sigs = dict(prof.signatures)
+        listing: dict[str, list] = {}
+        if a.layers:
+            sigs.update(layer_signatures(rc, repeats=max(3, rc.compute.profile_runs), listing=listing))
+            for key, rows in listing.items():
+                for r in rows:
+                    print(f"{key} {r['name']:>10} {r['kind']:8} {r['param_bytes']:>9} B  forward "
+                          f"{r['forward_s'] * 1e6:9.1f} us  backward {r['backward_s'] * 1e6:9.1f} us", file=sys.stderr)
+        est = fit_estimators(a.estimator, rc.seed, repeats=3) if a.estimator else {}
+        prof = DeviceProfile(prof.name, sigs, prof.host, prof.torch, prof.threads, prof.created, est, listing)
     if out.exists():
         try:
             old = read_profile(str(out))
             prof = DeviceProfile(prof.name, {**old.signatures, **prof.signatures}, prof.host, prof.torch,
-                                 prof.threads, prof.created)
+                                 prof.threads, prof.created, {**old.estimators, **prof.estimators},
+                                 {**old.layers, **prof.layers})
         except ProfileError:
             pass
     from agents.common.files import write_atomic

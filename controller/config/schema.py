@@ -29,7 +29,8 @@ __all__ = [
     "ComputeModelName", "Distribution", "TcpConfig", "MicrobenchConfig", "FlatConfig",
     "Windows", "BatchMode", "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig",
     "ControllerConfig", "TLSConfig",
-    "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "NetworkConfig", "ComputeConfig", "StraggleConfig",
+    "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "PredictorConfig", "TopologyLinksConfig",
+    "NetworkConfig", "ComputeConfig", "StraggleConfig",
     "StrategyConfig", "ModelConfig", "LauncherConfig", "InprocessLauncherConfig", "LocalLauncherConfig",
     "KubernetesLauncherConfig", "TokenSecretConfig", "RayLauncherConfig", "RayLocalClusterConfig", "RayStrategy",
     "LockstepConfig", "GROUP_SCHEMAS", "register_configs",
@@ -169,6 +170,15 @@ class DataConfig:
     partition: Partition = doc(Partition.iid, "how the training set is split over the data-holding vworkers")
     alpha: float = doc(0.5, "dirichlet: the concentration", lo=0, lo_open=True)
     major: float = doc(0.8, "non_iid: the share of each client's samples from its two classes", lo=0, lo_open=True, hi=1)
+    placement: str = doc("local", "local (each worker has its shard) | end_devices (sim4DistrDL: the shard lives on "
+                                  "the worker's end devices and batches travel over the network)",
+                         choices=("local", "end_devices"))
+    end_devices: int = doc(1, "end_devices: end devices (data vworkers d0, d1, ...) per training worker", lo=1)
+    cache: str = doc("none", "end_devices: none | lru (a cache of samples on each training worker's node)",
+                     choices=("none", "lru"))
+    cache_size: int = doc(3000, "lru: samples each node's cache holds (sim4DistrDL: 3000)", lo=0)
+    sample_bytes: Optional[int] = doc(None, "bytes of one sample on the wire; null = the data set's own (785 for "
+                                            "Fashion-MNIST: 28x28 pixels and a label byte)", lo=1)
     per_client: Optional[int] = doc(None, "iid: draw this many samples for each data holder (shards may overlap: "
                                           "any number of clients); null = a disjoint split", lo=1)
 
@@ -242,6 +252,19 @@ class StatelogConfig:
 
 
 @dataclass
+class PredictorConfig:
+    """How ``lockstep predict`` (and ``predict=true``) evaluates the throughput-prediction paper's models."""
+
+    rho_threshold: float = doc(0.5, "Eq. 5: the network utilisation above which the async PS's hybrid model "
+                                    "takes the PS solution instead of FCFS (the paper: 0.5 CloudLab, 0.6 AWS)",
+                               lo=0, hi=1)
+    flow_cap: Any = doc(None, "Algorithm 2.1: the most one flow may use (bytes/s or a string like 10Gbit/s); "
+                              "null = the whole link")
+    steps: int = doc(20, "Algorithm 2.1: SGD steps simulated per worker (a quarter is warm-up)", lo=2)
+    max_events: int = doc(20000, "Algorithm 2.1 is skipped (with a note) when it would take more events", lo=1)
+
+
+@dataclass
 class OutputsConfig:
     """The run directory's files besides the CSVs (docs/kubernetes.md, "Results that survive")."""
 
@@ -294,6 +317,24 @@ class NetworkConfig:
     model: NetworkModel = doc(NetworkModel.ideal, "ideal: the closed-form stations (Eq. 7, 8, 11 exactly) | tcp: "
                                                   "Linux TCP over Ethernet, bandwidth the line rate (docs/engine.md)")
     tcp: TcpConfig = doc(help="the tcp model's parameters (used with model: tcp)", factory=TcpConfig)
+    topology: Any = doc("star", "star (one switch: the per-NIC model above) | tree (sim4DistrDL's edge network: "
+                                "cloud, edge nodes, end devices) | fat_tree (oversubscribed leaf-spine) | {links: "
+                                "[[a, b, bandwidth, latency], ...], attach: {vworker: node}, routes: [[a, ..., b], "
+                                "...]}; flows share every link on their route max-min (network.model=ideal only; docs/engine.md)")
+    links: TopologyLinksConfig = doc(help="the links of the tree and fat_tree presets", factory=lambda: TopologyLinksConfig())
+
+
+@dataclass
+class TopologyLinksConfig:
+    """``network.links``: the preset topologies' links (a custom topology lists its own)."""
+
+    bandwidth: Any = doc("1Gbit/s", "bytes/s of every link (both directions), or a string like 1Gbit/s")
+    latency: Any = doc("100us", "one-way latency of every link", unit="duration", lo=0)
+    edges: int = doc(3, "tree: edge nodes under the cloud (sim4DistrDL: 3)", lo=1)
+    ends_per_edge: int = doc(1, "tree: end devices under each edge node", lo=1)
+    hosts_per_leaf: int = doc(4, "fat_tree: hosts (one vworker each) per leaf switch", lo=1)
+    spines: int = doc(2, "fat_tree: spine switches, each linked to every leaf", lo=1)
+    oversubscription: float = doc(4.0, "fat_tree: a leaf's host bandwidth over its uplink bandwidth", lo=1)
 
 
 @dataclass
@@ -339,6 +380,15 @@ class ComputeConfig:
     max_batch: int = doc(64, "the most deferred calls run together in one batch", lo=1)
     overlap: Any = doc("auto", "run deferred calls early on a background thread while the vworkers and windows "
                                "go on: auto (when the agent may use at least 2 CPUs) | true | false")
+    layerwise: bool = doc(False, "layer-wise overlap (wait-free backprop): each layer's gradient leaves when its "
+                                 "backward pass ends and a layer's forward pass waits only for its own parameters "
+                                 "(PS and ring strategies; docs/predict.md)")
+    forward_fraction: float = doc(1 / 3, "the share of a gradient's duration spent in the forward pass, where "
+                                         "per-layer times are split from a whole-call duration (backward ~ 2x "
+                                         "forward)", lo=0, lo_open=True, hi=1, hi_open=True)
+    allreduce_share: float = doc(0.0, "the share of the device an all-reduce occupies: computation overlapping "
+                                      "one runs at 1 - share of its speed (Tianshu: 16 of a V100's 80 SMs = 0.2)",
+                                 lo=0, hi=1, hi_open=True)
 
 
 @dataclass
@@ -554,6 +604,9 @@ class LockstepConfig:
     trace: TraceConfig = doc(help="trace.json", factory=TraceConfig)
     statelog: StatelogConfig = doc(help="statelog.jsonl", factory=StatelogConfig)
     outputs: OutputsConfig = doc(help="summary.json while running, uploads", factory=OutputsConfig)
+    predict: bool = doc(False, "also predict the throughput with the throughput-prediction paper's models "
+                               "(`lockstep predict`) and write it into summary.json beside the emulated figures")
+    predictor: PredictorConfig = doc(help="settings of the predictions", factory=PredictorConfig)
     progress: bool = doc(True, "progress bar on stderr")
     log_level: LogLevel = doc(LogLevel.INFO, "DEBUG | INFO | WARNING | ERROR")
 

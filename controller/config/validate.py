@@ -15,7 +15,7 @@ import importlib.util
 import json
 import math
 import typing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from functools import lru_cache
 from typing import Any
@@ -83,6 +83,8 @@ class NetworkSettings:
     egress: str
     ingress: str
     tcp: TcpSpec | None = None  # network.model=tcp: the transport's parameters
+    topology: Any = "star"  # a preset name or a custom mapping (controller.topology builds it)
+    links: Any = None  # S.TopologyLinksConfig
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ class ComputeSettings:
     profile_runs: int
     profile_name: str
     profile: dict[str, float]
+    estimators: dict[str, Any]
     speed_workers: tuple[float, ...] | None
     stragglers: dict[str, float]
     straggle_p: float
@@ -107,6 +110,9 @@ class ComputeSettings:
     batch: str  # off | loop | vmap | auto (docs/batching.md)
     max_batch: int
     overlap: bool | str  # True | False | "auto"
+    layerwise: bool = False
+    forward_fraction: float = 1 / 3
+    allreduce_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,10 @@ class RunConfig:
     outputs: S.OutputsConfig
     progress: bool
     log_level: str
+    predict: bool = False
+    data: S.DataConfig = field(default_factory=S.DataConfig)
+    predictor: S.PredictorConfig = field(default_factory=S.PredictorConfig)
+    flow_cap: float | None = None  # predictor.flow_cap in bytes/s
 
 
 def config_hash(raw: dict[str, Any]) -> str:
@@ -451,6 +461,9 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         p.bad("batch_size", bs, f"an integer >= 1, or a list of {good_workers} such integers (one per worker)")
 
     stop_vt = None if c.stop.virtual_time is None else _seconds(c.stop.virtual_time)
+    if c.data.placement == "local" and c.data.cache != "none":
+        p.bad("data.cache", c.data.cache, "none with data.placement=local (a cache holds samples that travel: "
+              "data.placement=end_devices)")
     if c.stop.updates is None and c.stop.virtual_time is None:
         p.add("stop.updates and stop.virtual_time are both null; set at least one "
               "(e.g. stop.updates=1000 or stop.virtual_time=60s).")
@@ -494,6 +507,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         p.bad("outputs.upload", c.outputs.upload, "null or an fsspec URL such as s3://bucket/prefix, gs://bucket/prefix "
               "or file:///path")
 
+    flow_cap = None if c.predictor.flow_cap is None else _rate(p, "predictor.flow_cap", c.predictor.flow_cap)
     if not p.items and model is not None:
         _check_model(p, model, c.seed)
     if not p.items and check_data and strategy_cls is not None:
@@ -507,6 +521,9 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         if unknown:
             p.bad("compute.stragglers", dict(compute.stragglers), f"vworker names of this run ({layout[0].name} .. "
                   f"{layout[-1].name}); {', '.join(unknown)} is not one")
+        from controller.plan import with_data_servers
+
+        _check_topology(p, network, with_data_servers(layout, c.data), agents)
     if p.items:
         raise ConfigError(p.items)
     return RunConfig(
@@ -517,7 +534,8 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         stop_virtual_time_ns=None if stop_vt is None else seconds_to_ns(stop_vt), eval_every=c.eval.every,
         eval_samples=c.eval.samples, data_root=c.data.root, partition=partition, partition_kw=partition_kw,
         network=network, compute=compute, launcher=launcher, controller=ctl, trace=trace, metrics=metrics,
-        statelog=c.statelog, outputs=c.outputs, progress=c.progress, log_level=c.log_level.value)
+        statelog=c.statelog, outputs=c.outputs, progress=c.progress, log_level=c.log_level.value,
+        predict=c.predict, predictor=c.predictor, flow_cap=flow_cap, data=c.data)
 
 
 def _tls(tls: S.TLSConfig, local: bool, p: _Problems, check_files: bool = True) -> None:
@@ -645,9 +663,16 @@ def _network(n: S.NetworkConfig, workers: int | None, p: _Problems) -> NetworkSe
             p.bad("network.efficiency", n.efficiency, "1.0 with network.model=tcp, which derives the goodput from "
                   "network.tcp.mtu, header_bytes and frame_bytes")
         tcp = _tcp(n.tcp, p)
+    topology = n.topology
+    if isinstance(topology, (DictConfig, dict)):
+        topology = _plain(topology)
+    if n.model == S.NetworkModel.tcp and topology != "star":
+        shown = p.written.get("network.topology", _show(topology)) if isinstance(topology, str) else "{links: ...}"
+        p.add(f"network.topology={shown} is not valid with network.model=tcp; accepted: star (the tcp model has no "
+              "links beyond the NICs; tree, fat_tree and custom topologies run on network=ideal).")
     return NetworkSettings(latency=_latency(p, n.latency), bandwidth=bw, bandwidth_in=bw_in,
                            efficiency=n.efficiency, egress=n.egress.value if n.egress else disc,
-                           ingress=n.ingress.value if n.ingress else disc, tcp=tcp)
+                           ingress=n.ingress.value if n.ingress else disc, tcp=tcp, topology=topology, links=n.links)
 
 
 def _tcp(t: S.TcpConfig, p: _Problems) -> TcpSpec | None:
@@ -787,21 +812,22 @@ def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -
         speed_workers=_speed(p, c.speed, workers, seed), stragglers=_stragglers(p, c.stragglers),
         straggle_p=straggle.probability, straggle_factor=straggle.factor if straggle.probability > 0 else 1.0,
         jitter=c.jitter, batch=c.batch.value, max_batch=c.max_batch,
-        overlap=c.overlap if isinstance(c.overlap, bool) else "auto")
+        overlap=c.overlap if isinstance(c.overlap, bool) else "auto", layerwise=c.layerwise,
+        forward_fraction=c.forward_fraction, allreduce_share=c.allreduce_share)
 
 
 def _device_profile(p: _Problems, name: str | None) -> dict[str, Any]:
     """``compute.profile``: a shipped name (conf/profiles/<name>.json) or a path, read whole into the plan."""
     if not name:
-        return {"profile_name": "", "profile": {}}
+        return {"profile_name": "", "profile": {}, "estimators": {}}
     from controller.config.profiles import ProfileError, read_profile
 
     try:
         prof = read_profile(name)
     except ProfileError as e:
         p.add(str(e))
-        return {"profile_name": "", "profile": {}}
-    return {"profile_name": prof.name, "profile": dict(prof.signatures)}
+        return {"profile_name": "", "profile": {}, "estimators": {}}
+    return {"profile_name": prof.name, "profile": dict(prof.signatures), "estimators": dict(prof.estimators)}
 
 
 def _speed(p: _Problems, speed: Any, workers: int | None, seed: int) -> tuple[float, ...] | None:
@@ -862,6 +888,22 @@ def _stragglers(p: _Problems, st: Any) -> dict[str, float]:
         p.bad("compute.stragglers", st, "a mapping from vworker name to a slowdown factor > 0, e.g. {w3: 4.0}")
         return {}
     return {k: float(v) for k, v in st.items()}
+
+
+def _check_topology(p: _Problems, net: NetworkSettings, vworkers: list[Any], agents: int) -> None:
+    """A topology must route every pair (controller.topology says why not) and, sharing links, run on one agent."""
+    if net.topology in (None, "star"):
+        return
+    from controller.topology import TopologyError, topology_spec
+
+    try:
+        topology_spec(net.topology, net.links, vworkers)
+    except TopologyError as e:
+        p.add(str(e))
+        return
+    if agents > 1:
+        p.bad("agents", agents, "1 with network.topology other than star (flows crossing a link share it at every "
+              "instant, wherever their senders run)")
 
 
 # -------------------------------------------------- model and data checks

@@ -101,6 +101,22 @@ def test_a_transfer_after_an_idle_gap_longer_than_the_rto_restarts_slow_start(bu
     assert o["b"].got[1] == ("a", 20 * SEG, delivered)
 
 
+def test_hystart_counts_its_rounds_from_the_first_ack_even_below_sixteen_segments(build_kernel):
+    # Linux 6.14+ (commit 25c1a9ca53db, in the testbed's 6.18): the round bookkeeping runs on every ACK in
+    # slow start; only the two detections wait for cwnd >= 16. Before it, the first round began at the
+    # first ACK after cwnd reached 16, which made rounds (and ACK trains) start late.
+    B = 125e6
+    k, env, _ = build_kernel({"a": (Sender, {"plan": [(0, "b", 30 * SEG)]}), "b": (Sink, {})},
+                             latency_ns=MS, bw=B, tcp=TCP)
+    first_ack = ns(15380, B) + MS + ns(90, B) + MS  # 10 segments out and their ACK back: 2 123 760 ns
+    k.run_until(first_ack + 1)
+    snd = env.network._hosts[0].senders[1]
+    # at that ACK (cwnd 10) a round starts; it ends with the 10 segments sent so far
+    assert (snd.round_start, snd.last_ack, snd.end_seq) == (first_ack, first_ack, 10 * SEG) == (2_123_760,
+                                                                                                2_123_760, 14480)
+    assert snd.cwnd == 20 and not snd.found
+
+
 def test_two_flows_starting_one_ms_apart_on_one_nic_share_its_line_in_order(build_kernel):
     B = 12.5e6  # 100 Mbit/s: a 10-segment packet takes 1.2304 ms on the line
     plan = [(0, "b", 10 * SEG), (MS, "c", 10 * SEG)]

@@ -18,6 +18,9 @@ SHORT = ["model=mlp", "stop.updates=2", "eval.every=0", "eval.samples=100", "pro
 
 
 def sweep_params(name: str) -> dict[str, list[str]]:
+    from controller.config import register_configs
+
+    register_configs()  # (composing the schemas needs them registered, also when this test runs alone)
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"+experiment={name}"], return_hydra_config=True)
     out = {}

@@ -42,10 +42,11 @@ def test_validate_on_the_calibration_runs(capsys):
     rows = validate_points(points, ["network=tcp", "strategy.collective=gloo"])
     s = summarize(rows)
     assert len(rows) == 40
-    # measured 2026-11-26: ring 1.5 % / 7.5 %, ps_sync 5.0 % / 19.2 %, ps_async 10.3 % / 26.4 % (mean / max)
+    # measured 2026-11-26 (with HyStart's round fix): ring 1.6 % / 7.5 %, ps_sync 3.9 % / 19.2 %,
+    # ps_async 9.2 % / 26.4 % (mean / max); before the fix ps_sync 5.0 % and ps_async 10.3 % mean
     assert s["ring"]["mean_abs_error"] <= 0.02 and s["ring"]["max_abs_error"] <= 0.08
-    assert s["ps_sync"]["mean_abs_error"] <= 0.06 and s["ps_sync"]["max_abs_error"] <= 0.21
-    assert s["ps_async"]["mean_abs_error"] <= 0.12
+    assert s["ps_sync"]["mean_abs_error"] <= 0.045 and s["ps_sync"]["max_abs_error"] <= 0.20
+    assert s["ps_async"]["mean_abs_error"] <= 0.10
     met = (s["ring"]["max_abs_error"] <= 0.05 and s["ps_sync"]["mean_abs_error"] <= 0.02
            and s["ps_sync"]["max_abs_error"] <= 0.05 and s["ps_async"]["mean_abs_error"] <= 0.05)
     if not met:

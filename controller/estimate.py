@@ -1,0 +1,102 @@
+"""``lockstep profile --layers`` and ``--estimator N``: per-layer entries and Tianshu's estimator for a device profile.
+
+``--layers`` times the forward and backward pass of every layer of the configured model at
+each configured batch size (Tianshu's N/M differencing, :func:`agents.workloads.layers.time_nm`)
+and stores them under their layer signatures, with which ``compute.layerwise`` splits a
+gradient over layers. ``--estimator N`` times ``N`` operations of random shapes per kind
+(``Linear``, ``Conv2d``; Tianshu §4.3 draws its shapes at random too), fits
+:func:`agents.sim.estimator.fit` on 90 % of them and reports the error on the other 10 %,
+never seen by the fit; the fitted models go into the profile and stand in for layers it lacks.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+__all__ = ["layer_signatures", "random_samples", "fit_estimators"]
+
+
+def layer_signatures(rc: Any, repeats: int, listing: dict[str, list] | None = None) -> dict[str, float]:
+    """``{layer signature: seconds}`` for every layer of the configured model, at every configured batch size.
+
+    ``listing`` (when given) receives, per model and batch, the layers in forward order with their parameter
+    bytes and times: the per-layer trace Algorithm 2.1 runs on.
+    """
+    import torch
+
+    from agents.workloads.layers import layer_signature, profile_layers
+    from agents.workloads.models import build_model
+    from controller.predict.costs import IMAGE_SHAPE
+
+    torch.set_num_threads(rc.threads)
+    out: dict[str, float] = {}
+    for b in sorted(set(rc.batch_size)):
+        model = build_model(rc.model, rc.seed)
+        rows = []
+        for lt in profile_layers(model, torch.zeros((b, *IMAGE_SHAPE)), repeats=repeats):
+            out[layer_signature(lt.layer, "forward")] = lt.forward_s
+            out[layer_signature(lt.layer, "backward")] = lt.backward_s
+            rows.append({"name": lt.layer.name, "kind": lt.layer.kind, "param_bytes": lt.layer.param_bytes,
+                         "forward_s": lt.forward_s, "backward_s": lt.backward_s})
+        if listing is not None:
+            listing[f"{type(model).__name__}/batch{b}"] = rows
+    return out
+
+
+def _random_op(kind: str, g: Any) -> tuple[Any, Any, dict[str, float]]:
+    import torch
+    from torch import nn
+
+    if kind == "Linear":
+        n, i, o = int(g.integers(1, 129)), int(g.integers(8, 1025)), int(g.integers(8, 1025))
+        return nn.Linear(i, o), torch.randn(n, i), {"n": n, "in": i, "out": o}
+    n, c, hw, co = int(g.integers(1, 17)), int(g.integers(1, 17)), int(g.integers(8, 29)), int(g.integers(4, 33))
+    k, s = int(g.choice([1, 3, 5])), int(g.choice([1, 2]))
+    p = k // 2
+    feats = {"n": n, "c_in": c, "h": hw + 2 * p, "w": hw + 2 * p, "c_out": co, "k_h": k, "k_w": k, "s_h": s, "s_w": s}
+    return nn.Conv2d(c, co, k, s, p), torch.randn(n, c, hw, hw), feats
+
+
+def random_samples(kind: str, count: int, seed: int, repeats: int) -> dict[str, list[tuple[dict[str, float], float]]]:
+    """``count`` operations of ``kind`` with random shapes (keyed by ``seed``), forward and backward seconds each."""
+    import torch
+
+    from agents.sim import keyed
+    from agents.workloads.layers import time_nm
+
+    out: dict[str, list] = {"forward": [], "backward": []}
+    for i in range(count):
+        mod, x, feats = _random_op(kind, keyed.generator(seed, "estimator", kind, i))
+        with torch.no_grad():
+            out["forward"].append((feats, time_nm(lambda: mod(x), repeats=repeats)))
+        xg = x.clone().requires_grad_(True)
+        y = mod(xg)
+        go = torch.ones_like(y)
+        wrt = [*mod.parameters(), xg]
+        out["backward"].append((feats, time_nm(lambda: torch.autograd.grad(y, wrt, go, retain_graph=True),
+                                               repeats=repeats)))
+    return out
+
+
+def fit_estimators(count: int, seed: int, repeats: int, log: Any = sys.stderr) -> dict[str, dict[str, Any]]:
+    """Measure, fit and report every op kind's estimators; ``{"<kind>/<pass>": OpModel.to_dict()}``."""
+    import torch
+
+    from agents.sim.estimator import OP_KINDS, fit
+
+    torch.set_num_threads(1)
+    models: dict[str, dict[str, Any]] = {}
+    for kind in OP_KINDS:
+        t0 = time.perf_counter()
+        samples = random_samples(kind, count, seed, repeats)
+        for phase, pts in samples.items():
+            m = fit(kind, phase, pts, seed=seed)
+            models[f"{kind}/{phase}"] = m.to_dict()
+            pc = "·".join(p + ("^-1" if e < 0 else "") for p, e in zip(OP_KINDS[kind].params, m.exponents) if e)
+            print(f"estimator {kind}/{phase}: PC = {pc}, {m.form}, held-out error {100 * m.heldout_error:.1f} % "
+                  f"({len(pts)} shapes, {time.perf_counter() - t0:.0f} s)", file=log)
+    errs = [m["heldout_error"] for m in models.values()]
+    print(f"estimator: mean held-out error {100 * sum(errs) / len(errs):.1f} % (accuracy "
+          f"{100 - 100 * sum(errs) / len(errs):.1f} %; Tianshu reports 96 % on its 9 operations)", file=log)
+    return models

@@ -1,0 +1,100 @@
+"""``network.topology`` from the config to a :class:`~agents.sim.topology.TopologySpec` for the plan.
+
+Validation calls :func:`topology_spec` with the run's vworkers so that a bad topology (a
+route through a missing link, a routing loop, a node no link reaches, an unknown vworker)
+stops the run before anything starts, in one sentence; the plan calls it again to build it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from agents.common.units import UnitError, parse_duration, parse_rate
+from agents.sim.routes import Link, TopologyError, TopologySpec, build_routes, fat_tree_preset, tree_preset
+from agents.sim.types import seconds_to_ns
+
+__all__ = ["PRESETS", "topology_spec", "TopologyError"]
+
+PRESETS = ("star", "tree", "fat_tree")
+
+
+def _rate(key: str, v: Any) -> float:
+    try:
+        r = parse_rate(v, key)
+    except UnitError:
+        r = -1.0
+    if not r > 0:
+        raise TopologyError(f"{key}={v!r} is not valid; accepted: bytes/s > 0 or a string like 1Gbit/s.")
+    return r
+
+
+def _lat(key: str, v: Any) -> int:
+    try:
+        s = parse_duration(v, key)
+    except UnitError:
+        s = -1.0
+    if s < 0:
+        raise TopologyError(f"{key}={v!r} is not valid; accepted: a duration >= 0 (seconds or a string like 100us).")
+    return seconds_to_ns(s)
+
+
+def topology_spec(topology: Any, links_cfg: Any, vworkers: list[Any], data_vworkers: list[int] | None = None
+                  ) -> TopologySpec | None:
+    """The topology of a run with ``vworkers`` (VWorkerSpecs; ``data_vworkers`` the ids of end devices); None = star."""
+    if topology in (None, "star"):
+        return None
+    names = [v.name for v in vworkers]
+    holders = [i for i, v in enumerate(vworkers) if v.holds_data]
+    data = list(data_vworkers or [])
+    bw = _rate("network.links.bandwidth", links_cfg.bandwidth)
+    lat = _lat("network.links.latency", links_cfg.latency)
+    if topology == "tree":
+        links, node = tree_preset(len(names), holders, data, links_cfg.edges, links_cfg.ends_per_edge, bw, lat)
+        return TopologySpec("tree", links, node, build_routes(links, list(dict.fromkeys(node))))
+    if topology == "fat_tree":
+        links, node, routes = fat_tree_preset(len(names), links_cfg.hosts_per_leaf, links_cfg.spines, bw,
+                                              links_cfg.oversubscription, lat)
+        return TopologySpec("fat_tree", links, node, build_routes(links, list(dict.fromkeys(node)), routes))
+    if not isinstance(topology, dict):
+        raise TopologyError(f"network.topology={topology!r} is not valid; accepted: {' | '.join(PRESETS)} or a mapping "
+                            "{links: [[a, b, bandwidth, latency], ...], attach: {vworker: node}, routes: [[a, ..., b], ...]}.")
+    extra = sorted(set(topology) - {"links", "attach", "routes"})
+    if extra:
+        raise TopologyError(f"network.topology.{extra[0]} is not a key of a custom topology (accepted: links, attach, "
+                            "routes).")
+    raw_links = topology.get("links") or []
+    if not isinstance(raw_links, list) or not raw_links:
+        raise TopologyError("network.topology.links is not valid; accepted: a non-empty list of [a, b, bandwidth, "
+                            "latency] (latency optional).")
+    links = []
+    for i, l in enumerate(raw_links):
+        if not (isinstance(l, list) and 3 <= len(l) <= 4 and all(isinstance(x, str) for x in l[:2]) and l[0] != l[1]):
+            raise TopologyError(f"network.topology.links[{i}]={l!r} is not valid; accepted: [a, b, bandwidth, "
+                                "latency] with two different node names.")
+        links.append(Link(l[0], l[1], _rate(f"network.topology.links[{i}]", l[2]),
+                          _lat(f"network.topology.links[{i}]", l[3] if len(l) > 3 else 0)))
+    nodes = {n for l in links for n in (l.a, l.b)}
+    attach = topology.get("attach") or {}
+    if not isinstance(attach, dict):
+        raise TopologyError("network.topology.attach is not valid; accepted: a mapping {vworker: node}.")
+    for name, node in attach.items():
+        if name not in names:
+            raise TopologyError(f"network.topology.attach names {name!r}, which is not a vworker of this run (they are "
+                                f"{', '.join(names)}).")
+        if node not in nodes:
+            raise TopologyError(f"network.topology.attach puts {name} on node {node!r}, which no link reaches "
+                                f"(nodes: {', '.join(sorted(nodes))}).")
+    missing = [n for n in names if n not in attach]
+    if missing:
+        raise TopologyError(f"network.topology.attach does not place {', '.join(missing)}; accepted: a node for every "
+                            "vworker of the run.")
+    routes = {}
+    raw_routes = topology.get("routes") or []
+    if not isinstance(raw_routes, list):
+        raise TopologyError("network.topology.routes is not valid; accepted: a list of node paths [a, ..., b].")
+    for i, path in enumerate(raw_routes):
+        if not (isinstance(path, list) and len(path) >= 2 and all(isinstance(x, str) for x in path)):
+            raise TopologyError(f"network.topology.routes[{i}]={path!r} is not valid; accepted: a node path [a, ..., b] "
+                                "(the route from its first node to its last).")
+        routes[(path[0], path[-1])] = list(path)
+    node_of = tuple(attach[n] for n in names)
+    return TopologySpec("custom", tuple(links), node_of, build_routes(tuple(links), list(dict.fromkeys(node_of)), routes))

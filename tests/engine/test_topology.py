@@ -1,0 +1,160 @@
+"""Topologies (DESIGN §4.1): routes, max-min sharing of every link on a route, exact virtual times."""
+from __future__ import annotations
+
+import pytest
+
+from agents.sim.compute import ComputeSpec
+from agents.sim.env import Environment
+from agents.sim.kernel import Kernel
+from agents.sim.network import ConstantLatency, NetworkSpec
+from agents.sim.routes import Link, TopologyError, TopologySpec, build_routes, fat_tree_preset, tree_preset
+from agents.sim.worker import Worker
+
+MS = 1_000_000
+S = 1_000_000_000
+
+
+class Sender(Worker):
+    def __init__(self, name, vid, env, to=()):
+        super().__init__(name, vid, env)
+        self.to, self.left = to, []
+
+    async def run(self):
+        handles = [self.send(dst, None, nbytes=n) for dst, n in self.to]
+        for h in handles:
+            await h
+        self.left = [h.done_at for h in handles]
+
+
+class Sink(Worker):
+    def __init__(self, name, vid, env, expect=1):
+        super().__init__(name, vid, env)
+        self.expect, self.got = expect, {}
+
+    async def run(self):
+        for _ in range(self.expect):
+            m = await self.recv()
+            self.got[m.src] = m.delivered_at
+
+
+def build(workers, links, node_of, routes=None, nic=1e15, latency_ns=0):
+    names = list(workers)
+    nodes = list(dict.fromkeys(node_of))
+    topo = TopologySpec("test", tuple(links), tuple(node_of), build_routes(tuple(links), nodes, routes))
+    k = Kernel()
+    n = len(names)
+    env = Environment(k, names, NetworkSpec(ConstantLatency(latency_ns), (nic,) * n, (nic,) * n, "fair", "fair", topology=topo),
+                      ComputeSpec(model="constant", constant_s={"gradient": 0.0, "update": 0.0, "aggregate": 0.0}))
+    objs = {}
+    for vid, name in enumerate(names):
+        cls, kw = workers[name]
+        objs[name] = cls(name, vid, env, **kw)
+        k.add_worker(objs[name])
+    return k, objs
+
+
+TREE = [Link("r", "a", 1000.0, 10 * MS), Link("r", "b", 1000.0, 10 * MS), Link("r", "c", 1000.0, 10 * MS)]
+
+
+def test_flows_share_every_link_of_their_route_max_min_on_a_three_link_tree():
+    # x on a, y on b, z on c. At t=0: F1 x->z 1000 B (a->r, r->c), F2 y->z 3000 B (b->r, r->c),
+    # F3 x->y 500 B (a->r, r->b). a->r and r->c each carry two flows: all three run at 500 B/s.
+    # t=1: F3 is done (+20 ms of links: delivered at 1.02 s). a->r frees, but F1 is still held at 500 B/s by
+    # r->c, which it shares with F2: F1 ends at 2 s (delivered 2.02). F2 sent 1000 B by then, the other 2000
+    # alone at 1000 B/s: 4 s (delivered 4.02).
+    k, o = build({"x": (Sender, {"to": [("z", 1000), ("y_sink", 500)]}), "y": (Sender, {"to": [("z", 3000)]}),
+                  "z": (Sink, {"expect": 2}), "y_sink": (Sink, {})}, TREE, ["a", "b", "c", "b"])
+    k.run_until()
+    assert o["z"].got == {"x": 2 * S + 20 * MS, "y": 4 * S + 20 * MS}
+    assert o["y_sink"].got == {"x": S + 20 * MS}
+    assert o["x"].left == [2 * S, S] and o["y"].left == [4 * S]
+
+
+def test_the_sender_latency_adds_to_the_links_and_a_lone_flow_gets_its_bottleneck():
+    links = [Link("r", "a", 4000.0, 5 * MS), Link("r", "b", 1000.0, 7 * MS)]
+    k, o = build({"x": (Sender, {"to": [("z", 2000)]}), "z": (Sink, {})}, links, ["a", "b"], latency_ns=MS)
+    k.run_until()
+    assert o["z"].got == {"x": 2 * S + 13 * MS}  # 2000 B at the 1000 B/s link, 5 + 7 ms of links, 1 ms of host
+
+
+def test_the_nic_is_a_link_too():
+    k, o = build({"x": (Sender, {"to": [("z", 1000)]}), "z": (Sink, {})}, TREE[:2], ["a", "b"], nic=250.0)
+    k.run_until()
+    assert o["z"].got == {"x": 4 * S + 20 * MS}
+
+
+def test_a_route_through_a_missing_link_is_refused_in_one_sentence():
+    with pytest.raises(TopologyError) as e:
+        build_routes(tuple(TREE), ["a", "c"], {("a", "c"): ["a", "b", "c"]})
+    assert str(e.value) == ("network.topology.routes: the route a->c (a -> b -> c) goes through a -> b, which is not "
+                            "a link; accepted: routes along the links listed in network.topology.links.")
+
+
+def test_a_route_that_loops_is_refused_in_one_sentence():
+    with pytest.raises(TopologyError, match=r"visits r twice \(a routing loop\)"):
+        build_routes(tuple(TREE), ["a", "c"], {("a", "c"): ["a", "r", "b", "r", "c"]})
+
+
+def test_nodes_no_link_joins_are_refused():
+    with pytest.raises(TopologyError, match="no route from node a to node d"):
+        build_routes(tuple(TREE), ["a", "d"])
+
+
+def test_tree_preset_puts_workers_on_edges_data_on_end_devices_and_the_rest_in_the_cloud():
+    links, node = tree_preset(7, holders=[0, 1, 2], data=[4, 5, 6], edges=3, ends_per_edge=1, bandwidth=125e6,
+                              latency_ns=100_000)
+    assert node == ("edge0", "edge1", "edge2", "cloud", "end0.0", "end1.0", "end2.0")
+    assert len(links) == 6 and all(l.bandwidth == 125e6 for l in links)
+
+
+def test_fat_tree_oversubscribes_the_uplinks_and_spreads_pairs_over_spines():
+    links, node, routes = fat_tree_preset(8, hosts_per_leaf=4, spines=2, bandwidth=1000.0, oversubscription=4.0,
+                                          latency_ns=0)
+    up = [l for l in links if l.b.startswith("spine")]
+    assert len(up) == 4 and all(l.bandwidth == 500.0 for l in up)  # 4 hosts x 1000 / (2 spines x 4)
+    assert routes[("host0", "host5")] == ["host0", "leaf0", "spine1", "leaf1", "host5"]
+    assert routes[("host0", "host1")] == ["host0", "leaf0", "host1"]
+
+
+def _lockstep_run(*overrides):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "controller.cli", "run", "model=mlp", "compute=constant",
+                           "launcher=inprocess", "workers=2", *overrides], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("routes,sentence", [
+    ("[[a,c]]", "network.topology.routes: the route a->c (a -> c) goes through a -> c, which is not a link; "
+                "accepted: routes along the links listed in network.topology.links."),
+    ("[[a,b,a,b,c]]", "network.topology.routes: the route a->c (a -> b -> a -> b -> c) visits a twice (a routing "
+                      "loop); accepted: routes that visit each node once."),
+])
+def test_a_bad_topology_stops_lockstep_run_with_one_sentence_and_exit_2(tmp_path, routes, sentence):
+    p = _lockstep_run(f"network.topology={{links:[[a,b,1e9],[b,c,1e9]],attach:{{w0:a,w1:c,ps0:b}},routes:{routes}}}",
+                      f"hydra.run.dir={tmp_path}")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["lockstep: invalid configuration:", f"  {sentence}"]
+    assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_network_tcp_with_a_tree_stops_lockstep_run_with_one_sentence_and_exit_2(tmp_path):
+    p = _lockstep_run("network=tcp", "network.topology=tree", f"hydra.run.dir={tmp_path}")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "lockstep: invalid configuration:",
+        "  network.topology=tree is not valid with network.model=tcp; accepted: star (the tcp model has no links "
+        "beyond the NICs; tree, fat_tree and custom topologies run on network=ideal)."]
+    assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_a_tree_on_the_ideal_network_preset_routes_through_the_cloud(tmp_path):
+    from controller.config import load
+    from controller.plan import make_plan
+
+    plan = make_plan(load(["model=mlp", "compute=constant", "workers=2", "network=ideal", "network.topology=tree"],
+                          check_data=False))
+    topo = plan.network.topology
+    assert plan.network.tcp is None and topo.name == "tree"
+    assert topo.node_of == ("edge0", "edge1", "cloud")
+    assert topo.routes[("edge0", "edge1")] == ("edge0", "cloud", "edge1")
