@@ -33,7 +33,7 @@ def test_sigterm_mid_run_stops_within_the_grace_period_with_every_output_present
     finally:
         proc.kill()
     assert proc.returncode == 143, err
-    assert elapsed < 10, f"took {elapsed:.1f} s; the chart's controller gets terminationGracePeriodSeconds=60"
+    assert elapsed < 30, f"took {elapsed:.1f} s; the chart's controller gets terminationGracePeriodSeconds=60"
     assert "interrupted by SIGTERM" in err and "Traceback" not in err, err
     summary = json.loads((d / "summary.json").read_text())
     assert (summary["stopped_by"], summary["signal"]) == ("signal", "SIGTERM")
@@ -106,7 +106,7 @@ def test_ctrl_c_while_the_agents_are_starting_stops_every_one_of_them(tmp_path):
         proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted by SIGINT" in err and "Traceback" not in err, err
-    assert elapsed < 10
+    assert elapsed < 30, f"took {elapsed:.1f} s"  # well within any grace period, even on a loaded host
     wait_until(lambda: not _agents_of("sigint-at-start"), timeout=10, what="every agent to be gone")
     summary = json.loads((d / "summary.json").read_text())
     assert summary["stopped_by"] == "signal" and summary["updates"] == 0
