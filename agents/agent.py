@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from typing import Any
@@ -32,6 +33,7 @@ import grpc
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agents.common import wire
+from agents.common.trust import AgentTLS, Trust, client_ssl_context, server_ssl_context
 from agents.core import AgentCore
 from agents.direct import DIRECT_MIN_BYTES, DirectLinks, DirectServer, local_address_towards
 from agents.observe.metrics import AgentMetricsSpec, Metrics, serve
@@ -50,8 +52,10 @@ CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_mess
 class AgentProcess:
     def __init__(self, controller: str, agent_id: int, run_id: str, token: str,
                  protocol_version: int = wire.PROTOCOL_VERSION, connect_timeout_s: float = 60.0,
-                 direct: bool = True):
+                 direct: bool = True, tls: AgentTLS | None = None, trust: Trust | None = None):
         self.controller, self.agent_id, self.run_id, self.token = controller, agent_id, run_id, token
+        self.tls = tls or AgentTLS()
+        self.trust = trust or Trust()
         self.protocol_version = protocol_version
         self.connect_timeout_s = connect_timeout_s
         self.direct = direct
@@ -73,7 +77,7 @@ class AgentProcess:
 
     def _heartbeats(self, every_s: float, metadata: tuple) -> None:
         """Beat every ``every_s`` from this thread, on a channel of its own: a long window keeps beating."""
-        with grpc.insecure_channel(self.controller, options=CHANNEL_OPTIONS) as channel:
+        with self.tls.channel(grpc, self.controller, CHANNEL_OPTIONS) as channel:
             beat = pb_grpc.ControllerStub(channel).Beat
             while not self._stop.wait(every_s):
                 try:
@@ -88,8 +92,10 @@ class AgentProcess:
         if host is None:
             return
         try:
-            self.direct_server = DirectServer(host)
-        except OSError as e:
+            ctx = (server_ssl_context(self.tls.ca, self.tls.cert, self.tls.key) if self.tls.enabled and self.tls.cert
+                   else None)
+            self.direct_server = DirectServer(host, self.agent_id, ctx)
+        except (OSError, ssl.SSLError) as e:
             log.warning("no direct tensor streams (cannot listen on %s: %s); tensors go through the controller",
                         host, e)
 
@@ -110,15 +116,17 @@ class AgentProcess:
         return asyncio.run(self._run_async())
 
     async def _run_async(self) -> int:
-        async with grpc.aio.insecure_channel(self.controller, options=CHANNEL_OPTIONS) as channel:
+        async with self.tls.channel(grpc.aio, self.controller, CHANNEL_OPTIONS) as channel:
             stub = pb_grpc.ControllerStub(channel)
             ds = self.direct_server
+            md = ((wire.METADATA_TOKEN, self.token), (wire.METADATA_PROTOCOL, str(self.protocol_version)),
+                  (wire.METADATA_AGENT, str(self.agent_id)))
             try:
                 a = await stub.Register(pb.RegisterRequest(
-                    agent_id=self.agent_id, token=self.token, protocol_version=self.protocol_version,
+                    agent_id=self.agent_id, protocol_version=self.protocol_version,
                     device=_device(), run_id=self.run_id, hostname=socket.gethostname(), pid=os.getpid(),
                     data_address=ds.address if ds else "", data_secret=ds.secret if ds else b""),
-                    timeout=self.connect_timeout_s, wait_for_ready=True)
+                    metadata=md, timeout=self.connect_timeout_s, wait_for_ready=True)
             except grpc.RpcError as e:
                 code = e.code()
                 log.error("controller %s refused registration: %s: %s", self.controller,
@@ -128,15 +136,14 @@ class AgentProcess:
             log.info("registered with %s as agent %d (protocol v%d)", self.controller, a.agent_id,
                      a.protocol_version)
             self.writer = wire.FrameWriter(pb.AgentFrame, int(a.max_message_bytes))
-            md = (("lockstep-agent-id", str(self.agent_id)), ("lockstep-ticket", a.ticket))
+            md = ((wire.METADATA_AGENT, str(self.agent_id)), (wire.METADATA_TICKET, a.ticket))
             self.call = stub.Session(metadata=md)
             hb = threading.Thread(target=self._heartbeats, args=(max(a.heartbeat_s, 0.01), md),
                                   name="heartbeat", daemon=True)
             hb.start()
             try:
                 status = await self._serve(a)
-                if status == EXIT_OK:
-                    await self.call.done_writing()
+                await self.call.done_writing()  # a Failure just written must reach the controller before a cancel
                 return status
             except grpc.RpcError as e:
                 if self._stop.is_set():
@@ -151,6 +158,10 @@ class AgentProcess:
         """Build the vworkers, then answer the controller's frames in order (windows run on this thread)."""
         try:
             plan = Plan.from_json(a.plan_json)
+            self.trust.check_plan(plan)  # only registered strategies and models, unless the user opted in
+            limits = plan.limits
+            if self.direct_server is not None:
+                self.direct_server.limits = limits
             metrics = self._open_metrics(plan.metrics)
             self.core = AgentCore(plan, self.agent_id, data=_prepare(plan), metrics=metrics)
         except Exception as e:  # noqa: BLE001 - reported to the controller, which stops the run
@@ -164,7 +175,7 @@ class AgentProcess:
         f.ready.next_time, f.ready.horizon = core.next_time(), core.output_bound()
         f.ready.metrics_address = self.metrics_address
         await self._send(f)
-        reader = wire.FrameReader(pb.ControllerFrame)
+        reader = wire.FrameReader(pb.ControllerFrame, limits)
         while True:
             frame = await self.call.read()
             if frame is grpc.aio.EOF:
@@ -187,7 +198,8 @@ class AgentProcess:
                          if p.agent_id != self.agent_id and p.address}
                 if self.links is not None:
                     self.links.close()
-                self.links = DirectLinks(self.agent_id, peers) if self.direct else None
+                ctx = client_ssl_context(self.tls.ca, self.tls.cert, self.tls.key) if self.tls.enabled else None
+                self.links = DirectLinks(self.agent_id, peers, ssl_context=ctx) if self.direct else None
                 for dst in peers if self.links is not None else ():
                     self.links.usable(dst)  # connect now, not inside the first window that needs it
             elif body == "shutdown":
@@ -274,8 +286,11 @@ class AgentProcess:
 
         try:
             if self.mesh is None:
-                self.mesh = MeshSession(self.core, self.run_id, local_address_towards(self.controller),
-                                        self.writer)
+                tls = self.tls.enabled and bool(self.tls.cert)  # the streams speak mutual TLS too
+                self.mesh = MeshSession(
+                    self.core, self.run_id, local_address_towards(self.controller), self.writer,
+                    server_ssl_context(self.tls.ca, self.tls.cert, self.tls.key) if tls else None,
+                    client_ssl_context(self.tls.ca, self.tls.cert, self.tls.key) if tls else None)
             if call.method == "mesh_open":
                 f = pb.AgentFrame()
                 f.reply.id = call.id

@@ -10,36 +10,55 @@ for the last of them if needed; bytes are copied once, from the socket into
 the buffer the tensor is built on (``torch.frombuffer``).
 
 Each agent listens on the address it reaches the controller from and tells
-the controller (``Register.data_address``) with a random secret; the
-controller hands both only to the other agents (``Peers``), so a connection
-must present that secret before anything it sends is read. An agent that
-cannot reach a peer sends through the controller instead (chunked frames).
+the controller (``Register.data_address``) with a random secret. The
+controller hands every *other* agent its own key for it, ``pair_key(secret,
+sender, receiver)`` (HMAC-SHA256), so a hello proves both that the sender was
+told by the controller and *which* agent it is: no agent can speak for
+another. Hellos are read by one thread for all connections, each within
+``HELLO_TIMEOUT_S`` of connecting and at most ``MAX_UNAUTHENTICATED`` at a
+time (the oldest is dropped), so strangers cost no thread; each authenticated
+sender gets one reader thread. Sizes and blob ids are checked against the
+plan's :class:`~agents.common.wire.Limits` before anything is allocated, and
+buffers grow as the bytes arrive. With ``controller.tls`` both ends speak TLS
+with the run's certificates. An agent that cannot reach a peer sends through
+the controller instead (chunked frames).
 
-Stream format, after the hello ``MAGIC + secret (32 B) + sender agent id
-(int32 LE)``: repeated ``blob id (int64 LE), nbytes (int64 LE), bytes``.
+Stream format, after the hello ``MAGIC + sender agent id (int32 LE) + key
+(32 B)``: repeated ``blob id (int64 LE, increasing), nbytes (int64 LE), bytes``.
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import secrets
+import selectors
 import socket
+import ssl
 import struct
 import threading
+import time
+from collections import Counter
 from typing import Callable
 
-from agents.common.wire import WireError
+from agents.common.wire import Limits, WireError
 
-__all__ = ["DIRECT_MIN_BYTES", "DirectServer", "DirectLinks", "local_address_towards"]
+__all__ = ["DIRECT_MIN_BYTES", "DirectServer", "DirectLinks", "local_address_towards", "pair_key"]
 
 log = logging.getLogger("lockstep.agent")
 
 DIRECT_MIN_BYTES = 256 * 1024
-MAGIC = b"LSD1"
-_HELLO = struct.Struct("<4s32si")
+MAGIC = b"LSD2"
+_HELLO = struct.Struct("<4si32s")
 _HEADER = struct.Struct("<qq")
 _RECV = 8 << 20  # large reads: about 2.5x the throughput of 1 MiB ones on loopback
-_MAX_BLOB = 1 << 36
+HELLO_TIMEOUT_S = 5.0  # from connecting to a complete hello, however slowly the bytes come
+MAX_UNAUTHENTICATED = 64  # connections still owing their hello; the oldest goes when another arrives
+
+
+def pair_key(secret: bytes, sender: int, receiver: int) -> bytes:
+    """What agent ``sender`` presents to agent ``receiver`` (whose listening secret is ``secret``)."""
+    return hmac.new(secret, f"lockstep-direct {sender}->{receiver}".encode(), hashlib.sha256).digest()
 
 
 def local_address_towards(address: str) -> str | None:
@@ -68,61 +87,185 @@ def _recv_exact(sock: socket.socket, mv: memoryview) -> bool:
     return True
 
 
+def _recv_growing(sock: socket.socket, n: int) -> bytearray | None:
+    """``n`` bytes into a buffer that grows (doubling) as they arrive: a header alone allocates at most
+    ``_RECV`` bytes. None when the stream ends first."""
+    buf = bytearray(min(n, _RECV))
+    got = 0
+    while got < n:
+        if got == len(buf):
+            buf.extend(bytes(min(n, 2 * len(buf)) - len(buf)))
+        with memoryview(buf) as mv:
+            k = sock.recv_into(mv[got:], min(_RECV, len(buf) - got))
+        if k == 0:
+            return None
+        got += k
+    return buf
+
+
+class _Pending:
+    """A connection that has not finished its hello."""
+
+    __slots__ = ("conn", "peer", "deadline", "hello", "handshaken")
+
+    def __init__(self, conn: socket.socket, peer: object, tls: bool):
+        self.conn, self.peer = conn, peer
+        self.deadline = time.monotonic() + HELLO_TIMEOUT_S
+        self.hello = bytearray()
+        self.handshaken = not tls
+
+
 class DirectServer:
     """Accepts the other agents' streams and keeps the blobs they send until :meth:`take`."""
 
-    def __init__(self, host: str):
+    def __init__(self, host: str, agent_id: int = -1, ssl_context: ssl.SSLContext | None = None,
+                 limits: Limits | None = None):
         self.secret = secrets.token_bytes(32)
+        self.agent_id = agent_id
+        self.limits = limits or Limits()  # the plan's, once the agent has it (agents/agent.py)
+        self._ssl = ssl_context
         self._sock = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self._sock.setblocking(False)
         self.address = f"[{host}]:{self._sock.getsockname()[1]}" if ":" in host else \
             f"{host}:{self._sock.getsockname()[1]}"
         self._cv = threading.Condition()
         self._blobs: dict[tuple[int, int], bytearray] = {}
+        self._held: Counter = Counter()  # sender -> bytes received and not yet taken
+        self._last_bid: dict[int, int] = {}
+        self._streams: set[int] = set()  # senders with an open stream
         self._lost: dict[int, str] = {}  # sender agent -> why its stream ended
+        self.refused: Counter = Counter()  # why connections were turned away (counts only: bounded)
+        self._logged_at = 0.0
         self._closed = False
         threading.Thread(target=self._accept, name="direct-accept", daemon=True).start()
 
+    # ------------------------------------------------------------ hellos
+    def _refuse(self, p: _Pending, why: str) -> None:
+        self.refused[why] += 1
+        now = time.monotonic()
+        if now - self._logged_at >= 1.0:
+            log.warning("refused a direct stream from %s: %s (%d refused so far)", p.peer, why,
+                        sum(self.refused.values()))
+            self._logged_at = now
+        try:
+            p.conn.close()
+        except OSError:
+            pass
+
     def _accept(self) -> None:
+        """One thread reads every hello (no thread per stranger), then hands a stream its own reader."""
+        sel = selectors.DefaultSelector()
+        pending: dict[socket.socket, _Pending] = {}  # insertion order = age
+        try:
+            sel.register(self._sock, selectors.EVENT_READ, None)
+            while not self._closed:
+                now = time.monotonic()
+                for p in [p for p in pending.values() if p.deadline <= now]:
+                    sel.unregister(p.conn)
+                    del pending[p.conn]
+                    self._refuse(p, f"no hello within {HELLO_TIMEOUT_S:g} s")
+                wait = min([p.deadline for p in pending.values()], default=now + 0.5) - now
+                for key, _ in sel.select(max(0.0, min(wait, 0.5))):
+                    if key.data is None:
+                        self._take_connections(sel, pending)
+                    else:
+                        self._progress(sel, pending, key.data)
+        except (OSError, ValueError):  # the listening socket was closed
+            pass
+        finally:
+            for p in pending.values():
+                p.conn.close()
+            sel.close()
+
+    def _take_connections(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending]) -> None:
         while True:
             try:
                 conn, peer = self._sock.accept()
-            except OSError:
+            except BlockingIOError:
                 return
-            threading.Thread(target=self._serve, args=(conn, peer), name="direct-recv", daemon=True).start()
+            conn.setblocking(False)
+            if self._ssl is not None:
+                try:
+                    conn = self._ssl.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+                except (OSError, ssl.SSLError):
+                    conn.close()
+                    continue
+            if len(pending) >= MAX_UNAUTHENTICATED:
+                oldest = next(iter(pending.values()))
+                sel.unregister(oldest.conn)
+                del pending[oldest.conn]
+                self._refuse(oldest, f"more than {MAX_UNAUTHENTICATED} connections without a hello")
+            p = _Pending(conn, peer, self._ssl is not None)
+            pending[conn] = p
+            sel.register(conn, selectors.EVENT_READ, p)
 
-    def _serve(self, conn: socket.socket, peer) -> None:
-        src = None
+    def _progress(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending], p: _Pending) -> None:
+        def drop(why: str) -> None:
+            sel.unregister(p.conn)
+            del pending[p.conn]
+            self._refuse(p, why)
+
         try:
-            hello = bytearray(_HELLO.size)
-            conn.settimeout(10.0)
-            if not _recv_exact(conn, memoryview(hello)):
-                return
-            magic, secret, src = _HELLO.unpack(hello)
-            if magic != MAGIC or not hmac.compare_digest(secret, self.secret):
-                log.warning("refused a direct stream from %s: wrong hello or secret", peer)
-                src = None
-                return
-            conn.settimeout(None)
+            if not p.handshaken:
+                p.conn.do_handshake()
+                p.handshaken = True
+            data = p.conn.recv(_HELLO.size - len(p.hello))
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return
+        except (OSError, ssl.SSLError) as e:
+            return drop(f"TLS or socket error before the hello: {e}")
+        if not data:
+            return drop("closed before its hello")
+        p.hello += data
+        if len(p.hello) < _HELLO.size:
+            return
+        sel.unregister(p.conn)
+        del pending[p.conn]
+        magic, src, key = _HELLO.unpack(bytes(p.hello))
+        if magic != MAGIC or src == self.agent_id or not hmac.compare_digest(
+                key, pair_key(self.secret, src, self.agent_id)):
+            return self._refuse(p, "wrong hello or key")
+        with self._cv:
+            if src in self._streams:
+                return self._refuse(p, f"agent {src} already has a stream open")
+            self._streams.add(src)
+            self._lost.pop(src, None)
+        p.conn.setblocking(True)
+        threading.Thread(target=self._serve, args=(p.conn, src), name=f"direct-recv-{src}", daemon=True).start()
+
+    # ------------------------------------------------------------ streams
+    def _serve(self, conn: socket.socket, src: int) -> None:
+        try:
             head = bytearray(_HEADER.size)
             while _recv_exact(conn, memoryview(head)):
                 bid, n = _HEADER.unpack(head)
-                if not 0 <= n <= _MAX_BLOB:
-                    raise WireError(f"direct stream from agent {src} announces a blob of {n} bytes")
-                buf = bytearray(n)
-                if not _recv_exact(conn, memoryview(buf)):
+                lim = self.limits
+                if not 0 <= n <= lim.max_blob_bytes:
+                    raise WireError(f"direct stream from agent {src} announces a blob of {n} bytes; at most "
+                                    f"{lim.max_blob_bytes} accepted (controller.max_blob_bytes)")
+                with self._cv:
+                    if bid <= self._last_bid.get(src, 0):
+                        raise WireError(f"direct stream from agent {src} reuses blob id {bid}")
+                    if self._held[src] + n > lim.max_pending_bytes:
+                        raise WireError(f"direct stream from agent {src} would hold more than "
+                                        f"{lim.max_pending_bytes} bytes nobody took (controller.max_held_bytes)")
+                    self._last_bid[src] = bid
+                    self._held[src] += n
+                buf = _recv_growing(conn, n) if n else bytearray()
+                if buf is None:
                     raise WireError(f"direct stream from agent {src} ended inside blob {bid}")
                 with self._cv:
                     self._blobs[(src, bid)] = buf
                     self._cv.notify_all()
             reason = "its direct stream ended"
-        except (OSError, WireError) as e:
+        except (OSError, WireError, MemoryError) as e:
             reason = f"its direct stream failed: {e}"
         finally:
             conn.close()
-        if src is not None:
-            with self._cv:
-                self._lost[src] = reason
-                self._cv.notify_all()
+        with self._cv:
+            self._streams.discard(src)
+            self._lost[src] = reason
+            self._cv.notify_all()
 
     def take(self, src: int, bid: int, nbytes: int, timeout_s: float = 120.0) -> bytearray:
         """The bytes of blob ``bid`` from agent ``src`` (waits for them); WireError when they cannot come."""
@@ -134,6 +277,7 @@ class DirectServer:
                 why = self._lost.get(src) or ("this agent is closing" if self._closed else
                                               f"nothing came for {timeout_s:g} s" if not ok else "unknown")
                 raise WireError(f"tensor bytes {bid} from agent {src} never arrived on the direct stream ({why})")
+            self._held[src] -= len(buf)
         if len(buf) != nbytes:
             raise WireError(f"direct blob {bid} from agent {src} has {len(buf)} bytes; its reference says {nbytes}")
         return buf
@@ -149,10 +293,16 @@ class DirectServer:
 
 
 class DirectLinks:
-    """This agent's outgoing direct streams, connected on first use."""
+    """This agent's outgoing direct streams, connected on first use.
 
-    def __init__(self, agent_id: int, peers: dict[int, tuple[str, bytes]], connect_timeout_s: float = 5.0):
+    ``peers`` maps an agent id to ``(address, key)``, the key being what the controller derived for
+    this agent (:func:`pair_key`).
+    """
+
+    def __init__(self, agent_id: int, peers: dict[int, tuple[str, bytes]], connect_timeout_s: float = 5.0,
+                 ssl_context: ssl.SSLContext | None = None):
         self.agent_id, self.peers, self.connect_timeout_s = agent_id, peers, connect_timeout_s
+        self._ssl = ssl_context
         self._socks: dict[int, socket.socket | None] = {}  # None: could not connect, use the controller
 
     def usable(self, dst: int) -> bool:
@@ -164,14 +314,16 @@ class DirectLinks:
     def _connect(self, dst: int) -> socket.socket | None:
         if dst not in self.peers:
             return None
-        address, secret = self.peers[dst]
+        address, key = self.peers[dst]
         host, _, port = address.rpartition(":")
         try:
             s = socket.create_connection((host.strip("[]"), int(port)), timeout=self.connect_timeout_s)
+            if self._ssl is not None:
+                s = self._ssl.wrap_socket(s, server_side=False)
             s.settimeout(None)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.sendall(_HELLO.pack(MAGIC, secret, self.agent_id))
-        except (OSError, ValueError) as e:
+            s.sendall(_HELLO.pack(MAGIC, self.agent_id, key))
+        except (OSError, ValueError, ssl.SSLError) as e:
             log.warning("cannot open a direct stream to agent %d at %s (%s); its tensors go through the "
                         "controller", dst, address, e)
             return None

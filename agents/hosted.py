@@ -81,10 +81,14 @@ class HostedAgent:
         Returns the status ``python -m agents`` would exit with (0 done, 1 failed, 3 refused).
         """
         from agents.agent import AgentProcess
+        from agents.common.trust import AgentTLS, Trust
 
         direct = os.environ.get("LOCKSTEP_DIRECT") != "0"
         try:
-            return AgentProcess(controller, self.agent_id, run_id, token, direct=direct).run()
+            # TLS files and trusted modules as `python -m agents` reads them: the launcher's extra_env,
+            # which reaches the actor as its runtime_env (no secret in it: the token is an argument)
+            return AgentProcess(controller, self.agent_id, run_id, token, direct=direct, tls=AgentTLS.from_env(),
+                                trust=Trust.from_env()).run()
         except BaseException:
             log.exception("agent %d stopped with an error", self.agent_id)
             raise

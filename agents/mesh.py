@@ -14,9 +14,16 @@ no gRPC message (the reports are null messages in the sense of Chandy–Misra–
 how far its sender can be trusted not to act).
 
 Agents on one host talk over Unix-domain sockets (abstract namespace), others over TCP on the
-interface that reaches the controller; each connection starts with the acceptor's secret, which
-only the controller hands out. Tensors above 64 KiB travel as raw bytes after the report (one copy
-into the socket, one out). Rows and counters go to the controller as ``Reached`` frames every
+interface that reaches the controller. Each connection starts with a hello that carries the key
+the controller derived for that pair, ``pair_key(acceptor's secret, connector, acceptor)``
+(agents/direct.py), so no agent can speak for another; hellos are read by the accepting thread for
+all connections at once, each within ``HELLO_TIMEOUT_S`` and at most ``MAX_UNAUTHENTICATED`` at a
+time, so strangers cannot hold up the start (docs/security.md). With ``controller.tls`` every
+stream speaks mutual TLS with the run's certificates. Tensors above 64 KiB travel as raw bytes
+after the report (one copy into the socket, one out); every size a peer announces is checked
+against the plan's limits (``controller.max_blob_bytes``, ``max_held_bytes``) before anything is
+allocated, and a peer that runs ahead is held back by the stream's own flow control once what it
+sent and nobody used reaches ``max_held_bytes``. Rows and counters go to the controller as ``Reached`` frames every
 ``report_s`` of wall time, with the *frontier* (the start of the next window: no later window has
 an event before it), so the controller writes rows in their global order as they become final.
 """
@@ -27,12 +34,16 @@ import logging
 import secrets
 import selectors
 import socket
+import ssl
 import struct
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from agents.common import wire
+from agents.common.wire import Limits
+from agents.direct import pair_key
 from agents.common.windows import ends_from_first, earliest
 from agents.sim.env import Stats
 from agents.sim.kernel import RemoteEvent
@@ -44,14 +55,15 @@ __all__ = ["MeshError", "MeshListener", "MeshLinks", "MeshLoop", "Progress", "Pe
 
 log = logging.getLogger("lockstep.agent")
 
-MAGIC = b"LSM1"
-_HELLO = struct.Struct("<4s32si")
+MAGIC = b"LSM2"
+_HELLO = struct.Struct("<4s32si")  # magic, pair key, connecting agent
 _PREFIX = struct.Struct("<II")
 _BLOB = struct.Struct("<qq")
-_MAX_PROTO = 1 << 30
-_MAX_BLOBS = 1 << 20
-_MAX_BLOB = 1 << 36
 _READ = 1 << 20
+_TLS_WRITE = 256 << 10  # TLS has no sendmsg: buffers go out in slices of this size
+HELLO_TIMEOUT_S = 5.0  # from connecting to a complete hello (and TLS handshake), however slowly bytes come
+MAX_UNAUTHENTICATED = 64  # connections still owing their hello; the oldest goes when another arrives
+MAX_QUEUED_FRAMES = 1024  # frames of one peer received and not yet used: beyond, its stream is not read
 
 
 class MeshError(RuntimeError):
@@ -60,21 +72,40 @@ class MeshError(RuntimeError):
 
 @dataclass(frozen=True)
 class PeerAddress:
-    """Where agent ``agent`` accepts direct-window streams, and the secret it asks for."""
+    """Where agent ``agent`` accepts direct-window streams, and the key this agent presents to it."""
 
     agent: int
     uds: str  # abstract Unix socket name (without the leading NUL); "" = none
     tcp: str  # HOST:PORT; "" = none
-    secret: bytes
+    key: bytes  # pair_key(its secret, this agent, it); only the controller knows the secrets
 
 
 # ------------------------------------------------------------- connections
-class MeshListener:
-    """Accepts the other agents' streams: an abstract Unix socket, and TCP on ``host`` when given."""
+class _Pending:
+    """An accepted connection that has not finished its TLS handshake and hello."""
 
-    def __init__(self, run_id: str, agent_id: int, host: str | None):
+    __slots__ = ("conn", "peer", "deadline", "hello", "handshaken")
+
+    def __init__(self, conn: socket.socket, peer: object, tls: bool):
+        self.conn, self.peer = conn, peer
+        self.deadline = time.monotonic() + HELLO_TIMEOUT_S
+        self.hello = bytearray()
+        self.handshaken = not tls
+
+
+class MeshListener:
+    """Accepts the other agents' streams: an abstract Unix socket, and TCP on ``host`` when given.
+
+    ``server_ssl``: with ``controller.tls``, every accepted stream (Unix or TCP) must complete a TLS
+    handshake with a certificate signed by the run's CA before its hello is read.
+    """
+
+    def __init__(self, run_id: str, agent_id: int, host: str | None, server_ssl: ssl.SSLContext | None = None):
         self.agent_id = agent_id
         self.secret = secrets.token_bytes(32)
+        self.ssl = server_ssl
+        self.refused: Counter = Counter()  # why connections were turned away (counts only: bounded)
+        self._logged_at = 0.0
         self.uds = f"lockstep-mesh-{agent_id}-{secrets.token_hex(8)}"
         self._uds = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._uds.bind("\0" + self.uds)
@@ -87,42 +118,121 @@ class MeshListener:
             port = self._tcp.getsockname()[1]
             self.tcp = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def address(self) -> PeerAddress:
-        return PeerAddress(self.agent_id, self.uds, self.tcp, self.secret)
+    def secret_address(self) -> tuple[str, str, bytes]:
+        """What ``mesh_open`` answers: the addresses and the secret the controller derives keys from."""
+        return self.uds, self.tcp, self.secret
+
+    def _refuse(self, p: _Pending, why: str) -> None:
+        self.refused[why] += 1
+        now = time.monotonic()
+        if now - self._logged_at >= 1.0:
+            log.warning("direct windows: refused a connection from %s: %s (%d refused so far)", p.peer or "a local "
+                        "process", why, sum(self.refused.values()))
+            self._logged_at = now
+        try:
+            p.conn.close()
+        except OSError:
+            pass
 
     def accept(self, expected: set[int], timeout_s: float) -> dict[int, socket.socket]:
-        """Accept one authenticated stream from each agent in ``expected``."""
+        """Accept one authenticated stream from each agent in ``expected``.
+
+        One selector reads every pending hello (no blocking read, no thread per connection), so a
+        stranger who connects and sends nothing costs a slot for ``HELLO_TIMEOUT_S`` at most.
+        """
         socks = [s for s in (self._uds, self._tcp) if s is not None]
         got: dict[int, socket.socket] = {}
+        pending: dict[socket.socket, _Pending] = {}  # insertion order = age
         deadline = time.monotonic() + timeout_s
         sel = selectors.DefaultSelector()
         for s in socks:
-            sel.register(s, selectors.EVENT_READ)
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ, None)
         try:
             while expected - set(got):
-                left = deadline - time.monotonic()
-                if left <= 0:
+                now = time.monotonic()
+                if now >= deadline:
                     raise MeshError(f"agents {sorted(expected - set(got))} did not open their direct-window "
                                     f"streams within {timeout_s:g} s")
-                for key, _ in sel.select(left):
-                    conn, peer = key.fileobj.accept()
-                    try:
-                        conn.settimeout(max(1.0, min(10.0, left)))
-                        hello = _recv_exact(conn, _HELLO.size)
-                        magic, secret, src = _HELLO.unpack(hello)
-                    except (OSError, MeshError) as e:
-                        log.warning("direct windows: dropped a connection from %s (%s)", peer, e)
-                        conn.close()
+                for p in [p for p in pending.values() if p.deadline <= now]:
+                    sel.unregister(p.conn)
+                    del pending[p.conn]
+                    self._refuse(p, f"no hello within {HELLO_TIMEOUT_S:g} s")
+                wait = min([p.deadline for p in pending.values()] + [deadline]) - now
+                for key, _ in sel.select(max(0.0, min(wait, 0.5))):
+                    if key.data is None:
+                        self._take_connections(key.fileobj, sel, pending)
                         continue
-                    if magic != MAGIC or not hmac.compare_digest(secret, self.secret) or src not in expected \
-                            or src in got:
-                        log.warning("direct windows: refused a connection from %s (wrong hello or secret)", peer)
-                        conn.close()
+                    p = key.data
+                    done = self._progress(p)
+                    if done is None:
                         continue
-                    got[src] = conn
+                    sel.unregister(p.conn)
+                    del pending[p.conn]
+                    if isinstance(done, str):
+                        self._refuse(p, done)
+                        continue
+                    if done not in expected or done in got:
+                        self._refuse(p, f"agent {done} is not expected here or already connected")
+                        continue
+                    p.conn.setblocking(True)
+                    got[done] = p.conn
+        except BaseException:
+            for c in got.values():
+                c.close()
+            raise
         finally:
+            for p in pending.values():
+                p.conn.close()
             sel.close()
         return got
+
+    def _take_connections(self, lsock: Any, sel: selectors.BaseSelector, pending: dict) -> None:
+        while True:
+            try:
+                conn, peer = lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # e.g. too many open files: this connection is lost, the others wait
+                log.warning("direct windows: accept failed: %s", e)
+                return
+            conn.setblocking(False)
+            if self.ssl is not None:
+                try:
+                    conn = self.ssl.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+                except (OSError, ssl.SSLError):
+                    conn.close()
+                    continue
+            if len(pending) >= MAX_UNAUTHENTICATED:
+                oldest = next(iter(pending.values()))
+                sel.unregister(oldest.conn)
+                del pending[oldest.conn]
+                self._refuse(oldest, f"more than {MAX_UNAUTHENTICATED} connections without a hello")
+            p = _Pending(conn, peer, self.ssl is not None)
+            pending[conn] = p
+            sel.register(conn, selectors.EVENT_READ, p)
+
+    def _progress(self, p: _Pending) -> int | str | None:
+        """Read what ``p`` sent: None (more to come), the agent its hello proves, or why it is refused."""
+        try:
+            if not p.handshaken:
+                p.conn.do_handshake()
+                p.handshaken = True
+            data = p.conn.recv(_HELLO.size - len(p.hello))
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
+            return None
+        except (OSError, ssl.SSLError) as e:
+            return f"TLS or socket error before the hello: {e}"
+        if not data:
+            return "closed before its hello"
+        p.hello += data
+        if len(p.hello) < _HELLO.size:
+            return None
+        magic, key, src = _HELLO.unpack(bytes(p.hello))
+        if magic != MAGIC or src == self.agent_id or not hmac.compare_digest(
+                key, pair_key(self.secret, src, self.agent_id)):
+            return "wrong hello or key"
+        return src
 
     def close(self) -> None:
         for s in (self._uds, self._tcp):
@@ -143,9 +253,18 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(out)
 
 
-def connect(me: int, peer: PeerAddress, timeout_s: float) -> socket.socket:
-    """Open a stream to ``peer``: its Unix socket when it is on this host, else TCP."""
+def connect(me: int, peer: PeerAddress, timeout_s: float, client_ssl: ssl.SSLContext | None = None) -> socket.socket:
+    """Open a stream to ``peer``: its Unix socket when it is on this host, else TCP; TLS with ``client_ssl``."""
     errors = []
+
+    def hello(s: socket.socket) -> socket.socket:
+        if client_ssl is not None:
+            s.settimeout(max(1.0, min(timeout_s, HELLO_TIMEOUT_S)))
+            s = client_ssl.wrap_socket(s, server_side=False)
+        s.settimeout(None)
+        s.sendall(_HELLO.pack(MAGIC, peer.key, me))
+        return s
+
     if peer.uds:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -154,40 +273,60 @@ def connect(me: int, peer: PeerAddress, timeout_s: float) -> socket.socket:
             s.close()
             errors.append(f"unix: {e}")
         else:
-            s.sendall(_HELLO.pack(MAGIC, peer.secret, me))
-            return s
+            try:
+                return hello(s)
+            except (OSError, ssl.SSLError) as e:
+                s.close()
+                errors.append(f"unix: {e}")
     if peer.tcp:
         host, _, port = peer.tcp.rpartition(":")
         try:
             s = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.settimeout(None)
-            s.sendall(_HELLO.pack(MAGIC, peer.secret, me))
-            return s
-        except (OSError, ValueError) as e:
+            return hello(s)
+        except (OSError, ValueError, ssl.SSLError) as e:
             errors.append(f"tcp {peer.tcp}: {e}")
     raise MeshError(f"cannot reach agent {peer.agent} for direct windows ({'; '.join(errors) or 'no address'})")
 
 
 class _Reader:
-    """Reassembles one peer's frames from a non-blocking socket."""
+    """Reassembles one peer's frames from a non-blocking socket (plain or TLS).
 
-    def __init__(self, agent: int, sock: socket.socket, alloc: Callable[[int], Any] = bytearray):
+    Every size the peer announces is checked against ``limits`` before its buffer is allocated;
+    frames received and not yet used count against ``limits.max_pending_bytes`` (and
+    ``MAX_QUEUED_FRAMES``): past that, :meth:`full` is true and the stream is not read until
+    frames are taken, so the peer waits on its own socket instead of filling this agent's memory.
+    """
+
+    def __init__(self, agent: int, sock: socket.socket, alloc: Callable[[int], Any] = bytearray,
+                 limits: Limits | None = None):
         self.agent, self.sock, self.alloc = agent, sock, alloc
+        self.limits = limits or Limits()
         self.head = bytearray()
         self.need = _PREFIX.size
         self.phase = 0  # 0: prefix, 1: report + blob table, 2: blob bytes
         self.plen = self.nblobs = 0
         self.report: Any = None
-        self.blobs: list[tuple[int, bytearray]] = []
+        self.blobs: list[tuple[int, Any]] = []
         self.bi = self.got = 0
-        self.frames: list[tuple[Any, dict[int, bytearray]]] = []
+        self.frames: list[tuple[Any, dict[int, Any]]] = []
+        self.frame_bytes: list[int] = []  # what each queued frame holds
+        self.held = 0  # bytes of the queued frames and of the frame being received
+        self.frame_total = 0
         self.eof: str | None = None  # why the stream ended (a peer closes it once its last window is sent)
+
+    def full(self) -> bool:
+        return len(self.frames) >= MAX_QUEUED_FRAMES or (bool(self.frames) and self.held >= self.limits.max_pending_bytes)
+
+    def take(self) -> tuple[Any, dict[int, Any]]:
+        """The oldest complete frame (there must be one)."""
+        self.held -= self.frame_bytes.pop(0)
+        return self.frames.pop(0)
 
     def pump(self) -> None:
         """Read what the socket has; complete frames go to ``self.frames``; the end sets ``eof``."""
         sock = self.sock
-        while self.eof is None:
+        while self.eof is None and not self.full():
             try:
                 if self.phase < 2:
                     b = sock.recv(min(_READ, self.need - len(self.head)))
@@ -200,26 +339,28 @@ class _Reader:
                         self._advance()
                 else:
                     _, buf = self.blobs[self.bi]
-                    mv = memoryview(buf)
-                    k = sock.recv_into(mv[self.got:], min(_READ * 8, len(buf) - self.got))
+                    mv = memoryview(buf).cast("B")
+                    k = sock.recv_into(mv[self.got:], min(_READ * 8, len(mv) - self.got))
                     if k == 0:
                         self.eof = f"agent {self.agent} closed its direct-window stream inside a tensor"
                         return
                     self.got += k
-                    if self.got == len(buf):
+                    if self.got == len(mv):
                         self.bi, self.got = self.bi + 1, 0
                         self._blob_done()
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return
-            except ConnectionError as e:
+            except OSError as e:  # a reset, a TLS error (ssl.SSLError is an OSError)
                 self.eof = f"the direct-window stream of agent {self.agent} broke: {e}"
                 return
 
     def _advance(self) -> None:
+        lim = self.limits
         if self.phase == 0:
             self.plen, self.nblobs = _PREFIX.unpack(self.head)
-            if self.plen > _MAX_PROTO or self.nblobs > _MAX_BLOBS:
-                raise MeshError(f"agent {self.agent} sent a malformed frame ({self.plen} B, {self.nblobs} blobs)")
+            if self.plen > lim.max_pending_bytes or self.nblobs > lim.max_pending_blobs:
+                raise MeshError(f"agent {self.agent} sent a malformed frame ({self.plen} B, {self.nblobs} blobs; "
+                                f"at most {lim.max_pending_bytes} B and {lim.max_pending_blobs} blobs accepted)")
             self.phase, self.need = 1, _PREFIX.size + self.plen + self.nblobs * _BLOB.size
             if len(self.head) == self.need:
                 self._advance()
@@ -230,66 +371,117 @@ class _Reader:
         except Exception as e:  # noqa: BLE001 - protobuf's DecodeError is a plain Exception
             raise MeshError(f"agent {self.agent} sent a malformed report: {e}") from e
         off += self.plen
-        self.blobs = []
-        for i in range(self.nblobs):
-            bid, n = _BLOB.unpack_from(self.head, off + i * _BLOB.size)
-            if not 0 <= n <= _MAX_BLOB:
-                raise MeshError(f"agent {self.agent} announced a tensor of {n} bytes")
-            self.blobs.append((bid, self.alloc(n)))
+        table = [_BLOB.unpack_from(self.head, off + i * _BLOB.size) for i in range(self.nblobs)]
+        total = self.plen
+        for bid, n in table:  # every size checked before the first buffer exists
+            if not 0 <= n <= lim.max_blob_bytes:
+                raise MeshError(f"agent {self.agent} announced a tensor of {n} bytes; at most {lim.max_blob_bytes} "
+                                "accepted (controller.max_blob_bytes)")
+            total += n
+        if total > lim.max_pending_bytes:
+            raise MeshError(f"agent {self.agent} announced {total} bytes in one frame; at most "
+                            f"{lim.max_pending_bytes} accepted (controller.max_held_bytes)")
+        if len({bid for bid, _ in table}) != len(table):
+            raise MeshError(f"agent {self.agent} sent a frame that names one tensor id twice")
+        self.held += total
+        self.blobs = [(bid, self.alloc(n)) for bid, n in table]
+        self.frame_total = total
         self.bi = self.got = 0
         self.phase = 2
         self._blob_done()
 
     def _blob_done(self) -> None:
-        while self.bi < len(self.blobs) and len(self.blobs[self.bi][1]) == 0:
+        while self.bi < len(self.blobs) and len(memoryview(self.blobs[self.bi][1]).cast("B")) == 0:
             self.bi += 1
         if self.bi < len(self.blobs):
             return
         self.frames.append((self.report, dict(self.blobs)))
+        self.frame_bytes.append(self.frame_total)
         self.head, self.need, self.phase, self.report, self.blobs = bytearray(), _PREFIX.size, 0, None, []
 
 
 class MeshLinks:
     """This agent's streams to every other agent and the exchange of one window's reports."""
 
-    def __init__(self, me: int, socks: dict[int, socket.socket], alloc: Callable[[int], Any] = bytearray):
+    def __init__(self, me: int, socks: dict[int, socket.socket], alloc: Callable[[int], Any] = bytearray,
+                 limits: Limits | None = None):
         """``alloc(n)``: a writable buffer of n bytes for a received tensor (pinned host memory on a GPU
         agent, so the tensor built on it copies to the device asynchronously)."""
         self.me = me
         self.socks = socks
         self.sel = selectors.DefaultSelector()
         self.readers: dict[int, _Reader] = {}
+        self._events: dict[int, int] = {}  # what the selector watches on each stream (0: not registered)
         for a, s in socks.items():
             s.setblocking(False)
             if s.family != socket.AF_UNIX:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.readers[a] = _Reader(a, s, alloc)
-            self.sel.register(s, selectors.EVENT_READ, a)
+            self.readers[a] = _Reader(a, s, alloc, limits)
+            self._events[a] = 0
+            self._watch(a, selectors.EVENT_READ)
         self._writing: set[int] = set()
         self.closed = False
 
+    def _watch(self, a: int, events: int) -> None:
+        """Watch stream ``a`` for ``events`` (0: not at all)."""
+        was = self._events[a]
+        if events == was:
+            return
+        s = self.socks[a]
+        if not was:
+            self.sel.register(s, events, a)
+        elif not events:
+            self.sel.unregister(s)
+        else:
+            self.sel.modify(s, events, a)
+        self._events[a] = events
+
+    def _want(self, a: int, pending: dict) -> int:
+        r = self.readers[a]
+        read = selectors.EVENT_READ if r.eof is None and not r.full() else 0
+        return read | (selectors.EVENT_WRITE if a in pending else 0)
+
+    def _take(self, a: int, pending: dict) -> tuple[Any, dict[int, Any]]:
+        r = self.readers[a]
+        was_full = r.full()
+        frame = r.take()
+        if was_full and not r.full():
+            r.pump()  # TLS may hold decrypted bytes the selector cannot see
+            self._watch(a, self._want(a, pending))
+        return frame
+
     @classmethod
     def open(cls, me: int, listener: MeshListener, peers: list[PeerAddress], timeout_s: float,
-             alloc: Callable[[int], Any] = bytearray) -> "MeshLinks":
+             alloc: Callable[[int], Any] = bytearray, client_ssl: ssl.SSLContext | None = None,
+             limits: Limits | None = None) -> "MeshLinks":
         """Connect to every higher agent, accept every lower one (one stream per pair)."""
-        socks = {p.agent: connect(me, p, timeout_s) for p in peers if p.agent > me}
-        socks.update(listener.accept({p.agent for p in peers if p.agent < me}, timeout_s))
-        return cls(me, socks, alloc)
+        socks: dict[int, socket.socket] = {}
+        try:
+            for p in peers:
+                if p.agent > me:
+                    socks[p.agent] = connect(me, p, timeout_s, client_ssl)
+            socks.update(listener.accept({p.agent for p in peers if p.agent < me}, timeout_s))
+        except BaseException:
+            for s in socks.values():
+                s.close()
+            raise
+        finally:
+            listener.close()  # every stream is open: nobody else may connect
+        return cls(me, socks, alloc, limits)
 
     def exchange(self, out: dict[int, list], expect: set[int],
-                 should_stop: Callable[[], bool] | None = None) -> dict[int, tuple[Any, dict[int, bytearray]]]:
+                 should_stop: Callable[[], bool] | None = None) -> dict[int, tuple[Any, dict[int, Any]]]:
         """Send each ``out[agent]`` (a list of buffers) and take one frame from each agent in ``expect``."""
         pending = {a: [memoryview(b).cast("B") for b in bufs] for a, bufs in out.items() if bufs}
         for a in list(pending):
             if self._send(a, pending[a]):
                 del pending[a]
-        got: dict[int, tuple[Any, dict[int, bytearray]]] = {}
+        got: dict[int, tuple[Any, dict[int, Any]]] = {}
         for a in expect:
-            r = self.readers[a]
-            if r.frames:
-                got[a] = r.frames.pop(0)
+            if self.readers[a].frames:
+                got[a] = self._take(a, pending)
         for a in pending:
-            self.sel.modify(self.socks[a], selectors.EVENT_READ | selectors.EVENT_WRITE, a)
+            self._watch(a, self._want(a, pending))
         while pending or len(got) < len(expect):
             if self.closed or (should_stop is not None and should_stop()):
                 raise MeshError("direct windows stopped")
@@ -303,24 +495,24 @@ class MeshLinks:
                     r = self.readers[a]
                     r.pump()
                     if a in expect and a not in got and r.frames:
-                        got[a] = r.frames.pop(0)
-                    if r.eof is not None:
-                        self.sel.unregister(self.socks[a])
-                        if a in pending or (a in expect and a not in got):
-                            raise MeshError(r.eof)
+                        got[a] = self._take(a, pending)
+                    if r.eof is not None and (a in pending or (a in expect and a not in got and not r.frames)):
+                        raise MeshError(r.eof)
                 if events & selectors.EVENT_WRITE and a in pending:
                     if self._send(a, pending[a]):
                         del pending[a]
-                        self.sel.modify(self.socks[a], selectors.EVENT_READ, a)
+                self._watch(a, self._want(a, pending))
         return got
 
     def _send(self, a: int, bufs: list[memoryview]) -> bool:
         """Send as much of ``bufs`` as the socket takes now (trimming it); True when all went."""
         s = self.socks[a]
+        tls = isinstance(s, ssl.SSLSocket)
         while bufs:
             try:
-                n = s.sendmsg(bufs[:512])
-            except (BlockingIOError, InterruptedError):
+                # TLS has no sendmsg; a slice retried after a would-block is the same slice
+                n = s.send(bufs[0][:_TLS_WRITE]) if tls else s.sendmsg(bufs[:512])
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 return False
             except OSError as e:
                 raise MeshError(f"the direct-window stream to agent {a} broke: {e}") from e
@@ -331,6 +523,8 @@ class MeshLinks:
                 else:
                     bufs[0] = bufs[0][n:]
                     n = 0
+            while bufs and bufs[0].nbytes == 0:
+                bufs.pop(0)
         return True
 
     def close(self) -> None:
@@ -507,17 +701,20 @@ class MeshSession:
     the call's ``Reply`` ``(stop time or None, windows)``.
     """
 
-    def __init__(self, core: Any, run_id: str, tcp_host: str | None, writer: Any):
+    def __init__(self, core: Any, run_id: str, tcp_host: str | None, writer: Any,
+                 server_ssl: ssl.SSLContext | None = None, client_ssl: ssl.SSLContext | None = None):
+        """``server_ssl``/``client_ssl``: with ``controller.tls``, the contexts every stream uses
+        (agents/common/trust.py), both ways, Unix sockets included."""
         self.core, self.run_id, self.tcp_host, self.writer = core, run_id, tcp_host, writer
+        self.server_ssl, self.client_ssl = server_ssl, client_ssl
         self.listener: MeshListener | None = None
         self.links: MeshLinks | None = None
         self._stopping = False
 
     def open(self) -> tuple[str, str, bytes]:
         if self.listener is None:
-            self.listener = MeshListener(self.run_id, self.core.agent_id, self.tcp_host)
-        a = self.listener.address()
-        return a.uds, a.tcp, a.secret
+            self.listener = MeshListener(self.run_id, self.core.agent_id, self.tcp_host, self.server_ssl)
+        return self.listener.secret_address()
 
     def stop(self) -> None:
         """The run is being shut down: unblock the window thread."""
@@ -555,7 +752,10 @@ class MeshSession:
             if self.listener is None:
                 raise MeshError("mesh_run before mesh_open")
             self.links = MeshLinks.open(core.agent_id, self.listener,
-                                        [p for p in peers if p.agent != core.agent_id], timeout_s, host_buffer(core))
+                                        [p for p in peers if p.agent != core.agent_id], timeout_s, host_buffer(core),
+                                        self.client_ssl, plan.limits)
+            log.info("direct windows: streams to agents %s open%s", sorted(self.links.socks),
+                     " (mutual TLS)" if self.client_ssl is not None else "")
             if self._stopping:
                 raise MeshError("direct windows stopped")
             loop_ = MeshLoop(core, self.links, plan.placement, plan.n_agents, plan.lookahead(), list(next_times),

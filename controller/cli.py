@@ -26,6 +26,9 @@ commands:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from controller import signals
+
+    signals.install()  # first: Ctrl-C / SIGTERM exit now, or stop a started run gracefully (controller/signals.py)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)

@@ -17,12 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agents.common.trust import Trust, UntrustedClass
 from agents.observe.statelog import StateLog
+from agents.observe.trace import TraceWriter, spool_path
+from controller.outputs import read_csv
 from agents.common.units import UnitError, parse_duration
 
 __all__ = ["RunView", "main", "parse_time"]
 
-USAGE = "lockstep inspect RUN --at T [--worker W] [--json] [--write-model out.pt]"
+USAGE = "lockstep inspect RUN --at T [--worker W] [--json] [--write-model out.pt [--trust]]"
 
 
 def parse_time(text: str) -> int:
@@ -36,13 +39,15 @@ def parse_time(text: str) -> int:
 class RunView:
     """A run directory read back for inspection."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, trust: bool = False):
         self.dir = Path(run_dir)
+        self.trust = trust  # instantiate what config.yaml names (--trust); else only lockstep's own models
         plan_path = self.dir / "plan.json"
         if not plan_path.exists():
             raise FileNotFoundError(f"{self.dir} is not a lockstep run directory (no plan.json)")
         plan = json.loads(plan_path.read_text())
         self.names: list[str] = [v["name"] for v in plan["vworkers"]]
+        self.placement: list[int] = list(plan["placement"])
         self.servers = {v["name"] for v in plan["vworkers"] if not v.get("holds_data")}
         self.result: str = plan["result"]
         self.updates = self._csv_rows("metrics.csv")
@@ -50,13 +55,10 @@ class RunView:
         self.spans, self.transfers = self._trace()
 
     def _csv_rows(self, name: str) -> list[dict[str, Any]]:
-        import csv
-
         path = self.dir / name
         if not path.exists():
             return []
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows = read_csv(path)  # a torn last row (a killed run) is left out
         for r in rows:
             r["virtual_time_ns"] = int(r["virtual_time_ns"])
         return rows
@@ -66,9 +68,12 @@ class RunView:
         path = self.dir / "trace.json"
         spans: dict[str, list] = {}
         transfers: dict[str, list] = {}
-        if not path.exists():
+        if path.exists():
+            events = json.loads(path.read_text())["traceEvents"]
+        elif spool_path(path).exists():  # the controller died before writing trace.json: its records
+            events = TraceWriter.read_spool(spool_path(path), self.names, self.placement)["traceEvents"]
+        else:
             return spans, transfers
-        events = json.loads(path.read_text())["traceEvents"]
         owner: dict[tuple[int, int], tuple[str, str | None]] = {}
         for e in events:
             if e["ph"] == "M" and e["name"] == "thread_name":
@@ -168,9 +173,17 @@ class RunView:
         if path is None:
             raise FileNotFoundError(f"no parameter snapshot of {self.result} at or before {t} ns; run with "
                                     "statelog.snapshot_every=N to keep the model every N versions")
-        snap = torch.load(path)
+        snap = torch.load(path, weights_only=True)  # tensors and plain values only: no pickled code
         cfg = OmegaConf.load(self.dir / "config.yaml")
-        model = build_model(OmegaConf.to_container(cfg.model, resolve=True), int(cfg.seed))
+        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+        if not self.trust:
+            try:
+                Trust().check_model(model_cfg, f"{self.dir / 'config.yaml'}: model._target_",
+                                    "lockstep inspect builds only its own models from a run directory: pass "
+                                    "--trust if you trust this one (its config.yaml then runs as code)")
+            except UntrustedClass as e:
+                raise PermissionError(str(e)) from e
+        model = build_model(model_cfg, int(cfg.seed))
         set_flat_params(model, snap["params"])
         torch.save(model.state_dict(), out)
         at_t = self.statelog.version_at(self.result, t)
@@ -204,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", help="only this vworker (e.g. w3, ps0)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--write-model", metavar="OUT.pt", help="save the global model as it was at T (needs snapshots)")
+    ap.add_argument("--trust", action="store_true",
+                    help="build the model class the run's config.yaml names even when it is not one of lockstep's "
+                         "own (that runs code from the run directory: only for runs you trust)")
     args = ap.parse_args(argv)
     try:
         t = parse_time(args.at)
@@ -211,11 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lockstep inspect: --at {args.at!r}: {e}", file=sys.stderr)
         return 2
     try:
-        view = RunView(args.run)
+        view = RunView(args.run, trust=args.trust)
         names = [args.worker] if args.worker else view.names
         states = [view.state(n, t) for n in names]
         model = view.write_model(t, Path(args.write_model)) if args.write_model else None
-    except (FileNotFoundError, KeyError) as e:
+    except (FileNotFoundError, KeyError, PermissionError, ValueError) as e:
         print(f"lockstep inspect: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     if args.json:

@@ -1,10 +1,11 @@
 """The controller's side of direct windows (``controller.windows=direct``, agents/mesh.py).
 
 The controller asks every agent where it accepts direct-window streams (call ``mesh_open``),
-hands each the others' addresses and secrets with everyone's first next-event time and output
-bound (call ``mesh_run``), and from then on only listens: each agent streams its rows and
-counters as ``Reached`` frames, with the frontier of the windows it has run (no later window has
-an event before it), and answers the call with ``(stop time, windows)`` when the run is over.
+hands each the others' addresses and the key for each agent it dials (``pair_key``), with
+everyone's first next-event time and output bound (call ``mesh_run``), and from then on only
+listens: each agent streams its rows and counters as ``Reached`` frames, with the frontier of the
+windows it has run (no later window has an event before it), and answers the call with
+``(stop time, windows)`` when the run is over.
 Rows are merged and written in their global order as the frontier of every agent passes them,
 exactly as with the controller's own window loop. Dead and silent agents are found as there:
 the launcher's check and ``controller.agent_timeout_s``.
@@ -18,6 +19,7 @@ from typing import Any, Callable
 
 from agents.common import wire
 from agents.core import Reached
+from agents.direct import pair_key
 from agents.sim.types import VirtualTime
 from controller.clock import Window
 from protos.lockstep.v1 import agent_pb2 as pb
@@ -31,10 +33,10 @@ def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s
                should_abort: Callable[[], None] | None = None) -> tuple[VirtualTime | None, int]:
     """Run the windows over the agents' direct streams; return (stop time, windows)."""
     n = len(handles)
-    peers = []
+    opened = []
     for h in handles:
         uds, tcp, secret = h._call("mesh_open")
-        peers.append((h.agent_id, uds, tcp, secret))
+        opened.append((h.agent_id, uds, tcp, secret))
     next_times = [h.next_time() for h in handles]
     horizons = [h.output_bound() for h in handles]
     ids = {}
@@ -43,6 +45,9 @@ def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s
         ids[h.agent_id] = h._calls
         f = pb.ControllerFrame()
         f.call.id, f.call.method = h._calls, "mesh_run"
+        # each agent gets the key for each agent it dials, never a secret: no agent can speak for another
+        me = h.agent_id
+        peers = [(a, uds, tcp, pair_key(secret, me, a) if a > me else b"") for a, uds, tcp, secret in opened]
         wire.encode_value((peers, next_times, horizons, report_s), f.call.args)
         h.session.send(f)
     frontier = [0] * n

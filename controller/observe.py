@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from agents.observe.metrics import AgentMetricsSpec, Metrics, serve, write_expos
 from agents.observe.statelog import StateLogWriter, StatelogSpec
 from agents.observe.trace import TRACE_KIND, TraceWriter, trace_spec
 from agents.sim.env import RowKey
+from controller import signals
 from controller.config import RunConfig
 from controller.outputs import write_json_atomic
 
@@ -174,6 +175,13 @@ class Observer:
                 if sl is not None:
                     sl.add(RowKey(*key), kind, name, fields)  # (a plain tuple when it crossed the wire)
 
+    def flush(self, before: int) -> None:
+        """After every window: trace records and final state-log rows go to disk (a SIGKILL loses one window)."""
+        if self.trace is not None:
+            self.trace.flush()
+        if self.statelog is not None:
+            self.statelog.flush(before)
+
     # ------------------------------------------------------------ end
     def close_outputs(self, stop_time: int | None) -> None:
         """Write trace.json and statelog.jsonl (also after a failed run: they help find out why)."""
@@ -215,16 +223,13 @@ class Observer:
     def _linger(self) -> None:
         print(f"lockstep: run done; serving metrics {self.linger_s:g} s more (metrics.linger_s; "
               "SIGTERM or Ctrl-C ends it)", file=sys.stderr)
-        old = None
-        if threading.current_thread() is threading.main_thread():
-            old = signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        deadline = time.monotonic() + self.linger_s
         try:
-            self._stop.wait(self.linger_s)
-        except KeyboardInterrupt:
+            while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
+                if signals.wait(min(left, 0.1)):  # controller/signals.py records SIGTERM and SIGINT
+                    break
+        except KeyboardInterrupt:  # signals not installed (an API caller): Ctrl-C still ends it
             pass
-        finally:
-            if old is not None:
-                signal.signal(signal.SIGTERM, old)
 
     def stop_lingering(self) -> None:
         self._stop.set()

@@ -6,6 +6,7 @@ written so far readable; summary.json is written last (atomically).
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,13 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV this module wrote; a last row cut short (the run was killed mid-write) is left out."""
     with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+        text = f.read()
+    rows = list(csv.DictReader(io.StringIO(text)))
+    if rows and (not text.endswith("\n") or None in rows[-1].values()):
+        rows.pop()
+    return rows
 
 
 def _fmt(v: Any) -> Any:

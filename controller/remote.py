@@ -21,15 +21,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agents.common import wire
+from agents.common.trust import TRUST_ENV, modules_to_trust
 from agents.core import Reached
+from agents.direct import pair_key
 from agents.sim.env import EvalRow, RowKey, UpdateRow
 from agents.sim.kernel import RemoteEvent
 from agents.common.plan import Plan
+from controller.checks import RowError, check_rows
 from controller.config import RunConfig
 from controller.config.schema import (InprocessLauncherConfig, KubernetesLauncherConfig,
                                       LocalLauncherConfig, RayLauncherConfig)
 from controller.launchers.base import AgentFailure, LaunchSpec
-from controller.server import AgentSession, ControllerServer, ControllerSettings
+from controller import signals
+from controller.server import AgentSession, ControllerServer, ControllerSettings, agent_tls_env
 from protos.lockstep.v1 import agent_pb2 as pb
 
 __all__ = ["RemoteAgent", "RemoteAgents", "ControllerSettings", "resolve_token", "launcher_for"]
@@ -150,16 +154,18 @@ class RemoteAgent:
                        r.horizon, updates, evals, events, stats)
 
     def decode_rows(self, r: pb.Reached, blobs: dict, what: str) -> tuple[list, list, list, Any]:
-        """The rows (checked, as RowKey/UpdateRow/EvalRow), state-log events and counters of a Reached frame."""
+        """The rows (checked against the plan, as RowKey/UpdateRow/EvalRow), state-log events and counters of a
+        Reached frame."""
         try:
-            rows = [wire.decode_value(v, blobs) or [] for v in (r.updates, r.evals, r.events)]
+            rows = [[] if v.WhichOneof("kind") in (None, "none") else wire.decode_value(v, blobs)
+                    for v in (r.updates, r.evals, r.events)]
             stats = wire.decode_stats(r.stats)
         except wire.WireError as e:
             raise self.fail(f"sent a malformed {what}: {e}") from e
-        for name, rs in zip(("updates", "evals"), rows):
-            if not isinstance(rs, list) or any(not (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple))
-                                               for x in rs):
-                raise self.fail(f"sent a malformed {what}: {name} must be a list of (key, row) tuples")
+        try:
+            check_rows(self.plan, self.agent_id, *rows, self.session.limits.max_blob_bytes)
+        except RowError as e:
+            raise self.fail(f"sent a malformed {what}: {e}") from e
         try:
             updates = [(RowKey(*k), UpdateRow(*row)) for k, row in rows[0]]
             evals = [(RowKey(*k), EvalRow(*row)) for k, row in rows[1]]
@@ -244,7 +250,8 @@ class RemoteAgents:
         return fn(agent_id) if fn is not None else ""
 
     def check(self) -> None:
-        """Raise AgentFailure when an agent process died (the launcher's check)."""
+        """Raise Stopped on a requested stop (SIGINT, SIGTERM), AgentFailure when an agent process died."""
+        signals.check()
         if self._started:
             self.launcher.check()
 
@@ -259,11 +266,13 @@ class RemoteAgents:
             except BaseException:
                 self.close(abort="the agents could not be started")
                 raise
-        self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s)
+        self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s, plan.limits)
         address = self.server.start()
         m = plan.metrics
+        # the agents this controller starts trust the modules of its own config, and verify it with TLS
+        env = {**self.extra_env, TRUST_ENV: ",".join(modules_to_trust(plan)), **agent_tls_env(s.tls)}
         spec = LaunchSpec(run_id=plan.run_id, n_agents=plan.n_agents, controller_address=address, token=token,
-                          run_dir=Path(run_dir), log_level=self.log_level, extra_env=self.extra_env,
+                          run_dir=Path(run_dir), log_level=self.log_level, extra_env=env,
                           metrics_port=m.port if m.serve else 0)
         try:
             self._started = True
@@ -312,14 +321,16 @@ class RemoteAgents:
                 with srv.lock:
                     srv.changed.wait(_POLL_S)
         handles = [ready[a] for a in range(plan.n_agents)]
-        # where each agent takes direct tensor streams (agents/direct.py), before the first Advance
-        f = pb.ControllerFrame()
-        f.peers.SetInParent()
+        # where each agent takes direct tensor streams (agents/direct.py), before the first Advance: every
+        # agent gets its own key for each peer, so none can present itself as another
         for h in handles:
-            if h.session.info.get("data_address"):
-                f.peers.peers.add(agent_id=h.agent_id, address=h.session.info["data_address"],
-                                  secret=h.session.info["data_secret"])
-        for h in handles:
+            f = pb.ControllerFrame()
+            f.peers.SetInParent()
+            for peer in handles:
+                info = peer.session.info
+                if peer is not h and info.get("data_address") and len(info.get("data_secret") or b"") == 32:
+                    f.peers.peers.add(agent_id=peer.agent_id, address=info["data_address"],
+                                      secret=pair_key(info["data_secret"], h.agent_id, peer.agent_id))
             h.session.send(f)
         return handles
 

@@ -10,10 +10,12 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from agents.common import wire
 from agents.core import AgentCore
 from agents.sim.env import EvalRow, RowKey, Stats, UpdateRow
 from agents.common.plan import Plan
-from agents.sim.types import NS_PER_S
+from agents.sim.types import INFINITY, NS_PER_S
+from controller import signals
 from controller.clock import Window, run_windows
 from controller.config import RunConfig, config_hash
 from controller.launchers.base import AgentFailure
@@ -85,12 +87,14 @@ class _Collector:
         self.barrier_s = 0.0
         self.max_time = 0
         self.stop_time: int | None = None
+        self.done_before = 0  # every event before this virtual time is done (the last window's next start)
         # data.placement=end_devices: data.fetch rows, summed in key order into metrics.csv's last columns
         self.data_rows: list[tuple] | None = None
         self.data = {"data_hits": 0, "data_misses": 0, "data_bytes": 0, "data_wait_ns": 0}
 
     def on_window(self, w: Window) -> None:
         self.windows += w.count
+        self.done_before = w.next_start
         self.barrier_s += w.barrier_wall_s
         for r in w.reached:
             self.updates.extend(r.updates)
@@ -104,6 +108,8 @@ class _Collector:
         if self.metrics is not None:
             self.metrics.observe_window(w.start, w.barrier_wall_s, w.count)
         self.flush(w.next_start)
+        if self.observer is not None:  # the trace and the state log go to disk with the rows
+            self.observer.flush(w.next_start)
         if self.partial is not None and self.partial_every_s > 0:
             now = time.monotonic()
             if now - self._partial_at >= self.partial_every_s:
@@ -191,6 +197,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = make_plan(rc, run_id=resumable_run_id(run_dir) if resume else None)
+    model_bytes = plan_model_bytes(plan, None)
+    plan.limits = plan_limits(plan, rc, model_bytes)  # what a peer may make a process hold (docs/security.md)
     if observer is not None:
         observer.prepare(plan)
         metrics = observer.metrics if metrics is None else metrics
@@ -219,8 +227,6 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         recovery.resumed(out)
         if progress is not None:
             progress.update(out.metrics.to_replay)
-    if handles is None:
-        handles = start_agents()
 
     def collector() -> _Collector:
         c = _Collector(out, progress, metrics, observer, partial=partial, partial_every_s=rc.outputs.summary_every_s)
@@ -243,10 +249,13 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             "wall_time_s": wall, "speed_ratio": vt_s / wall if wall > 0 else 0.0, "windows": col.windows,
             "recovery": recovery.summary()})
     col = collector()
-    should_abort = getattr(launcher, "check", None)
-    stop = None
-    if observer is not None:
-        observer.running()
+    # a stop request (SIGINT, SIGTERM) is seen between windows and while waiting for agents
+    should_abort = getattr(launcher, "check", None) or signals.check
+    stop: int | None = None
+    stopped: signals.Stopped | None = None
+    finished = False
+    params, info = None, {"profile_misses": 0, "profile_fallbacks": 0, "reproducible": True}
+    handles = list(handles or [])
 
     def on_window(w: Window) -> None:
         col.on_window(w)
@@ -254,6 +263,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
 
     def drive() -> tuple[Any, int, Any, dict[str, Any]]:
         """The windows, then the final calls (parameters, final evaluation, info) of the current agents."""
+        nonlocal stop, finished
         if plan.n_agents > 1 and launcher is not None and rc.controller.windows.value == "direct":
             from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
 
@@ -261,8 +271,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             stop, n_windows = run_direct(handles, on_window, should_abort=should_abort)
             col.barrier_s = time.perf_counter() - t_loop
         else:
-            stop = run_windows(handles, plan.placement, plan.lookahead(), on_window,
-                               should_abort=should_abort)
+            stop = run_windows(handles, plan.placement, plan.lookahead(), on_window, should_abort=should_abort)
+        finished = True
         col.stop_time = stop
         col.flush(None)
         # agents report stop.virtual_time as their stop time from the start, so stop is None only when
@@ -294,6 +304,10 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         return stop, end_ns, params, info
 
     try:
+        if not handles:
+            handles = start_agents()
+        if observer is not None:
+            observer.running()
         while True:
             try:  # a lost agent: every agent starts again from virtual time 0 and replays to where the run was
                 stop, end_ns, params, info = drive()
@@ -306,7 +320,20 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                 if observer is not None:
                     observer.rewind()
                 col = collector()
+                handles = []  # (if starting them fails, nothing is left to close)
                 handles = start_agents()
+    except signals.Stopped as e:
+        # graceful: Shutdown(abort) to every agent, then the outputs up to the last complete window
+        stopped = e
+        if hasattr(launcher, "close"):
+            launcher.close(abort=f"the controller was stopped by {e.name}")
+        params = None
+        if finished:  # stopped during the final calls: the run itself was complete
+            end_ns = stop if stop is not None else col.max_time
+        else:  # rows before the next window's start are final; the rest is dropped
+            end_ns = col.done_before if col.done_before < INFINITY else col.max_time
+            stop = end_ns - 1 if end_ns else None
+            col.stop_time = stop
     except BaseException as e:
         try:  # what the run reached, for a run that failed (metrics.csv has every row)
             partial()
@@ -326,7 +353,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             if hasattr(launcher, "close"):
                 launcher.close()
         # a lingering observer keeps remote agents serving their final /metrics; it stops them after
-        if not (launcher is not None and observer is not None and observer.hold(close_agents)):
+        if stopped is not None or not (launcher is not None and observer is not None
+                                       and observer.hold(close_agents)):
             close_agents()
     if params is not None:
         torch.save(params, run_dir / "params.pt")
@@ -335,7 +363,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     training = next((h.core.training for h in handles if getattr(h, "core", None) is not None
                      and h.core.training is not None), None)
     summary = {
-        "complete": True,
+        "complete": stopped is None,  # a stopped run (SIGTERM) finalised its outputs but did not finish
         "run_id": plan.run_id,
         "strategy": rc.strategy_name,
         "workers": rc.workers,
@@ -352,7 +380,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "test_loss": col.last_eval.test_loss if col.last_eval else None,
         "wall_time_s": wall,
         "speed_ratio": vt_s / wall if wall > 0 else 0.0,
-        "model_bytes": plan_model_bytes(plan, training),
+        "model_bytes": training.model_bytes if training is not None else model_bytes,
         "reproducible": info["reproducible"],
         "profile_misses": info["profile_misses"],
         "compute_profile": plan.compute.profile_name or None,
@@ -361,7 +389,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "portable": info["reproducible"] and (plan.compute.model != "profiled" or (
             bool(plan.compute.profile_name) and info["profile_fallbacks"] == 0)),
         "device": ",".join(sorted(info.get("devices", ()))) or None,
-        "stopped_by": ("no_more_events" if stop is None else
+        "stopped_by": ("signal" if stopped is not None else "no_more_events" if stop is None else
                        "virtual_time" if stop == plan.stop_virtual_time_ns else "updates"),
         "windows": col.windows,
         "events": col.stats.events,
@@ -376,6 +404,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "peak_memory": memory_summary(info.get("memory", [])),
         "recovery": recovery.summary(),
     }
+    if stopped is not None:
+        summary["signal"] = stopped.name
     if remote_data:  # sim4DistrDL's data on the network: what the caches saved, what the wait cost
         summary.update({"data_cache_hits": col.data["data_hits"], "data_cache_misses": col.data["data_misses"],
                         "data_bytes_moved": col.data["data_bytes"], "data_wait_s": col.data["data_wait_ns"] / NS_PER_S,
@@ -387,6 +417,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     if metrics is not None:
         metrics.set_speed_ratio(summary["speed_ratio"])
     write_json_atomic(run_dir / "summary.json", summary)
+    if stopped is not None:
+        raise stopped
     return RunResult(summary, run_dir, params, col.stats)
 
 
@@ -429,3 +461,9 @@ def plan_model_bytes(plan: Plan, training: Any) -> int:
     from agents.workloads.models import build_model, param_bytes
 
     return param_bytes(build_model(plan.workload.model, plan.seed))
+
+
+def plan_limits(plan: Plan, rc: RunConfig, model_bytes: int) -> wire.Limits:
+    """The sizes any peer of this run may make a process hold: a small multiple of the model and messages."""
+    c = rc.controller
+    return wire.limits_for(model_bytes, len(plan.vworkers), c.max_message_bytes, c.max_blob_bytes, c.max_held_bytes)

@@ -15,12 +15,16 @@ from controller.outputs import ReplayDiverged
 from controller.plot import plot_loss
 from controller.recovery import NotResumable
 from controller.run import RunResult, execute
+from controller import signals
+from controller.signals import Stopped
 
 __all__ = ["run_session"]
 
 
 def run_session(rc: RunConfig, run_dir: Path, resume: bool = False) -> RunResult:
     from controller.remote import launcher_for  # launcher=inprocess|local|kubernetes|ray (DESIGN §10)
+
+    signals.defer()  # from here a signal stops the run gracefully (controller/signals.py)
 
     bar = tqdm(total=rc.stop_updates, unit="upd", desc="lockstep", file=sys.stderr, disable=not rc.progress,
                dynamic_ncols=True, mininterval=0.5)
@@ -53,13 +57,18 @@ def run_session(rc: RunConfig, run_dir: Path, resume: bool = False) -> RunResult
         print(f"\n{line}", file=sys.stderr)
         report_failure(launcher, "ReplayDiverged", line)
         sys.exit(1)
+    except Stopped as e:  # SIGINT or SIGTERM (controller/signals.py): agents stopped, outputs finalised
+        bar.close()
+        print(f"\nlockstep: interrupted by {e.name}; every agent was stopped. The outputs so far are in {run_dir} "
+              "(summary.json: stopped_by=signal).", file=sys.stderr)
+        sys.exit(e.exit_status)
     except LauncherConfigError as e:  # e.g. no reachable cluster, a controller address pods cannot reach
         bar.close()
         line = f"lockstep: invalid configuration: {e}"
         print(f"\n{line}", file=sys.stderr)
         report_failure(launcher, "InvalidConfiguration", line)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # an interrupt that did not go through controller.signals (e.g. an API caller)
         bar.close()
         print(f"\nlockstep: interrupted; every agent was stopped. Outputs so far are in {run_dir}.", file=sys.stderr)
         sys.exit(130)

@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agents.common.wire import Limits
 from agents.observe.metrics import AgentMetricsSpec
 from agents.observe.statelog import StatelogSpec
 from agents.observe.trace import TraceSpec
@@ -41,6 +42,7 @@ class Plan:
     statelog: StatelogSpec = StatelogSpec()
     metrics: AgentMetricsSpec = AgentMetricsSpec()
     faults: FaultSpec = FaultSpec()  # faults: the injected faults (docs/faults.md)
+    limits: Limits = Limits()  # what a peer may make a process hold (controller.run.plan_limits, docs/security.md)
 
     @property
     def names(self) -> list[str]:
@@ -58,7 +60,7 @@ class Plan:
              "n_agents": self.n_agents, "network": self.network.to_dict(), "compute": self.compute.to_dict(),
              "workload": self.workload.to_dict(), "settings": self.settings,
              "stop_virtual_time_ns": self.stop_virtual_time_ns, "trace": asdict(self.trace),
-             "statelog": asdict(self.statelog), "metrics": asdict(self.metrics)}
+             "statelog": asdict(self.statelog), "metrics": asdict(self.metrics), "limits": self.limits.to_dict()}
         if self.faults.faults:  # (absent without faults: plan.json of other runs stays as it was)
             d["faults"] = self.faults.to_dict()
         return json.dumps(d, sort_keys=True)
@@ -72,7 +74,8 @@ class Plan:
                    compute=ComputeSpec.from_dict(d["compute"]), workload=WorkloadSpec.from_dict(d["workload"]),
                    settings=d["settings"], stop_virtual_time_ns=d["stop_virtual_time_ns"],
                    trace=TraceSpec.from_dict(d["trace"]), statelog=StatelogSpec(**d["statelog"]),
-                   metrics=AgentMetricsSpec(**d["metrics"]), faults=FaultSpec.from_dict(d.get("faults")))
+                   metrics=AgentMetricsSpec(**d["metrics"]), faults=FaultSpec.from_dict(d.get("faults")),
+                   limits=Limits.from_dict(d.get("limits")))
 
 
 def lookahead(latency: LatencyModel, placement: list[int]) -> VirtualTime:

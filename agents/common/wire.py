@@ -13,6 +13,12 @@ blob (``envelope``). Large tensors for another agent may instead go straight
 to it (agents/direct.py): the frame then holds a ``PeerBlob`` reference, which
 the controller decodes to a :class:`BlobRef` and encodes back unchanged. :class:`FrameWriter` produces the frames of one stream
 direction, :class:`FrameReader` reassembles them.
+
+Everything a peer sends is checked before it costs memory (docs/security.md):
+a :class:`Limits`, derived from the plan (:func:`limits_for`: a small multiple
+of the model's bytes and of the message limit), bounds every blob, the bytes
+and blobs held before a frame uses them, and the shape of every tensor; blob
+buffers grow as their chunks arrive, never to a size a chunk merely declares.
 """
 from __future__ import annotations
 
@@ -28,14 +34,20 @@ from agents.sim.kernel import RemoteEvent
 from agents.sim.network import Transfer
 from protos.lockstep.v1 import agent_pb2 as pb
 
-__all__ = ["PROTOCOL_VERSION", "WireError", "BlobRef", "FrameWriter", "FrameReader", "encode_value", "decode_value",
-           "encode_event", "decode_event", "encode_stats", "decode_stats", "DEFAULT_MAX_MESSAGE_BYTES"]
+__all__ = ["PROTOCOL_VERSION", "WireError", "BlobRef", "FrameWriter", "FrameReader", "Limits", "limits_for",
+           "encode_value", "decode_value", "encode_event", "decode_event", "encode_stats", "decode_stats",
+           "DEFAULT_MAX_MESSAGE_BYTES", "METADATA_TOKEN", "METADATA_AGENT", "METADATA_TICKET", "METADATA_PROTOCOL"]
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5  # 5: the token in Register's metadata, checked before the request is read
+# call metadata (docs/distributed.md): Register carries the token, the protocol and the agent id;
+# Session and Beat the agent id and the ticket Register returned
+METADATA_TOKEN, METADATA_AGENT = "lockstep-token", "lockstep-agent-id"
+METADATA_TICKET, METADATA_PROTOCOL = "lockstep-ticket", "lockstep-protocol"
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _FRAME_OVERHEAD = 1024  # room for the non-data fields of a BlobChunk frame
-_MAX_BLOB = 1 << 36  # 64 GiB: a BlobChunk announcing more is malformed
 _MAX_DEPTH = 64
+_MAX_DIMS = 32  # numpy's limit is 64, torch's 25 for some kernels; no strategy sends more than a few
+_MAX_DIM = 1 << 40  # one dimension: a zero-sized tensor may not claim an absurd shape either
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 _TORCH_DTYPES = {str(d).removeprefix("torch."): d for d in (
@@ -48,6 +60,37 @@ _NUMPY_DTYPES = {n: np.dtype(n) for n in (
 
 class WireError(ValueError):
     """A value that cannot cross agents, or a malformed message."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a peer may make this process hold (docs/security.md), checked before anything is allocated.
+
+    ``max_blob_bytes`` bounds one blob (a tensor, or a frame sent as an envelope); ``max_pending_bytes``
+    and ``max_pending_blobs`` bound what is held between the chunks and the frame that uses them.
+    """
+
+    max_blob_bytes: int = 4 * DEFAULT_MAX_MESSAGE_BYTES
+    max_pending_bytes: int = 8 * DEFAULT_MAX_MESSAGE_BYTES
+    max_pending_blobs: int = 4096
+
+    def to_dict(self) -> dict[str, int]:
+        return {"max_blob_bytes": self.max_blob_bytes, "max_pending_bytes": self.max_pending_bytes,
+                "max_pending_blobs": self.max_pending_blobs}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "Limits":
+        return cls(**{k: int(v) for k, v in (d or {}).items() if k in cls.__dataclass_fields__})
+
+
+def limits_for(model_bytes: int, n_vworkers: int, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+               max_blob_bytes: int | None = None, max_held_bytes: int | None = None) -> Limits:
+    """The limits of a run: one blob is at most 4x the model or 4x the message limit (a frame sent as an
+    envelope); a frame may carry a few model-sized tensors for every vworker (a PS's broadcast). A strategy
+    that sends larger tensors sets ``controller.max_blob_bytes`` / ``controller.max_held_bytes``."""
+    blob = max_blob_bytes or max(4 * model_bytes, 4 * max_message_bytes)
+    held = max_held_bytes or blob + 4 * model_bytes * max(n_vworkers, 1)
+    return Limits(max_blob_bytes=blob, max_pending_bytes=max(held, blob), max_pending_blobs=64 + 8 * max(n_vworkers, 1))
 
 
 @dataclass(frozen=True)
@@ -224,8 +267,9 @@ def decode_value(v: pb.Value, blobs: dict[int, bytearray] | None = None, _depth:
 
 def _decode_tensor(t: pb.Tensor, blobs: dict[int, bytearray] | None, peer: PeerFetch | None = None) -> Any:
     shape = tuple(t.shape)
-    if any(s < 0 for s in shape):
-        raise WireError(f"tensor with a negative dimension {shape}")
+    if len(shape) > _MAX_DIMS or any(not 0 <= s <= _MAX_DIM for s in shape):
+        raise WireError(f"tensor of shape {list(shape)}: accepted at most {_MAX_DIMS} dimensions "
+                        f"of 0..{_MAX_DIM} each")
     numel = math.prod(shape)
     src = t.WhichOneof("bytes_in")
     if src == "peer":
@@ -254,16 +298,22 @@ def _decode_tensor(t: pb.Tensor, blobs: dict[int, bytearray] | None, peer: PeerF
             raise WireError(f"unknown numpy dtype {t.dtype!r}")
         if len(buf) != numel * dt.itemsize:
             raise WireError(f"array of shape {shape} {t.dtype} needs {numel * dt.itemsize} bytes, got {len(buf)}")
-        return np.frombuffer(buf, dtype=dt).reshape(shape)
+        try:
+            return np.frombuffer(buf, dtype=dt).reshape(shape)
+        except (ValueError, MemoryError) as e:  # e.g. a zero-sized array whose shape numpy cannot hold
+            raise WireError(f"array of shape {list(shape)} {t.dtype} cannot be built: {e}") from e
     dtype = _TORCH_DTYPES.get(t.dtype)
     if dtype is None:
         raise WireError(f"unknown tensor dtype {t.dtype!r}; accepted: {', '.join(_TORCH_DTYPES)}")
     itemsize = torch.empty((), dtype=dtype).element_size()
     if len(buf) != numel * itemsize:
         raise WireError(f"tensor of shape {shape} {t.dtype} needs {numel * itemsize} bytes, got {len(buf)}")
-    if numel == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+    try:
+        if numel == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+    except (RuntimeError, ValueError, MemoryError) as e:
+        raise WireError(f"tensor of shape {list(shape)} {t.dtype} cannot be built: {e}") from e
 
 
 # ----------------------------------------------------------------- events
@@ -374,43 +424,30 @@ class FrameWriter:
 class FrameReader:
     """Reassembles frames: ``feed`` keeps chunks and returns each complete logical frame (else None).
 
-    After a frame is returned, ``self.blobs`` holds the blobs its tensors reference.
+    After a frame is returned, ``self.blobs`` holds the blobs its tensors reference. A blob's
+    buffer grows with the chunks that arrive; what the peer declares (``total``) is only checked
+    against ``limits`` — a 10-byte chunk announcing a gigabyte costs 10 bytes, then an error.
     """
 
-    def __init__(self, frame_cls: type, max_blob_bytes: int = _MAX_BLOB):
+    def __init__(self, frame_cls: type, limits: Limits | None = None):
         self.frame_cls = frame_cls
-        self.max_blob_bytes = max_blob_bytes
-        self.partial: dict[int, tuple[bytearray, int]] = {}  # blob -> (buffer, bytes received)
+        self.limits = limits or Limits()
+        self.partial: dict[int, tuple[bytearray, int]] = {}  # blob -> (bytes so far, declared total)
         self.blobs: dict[int, bytearray] = {}
+        self.held = 0  # bytes in partial and complete blobs not yet used by a frame
 
     def feed(self, frame: Any) -> Any | None:
         body = frame.WhichOneof("body")
         if body is None:
             raise WireError("empty frame")
         if body == "chunk":
-            c = frame.chunk
-            if not 0 <= c.total <= self.max_blob_bytes:
-                raise WireError(f"blob {c.blob} announces {c.total} bytes; at most {self.max_blob_bytes} accepted")
-            buf, got = self.partial.get(c.blob, (None, 0))
-            if buf is None:
-                if c.blob in self.blobs:
-                    raise WireError(f"blob {c.blob} sent twice")
-                buf = bytearray(c.total)
-            if len(buf) != c.total or c.offset != got or got + len(c.data) > c.total:
-                raise WireError(f"blob {c.blob}: chunk at offset {c.offset} (+{len(c.data)} B) does not continue "
-                                f"{got} of {len(buf)} bytes")
-            buf[got:got + len(c.data)] = c.data
-            got += len(c.data)
-            if got == c.total:
-                self.partial.pop(c.blob, None)
-                self.blobs[c.blob] = buf
-            else:
-                self.partial[c.blob] = (buf, got)
+            self._chunk(frame.chunk)
             return None
         if body == "envelope":
             buf = self.blobs.pop(frame.envelope, None)
             if buf is None:
                 raise WireError(f"envelope references blob {frame.envelope}, which was not sent before it")
+            self.held -= len(buf)
             inner = self.frame_cls()
             try:
                 inner.ParseFromString(bytes(buf))
@@ -421,6 +458,41 @@ class FrameReader:
             return inner
         return frame
 
+    def _chunk(self, c: Any) -> None:
+        lim = self.limits
+        if not 0 <= c.total <= lim.max_blob_bytes:
+            raise WireError(f"blob {c.blob} announces {c.total} bytes; at most {lim.max_blob_bytes} accepted "
+                            "(controller.max_blob_bytes)")
+        entry = self.partial.get(c.blob)
+        if entry is None:
+            if c.blob in self.blobs:
+                raise WireError(f"blob {c.blob} sent twice")
+            if len(self.partial) + len(self.blobs) >= lim.max_pending_blobs:
+                raise WireError(f"more than {lim.max_pending_blobs} blobs held before a frame used them")
+            buf, total = bytearray(), c.total
+        else:
+            buf, total = entry
+        got, n = len(buf), len(c.data)
+        if total != c.total or c.offset != got or got + n > total:
+            raise WireError(f"blob {c.blob}: chunk at offset {c.offset} (+{n} B) does not continue "
+                            f"{got} of {total} bytes")
+        if self.held + n > lim.max_pending_bytes:
+            raise WireError(f"more than {lim.max_pending_bytes} bytes of blobs held before a frame used them "
+                            "(controller.max_held_bytes)")
+        buf += c.data  # grows with what arrived, never to the declared size up front
+        self.held += n
+        if got + n == total:
+            self.partial.pop(c.blob, None)
+            self.blobs[c.blob] = buf
+        else:
+            self.partial[c.blob] = (buf, total)
+
+    def hand_over(self) -> dict[int, bytearray]:
+        """The blobs of the frame just returned, now the caller's (held bytes drop to the partial ones)."""
+        blobs, self.blobs = self.blobs, {}
+        self.held = sum(len(b) for b, _ in self.partial.values())
+        return blobs
+
     def done(self) -> None:
         """Forget blobs no tensor used (a well-behaved peer leaves none)."""
-        self.blobs.clear()
+        self.hand_over()

@@ -30,20 +30,20 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import re
 import zlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.common.files import atomic_file
 from agents.sim.types import VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.worker import Message, Worker
 
 __all__ = ["Exchange", "KINDS", "StateLog", "StateLogWriter", "checksum", "log_model", "log_result",
-           "log_version", "StatelogSpec"]
+           "log_version", "StatelogSpec", "snapshot_path", "read_jsonl"]
 
 KINDS = ("state.model", "state.result", "state.version")
 LOG_NAME = "statelog.jsonl"
@@ -57,6 +57,40 @@ class StatelogSpec:
     enabled: bool = False
     checksum: bool = True
     snapshot_every: int = 0
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+def snapshot_path(run_dir: str | os.PathLike[str], vworker: str, version: int) -> Path:
+    """``run_dir/snapshots/<vworker>-v<version>.pt``; ValueError for a name or version that could leave it."""
+    if not isinstance(vworker, str) or not _SAFE_NAME.fullmatch(vworker) or type(version) is not int \
+            or version < 0:
+        raise ValueError(f"snapshot of vworker {vworker!r:.60} version {version!r:.20}: a vworker name is letters, "
+                         "digits, '_', '.', '-' (not starting with '.' or '-'), a version an integer >= 0")
+    d = (Path(run_dir) / SNAPSHOT_DIR).resolve()
+    path = (d / f"{vworker}-v{version:08d}.pt").resolve()
+    if path.parent != d:  # belt and braces: the pattern already keeps it in d
+        raise ValueError(f"snapshot of vworker {vworker!r} would leave {d}")
+    return path
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[Any]:
+    """The JSON values of a file written one per line; a last line cut short (the writer was killed
+    mid-write) is left out, a bad line before it is an error naming the file and line."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError as e:
+            if i == len(lines) - 1:  # no newline after it: torn
+                break
+            raise ValueError(f"{path}, line {i + 1}: not a JSON value ({e})") from e
+    return out
 
 
 def checksum(tensor: Any) -> str:
@@ -110,36 +144,56 @@ def log_version(server: "Worker", version: int, params: Any) -> None:
 
 # ------------------------------------------------------------------ writing
 class StateLogWriter:
-    """Controller side: collects state records and writes ``statelog.jsonl`` (+ ``snapshots/``)."""
+    """Controller side: collects state records and streams ``statelog.jsonl`` (+ ``snapshots/``) to disk.
+
+    Rows are appended, sorted, as soon as they are final (:meth:`flush`, after every window, like the
+    rows of ``metrics.csv``), so a controller killed mid-run leaves the log up to its last window; a
+    reader skips a last line cut in half (:meth:`StateLog.load`).
+    """
 
     def __init__(self, run_dir: str | os.PathLike[str]):
         self.run_dir = Path(run_dir)
-        self.rows: list[tuple] = []
+        self.path = self.run_dir / LOG_NAME
+        self.rows: list[tuple] = []  # not yet final
         self.snapshots = 0
+        self._f: Any = None
 
     def add(self, key: tuple, kind: str, vworker: str, fields: dict[str, Any]) -> None:
         params = fields.get("params")
         if params is not None:
             import torch
 
-            d = self.run_dir / SNAPSHOT_DIR
-            d.mkdir(exist_ok=True)
+            path = snapshot_path(self.run_dir, vworker, fields["version"])
+            path.parent.mkdir(exist_ok=True)
             torch.save({"version": fields["version"], "virtual_time_ns": key.time, "vworker": vworker,
-                        "params": params}, d / f"{vworker}-v{fields['version']:08d}.pt")
+                        "params": params}, path)
             self.snapshots += 1
             fields = {k: v for k, v in fields.items() if k != "params"}
         self.rows.append((key, kind, vworker, fields))
 
-    def close(self, stop_time: VirtualTime | None = None) -> Path:
-        """Write the log sorted by (time, vworker id, record counter), leaving out rows past ``stop_time``."""
+    def _write(self, rows: list[tuple]) -> None:
+        if self._f is None:
+            self._f = open(self.path, "w")
+        for key, kind, name, fields in rows:
+            self._f.write(json.dumps({"t": key.time, "vworker": name, "kind": kind.removeprefix("state."),
+                                      **fields}, separators=(",", ":")) + "\n")
+        self._f.flush()
+
+    def flush(self, before: VirtualTime) -> None:
+        """Write the rows before ``before`` (final: no later window can add an earlier one)."""
         self.rows.sort(key=lambda r: r[0])
-        path = self.run_dir / LOG_NAME
-        with atomic_file(path) as f:
-            for key, kind, name, fields in self.rows:
-                if stop_time is None or key.time <= stop_time:
-                    f.write(json.dumps({"t": key.time, "vworker": name, "kind": kind.removeprefix("state."),
-                                        **fields}, separators=(",", ":")) + "\n")
-        return path
+        cut = bisect.bisect_left(self.rows, before, key=lambda r: r[0].time)
+        if cut:
+            self._write(self.rows[:cut])
+            del self.rows[:cut]
+
+    def close(self, stop_time: VirtualTime | None = None) -> Path:
+        """Write the rest, sorted by (time, vworker id, record counter), leaving out rows past ``stop_time``."""
+        self.rows.sort(key=lambda r: r[0])
+        self._write([r for r in self.rows if stop_time is None or r[0].time <= stop_time])
+        self.rows = []
+        self._f.close()
+        return self.path
 
 
 # ------------------------------------------------------------------ reading
@@ -208,8 +262,7 @@ class StateLog:
         if not path.exists():
             raise FileNotFoundError(f"{path} does not exist: the run was made with statelog.enabled=false "
                                     "or has not finished")
-        with open(path) as f:
-            return cls((json.loads(line) for line in f if line.strip()), run_dir)
+        return cls(read_jsonl(path), run_dir)
 
     @property
     def servers(self) -> list[str]:
@@ -246,7 +299,10 @@ class StateLog:
         for vt, version, _ in self.versions.get(server, []):
             if vt > t:
                 break
-            p = self.run_dir / SNAPSHOT_DIR / f"{server}-v{version:08d}.pt"
+            try:
+                p = snapshot_path(self.run_dir, server, version)
+            except ValueError:
+                continue
             if p.exists():
                 best = p
         return best

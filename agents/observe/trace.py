@@ -44,13 +44,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.network import Transfer
     from agents.sim.worker import Worker
 
-__all__ = ["MODES", "TRACE_KIND", "Tracer", "TraceSpec", "TraceWriter", "trace_spec", "tracer_for"]
+__all__ = ["MODES", "TRACE_KIND", "Tracer", "TraceSpec", "TraceWriter", "trace_spec", "tracer_for", "spool_path"]
 
 MODES = ("full", "sample", "window", "off")
 TRACE_KIND = "trace"
 """``Recorder.events`` kind of every trace record."""
 
 DEFAULT_MAX_EVENTS = 1_000_000
+
+
+def spool_path(trace_path: str | os.PathLike[str]) -> Path:
+    """Where the records of ``trace.json`` wait while the run goes (``trace.records.jsonl``)."""
+    return Path(trace_path).with_name("trace.records.jsonl")
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,11 @@ class TraceWriter:
         self.messages: list[tuple] = []
         self.n_events = 0
         self.truncated = False
+        # records also go to a spool file as they arrive (flush, every window): a controller killed
+        # before close() leaves them there, and `lockstep inspect` reads them (read_spool)
+        self.spool = spool_path(self.path)
+        self._spool: Any = None
+        self._unspooled: list[tuple] = []
 
     def add(self, rec: tuple) -> None:
         """One record from an agent (see the module docstring)."""
@@ -165,21 +175,51 @@ class TraceWriter:
             return
         self.n_events += cost
         (self.compute if rec[0] == "c" else self.messages).append(rec)
+        self._unspooled.append(rec)
 
-    def close(self, stop_time: VirtualTime | None = None) -> Path:
-        """Write the file; records after ``stop_time`` (other agents ran past it) are left out."""
+    def flush(self) -> None:
+        """Append the records received since the last flush to the spool file."""
+        if not self._unspooled:
+            return
+        if self._spool is None:
+            self._spool = open(self.spool, "w")
+        self._spool.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in self._unspooled))
+        self._spool.flush()
+        self._unspooled = []
+
+    def document(self, stop_time: VirtualTime | None = None) -> dict[str, Any]:
+        """The trace-event document; records after ``stop_time`` (other agents ran past it) are left out."""
         if stop_time is not None:
             self.compute = [r for r in self.compute if r[3] <= stop_time]
             self.messages = [r for r in self.messages if r[10] <= stop_time]
-        events = self._metadata_and_spans()
-        doc = {"displayTimeUnit": "ns",
-               "otherData": {**self.meta, "clock": "virtual", "truncated": self.truncated,
-                             "max_events": self.max_events},
-               "traceEvents": events}
+        return {"displayTimeUnit": "ns",
+                "otherData": {**self.meta, "clock": "virtual", "truncated": self.truncated,
+                              "max_events": self.max_events},
+                "traceEvents": self._metadata_and_spans()}
+
+    def close(self, stop_time: VirtualTime | None = None) -> Path:
+        """Write ``trace.json`` (see :meth:`document`) and remove the spool."""
+        doc = self.document(stop_time)
         with atomic_file(self.path) as f:
             json.dump(doc, f, separators=(",", ":"))
             f.write("\n")
+        if self._spool is not None:
+            self._spool.close()
+        self.spool.unlink(missing_ok=True)
         return self.path
+
+    @classmethod
+    def read_spool(cls, path: str | os.PathLike[str], names: Sequence[str],
+                   placement: Sequence[int]) -> dict[str, Any]:
+        """The trace document of a run whose controller died before writing ``trace.json``, from its spool
+        (records up to its last window; a torn last line is left out)."""
+        from agents.observe.statelog import read_jsonl
+
+        w = cls(Path(path).with_name("trace.json"), names, placement, max_events=None,
+                meta={"from_spool": True})
+        for rec in read_jsonl(path):
+            w.add(tuple(rec))
+        return w.document()
 
     # -------------------------------------------------------------- building
     def _pid(self, vid: int) -> int:

@@ -75,7 +75,7 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
             hint = did_you_mean(option, group_options(group)).removeprefix("; ")
             return (f"{group}={option} is not valid; accepted: {accepted}" + (f" ({hint})" if hint else "") + ".",
                     by_key[group][1])
-        return f"the config cannot be composed: {text.splitlines()[0]}", None
+        return f"the config cannot be composed: {text.splitlines()[0].rstrip('.')}.", None
     cause = e.__cause__
     key = getattr(cause, "full_key", None)
     m = re.search(r"(?:Error merging override|Could not override|Could not append to config\. An item is "
@@ -88,8 +88,12 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
         listed = _list_item_error(key, cause, m.group(1).split("=")[0].lstrip("+~"), by_key)
         if listed is not None:
             return listed
+    m = re.search(r"Ambiguous value for argument '([^']+)'", text)
+    if m:  # key=a,b outside --multirun
+        return (f"{m.group(1)} has several values; accepted: one value, a list as key=[a,b], or a sweep of runs "
+                "with --multirun.", m.group(1) if m.group(1) in overrides else None)
     if not key or key not in by_key:
-        return f"the config cannot be composed: {text.splitlines()[0]}", None
+        return f"the config cannot be composed: {text.splitlines()[0].rstrip('.')}.", None
     override, raw = by_key[key]
     value = raw.split("=", 1)[1] if "=" in raw else None
     if "Could not override" in text or "not in struct" in text or "Key '" in str(cause) and "not in" in str(cause):
@@ -170,7 +174,8 @@ def load(overrides: list[str], check_data: bool = True) -> RunConfig:
     try:
         _parse(remaining)
     except OverrideParseException as e:
-        raise ConfigError([f"cannot read the command line: {str(e).splitlines()[0]}"]) from None
+        raise ConfigError([f"cannot read the command line ({str(e).splitlines()[0]}); accepted: key=value "
+                           "overrides (https://hydra.cc/docs/advanced/override_grammar/basic)."]) from None
     cfg = None
     for _ in range(len(overrides) + 1):
         try:

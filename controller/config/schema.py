@@ -28,7 +28,7 @@ __all__ = [
     "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "NetworkModel", "Collective",
     "ComputeModelName", "Distribution", "TcpConfig", "MicrobenchConfig", "FlatConfig",
     "Windows", "BatchMode", "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig",
-    "ControllerConfig",
+    "ControllerConfig", "TLSConfig",
     "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "PredictorConfig", "TopologyLinksConfig",
     "NetworkConfig", "ComputeConfig", "StraggleConfig",
     "FaultKind", "ByzantineMode", "FaultConfig",
@@ -195,6 +195,22 @@ class DataConfig:
 
 
 @dataclass
+class TLSConfig:
+    """``controller.tls``: TLS on the gRPC service and the direct tensor streams (docs/security.md)."""
+
+    enabled: bool = doc(False, "TLS for the gRPC service and the direct tensor streams")
+    cert: Optional[str] = doc(None, "the controller's PEM certificate (also the agents', unless agent_cert)")
+    key: Optional[str] = doc(None, "its private key (PEM)")
+    ca: Optional[str] = doc(None, "the CA (PEM): agents verify the controller with it, and with client_auth the "
+                                  "controller the agents")
+    client_auth: bool = doc(True, "mutual TLS: an agent without a certificate signed by ca is refused")
+    server_name: Optional[str] = doc(None, "the name in the controller's certificate when agents dial another "
+                                           "(null: the host they dial)")
+    agent_cert: Optional[str] = doc(None, "the agents' certificate, as the agents see the file (null: cert)")
+    agent_key: Optional[str] = doc(None, "the agents' key, as the agents see the file (null: key)")
+
+
+@dataclass
 class ControllerConfig:
     """The gRPC service agents connect to (docs/distributed.md); ``controller.server`` reads it as is."""
 
@@ -207,6 +223,13 @@ class ControllerConfig:
     startup_timeout_s: float = doc(300.0, "all agents must register and build their vworkers within this", lo=0, lo_open=True)
     token_file: Optional[str] = doc(None, "file with the shared token; default $LOCKSTEP_TOKEN, else a random "
                                           "per-run token")
+    call_timeout_s: float = doc(10.0, "a Register or Beat request must arrive within this (seconds); a stalled "
+                                      "caller is cut off", lo=0, lo_open=True)
+    max_blob_bytes: Optional[int] = doc(None, "largest tensor (or oversized frame) a peer may send; null = 4 x "
+                                              "the model or 4 x max_message_bytes, the larger", lo=1 << 20)
+    max_held_bytes: Optional[int] = doc(None, "bytes a peer may have sent before a frame uses them; null = "
+                                              "max_blob_bytes + 4 x the model x vworkers", lo=1 << 20)
+    tls: TLSConfig = doc(help="TLS certificates (docs/security.md)", factory=TLSConfig)
     windows: Windows = doc(Windows.direct, "who carries the windows between agent processes: direct (the agents "
                                            "exchange each window's events among themselves, docs/distributed.md) | "
                                            "hub (every window through the controller)")

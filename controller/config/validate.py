@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from agents.common.units import UnitError, parse_duration, parse_rate
 from agents.sim import keyed
@@ -36,6 +37,7 @@ __all__ = ["ConfigError", "RunConfig", "validate", "config_hash", "accepted_text
 LATENCY_DISTRIBUTIONS = {"normal": ("mean", "std"), "lognormal": ("mu", "sigma"), "weibull": ("scale", "shape", "loc")}
 BANDWIDTH_DISTRIBUTIONS = {"weibull": ("scale", "shape", "loc"), "normal": ("mean", "std"),
                            "lognormal": ("mu", "sigma")}
+MAX_WORKERS = 1 << 20  # far beyond any data set's samples, which bound it again below
 SPEED_DISTRIBUTIONS = {"lognormal": ("mu", "sigma"), "normal": ("mean", "std"), "uniform": ("low", "high")}
 
 
@@ -310,9 +312,23 @@ def _show(value: Any) -> str:
     return "null" if value is None else repr(value)
 
 
+@lru_cache(maxsize=None)
+def _containers(cls: type) -> dict[str, type]:
+    """The fields of a schema class declared as a list or a dict: name -> list | dict."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        origin = typing.get_origin(hint)
+        if origin is typing.Union:  # Optional[List[...]]
+            origin = next((typing.get_origin(a) for a in typing.get_args(hint) if typing.get_origin(a)), None)
+        if origin in (list, dict):
+            out[name] = origin
+    return out
+
+
 def _check_fields(obj: Any, prefix: str, p: _Problems) -> None:
     """Generic checks of one schema object's fields (bounds, choices, units), recursing into sections."""
     cls = type(obj)
+    containers = _containers(cls)
     for f in fields(cls):
         if f.name.startswith("_"):
             continue
@@ -323,6 +339,11 @@ def _check_fields(obj: Any, prefix: str, p: _Problems) -> None:
             _check_fields(v, key + ".", p)
             continue
         if v is None:
+            continue
+        want = containers.get(f.name)
+        if want is not None and not isinstance(v, want):  # e.g. compute.params=${workers}: an int
+            p.bad(key, v, f"{'a list' if want is list else 'a mapping'} ({accepted_text(cls, f.name)})")
+            setattr(obj, f.name, want())  # reported; later checks see an empty one
             continue
         if meta.get("unit") == "duration":
             try:
@@ -401,8 +422,13 @@ def validate(cfg: DictConfig | dict, check_data: bool = True, written: dict[str,
     cfg = cfg.copy()
     with _open(cfg):
         cfg.pop("hydra", None)
-    raw = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     p = _Problems(written)
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    except InterpolationResolutionError as e:  # e.g. batch_size=${nope}, or ${workers} where an enum is due
+        raise ConfigError([f"{getattr(e, 'full_key', None) or 'a value'}: the interpolation cannot be resolved "
+                           f"({str(e).splitlines()[0]}); accepted: a value, or ${{key}} naming a key of the "
+                           "config that has a value of the right type."]) from None
     _unknown_keys(cfg, "", p)
     missing = sorted(OmegaConf.missing_keys(cfg))
     for key in missing:
@@ -422,6 +448,9 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     a user's class may take keys its option's schema does not know."""
     workers, agents = c.workers, c.agents
     good_workers = workers if isinstance(workers, int) and workers >= 1 else None
+    if good_workers and good_workers > MAX_WORKERS:  # before anything is sized by it (found by fuzzing)
+        p.bad("workers", workers, f"an integer >= 1 and <= {MAX_WORKERS}")
+        good_workers = None
     if not (c.device == "cpu" or c.device == "cuda" or c.device.startswith("cuda:")):
         p.bad("device", c.device, "cpu | cuda | cuda:N")
     if c.run_id is not None and not c.run_id.replace("-", "").replace("_", "").isalnum():
@@ -490,6 +519,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
               f"at least twice controller.heartbeat_s ({ctl.heartbeat_s:g} s)")
     if not ctl.host:
         p.bad("controller.host", ctl.host, "an address to listen on, e.g. 127.0.0.1 or 0.0.0.0")
+    _tls(ctl.tls, isinstance(launcher, S.LocalLauncherConfig), p, check_files=check_data)
     trace = _trace(c.trace, p)
     metrics = _metrics(c, p)
     if c.outputs.upload is not None and "://" not in c.outputs.upload:
@@ -507,6 +537,10 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         n_vworkers = len(layout)
         if agents > n_vworkers:
             p.bad("agents", agents, f"at most the number of vworkers ({n_vworkers})")
+        unknown = sorted(set(compute.stragglers) - {v.name for v in layout})
+        if unknown:
+            p.bad("compute.stragglers", dict(compute.stragglers), f"vworker names of this run ({layout[0].name} .. "
+                  f"{layout[-1].name}); {', '.join(unknown)} is not one")
         from controller.plan import with_data_servers
 
         _check_topology(p, network, with_data_servers(layout, c.data), agents)
@@ -529,6 +563,23 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         faults=faults)
 
 
+def _tls(tls: S.TLSConfig, local: bool, p: _Problems, check_files: bool = True) -> None:
+    """``controller.tls``: when on, the controller's files must be there (and the agents' too with
+    launcher=local, whose agents read them on this machine); ``check_files`` False (like ``check_data``)
+    checks a config meant for another machine, e.g. the chart's pod, without looking at this one's files."""
+    if not tls.enabled:
+        return
+    import os
+
+    for key in ("cert", "key", "ca", "agent_cert", "agent_key"):
+        v = getattr(tls, key)
+        if v is None:
+            if key in ("cert", "key", "ca"):
+                p.bad(f"controller.tls.{key}", v, "a PEM file (controller.tls.enabled=true needs cert, key and ca)")
+        elif check_files and (key in ("cert", "key", "ca") or local) and not os.path.isfile(v):
+            p.bad(f"controller.tls.{key}", v, "a readable PEM file (it does not exist)")
+
+
 def _plain(node: Any) -> dict[str, Any]:
     """A group node (a schema object or a plain mapping) as a dict of plain values."""
     if is_dataclass(node):
@@ -542,8 +593,12 @@ def _enum_value(v: Any) -> Any:
     return v.value if isinstance(v, Enum) else v
 
 
-def _seconds(value: Any) -> float:
-    return parse_duration(value)  # already checked by _check_fields
+def _seconds(value: Any) -> float | None:
+    """Seconds of a duration field; None when it is malformed (``_check_fields`` reported it already)."""
+    try:
+        return parse_duration(value)
+    except UnitError:
+        return None
 
 
 # ---------------------------------------------------------------- sections

@@ -35,7 +35,8 @@ FATAL_WAITING_REASONS = frozenset({
     "CrashLoopBackOff", "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
 })
 
-# Restrictive defaults, used when the pod template does not set its own.
+# Restrictive defaults, merged under the pod template's own settings (a template that sets one field keeps
+# the others: deep_merge, not setdefault). They meet Pod Security "restricted" (docs/kubernetes.md).
 DEFAULT_POD_SECURITY_CONTEXT = {
     "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
     "seccompProfile": {"type": "RuntimeDefault"},
@@ -113,6 +114,15 @@ def load_pod_template(path: str | os.PathLike[str]) -> dict[str, Any]:
     return {"spec": data}
 
 
+def deep_merge(defaults: Mapping[str, Any], override: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``defaults`` with ``override`` on top, key by key down nested mappings (the override wins a leaf)."""
+    out = copy.deepcopy(dict(defaults))
+    for k, v in (override or {}).items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) \
+            else copy.deepcopy(v)
+    return out
+
+
 def _merge_env(*layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Env var lists merged by name; a later layer wins, first-seen order is kept."""
     merged: dict[str, dict[str, Any]] = {}
@@ -166,7 +176,7 @@ def build_agent_pod(
     pspec["restartPolicy"] = "Never"
     pspec.setdefault("automountServiceAccountToken", False)  # agents never call the API
     pspec.setdefault("enableServiceLinks", False)
-    pspec.setdefault("securityContext", copy.deepcopy(DEFAULT_POD_SECURITY_CONTEXT))
+    pspec["securityContext"] = deep_merge(DEFAULT_POD_SECURITY_CONTEXT, pspec.get("securityContext"))
     pspec.setdefault("terminationGracePeriodSeconds", 10)
 
     containers = pspec.setdefault("containers", [])
@@ -183,7 +193,7 @@ def build_agent_pod(
         agent["imagePullPolicy"] = image_pull_policy
     agent["command"] = spec.agent_argv(agent_id)
     agent.pop("args", None)
-    agent.setdefault("securityContext", copy.deepcopy(DEFAULT_CONTAINER_SECURITY_CONTEXT))
+    agent["securityContext"] = deep_merge(DEFAULT_CONTAINER_SECURITY_CONTEXT, agent.get("securityContext"))
     if spec.metrics_port:  # metrics.agent_port: a named port a PodMonitor can scrape
         ports = [p for p in agent.get("ports") or [] if p.get("name") != "metrics"
                  and p.get("containerPort") != spec.metrics_port]

@@ -11,6 +11,7 @@ from tests.helpers import FAST, compose_cfg, wait_until  # noqa: F401  (also use
 from controller.launchers.local import LocalLauncher
 from controller.remote import ControllerSettings, RemoteAgents
 from controller.run import execute
+from tests.distributed.fakes import plan, server  # noqa: F401  (fixtures: a controller with a fixed plan)
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"

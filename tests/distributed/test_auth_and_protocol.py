@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import grpc
@@ -11,46 +10,18 @@ import pytest
 
 from agents.common import wire
 from agents.agent import EXIT_REFUSED, AgentProcess
-from agents.common.plan import Plan
 from controller.launchers.base import AgentFailure
-from controller.plan import make_plan
-from controller.remote import RemoteAgent
-from controller.server import ControllerServer, ControllerSettings
+from controller.server import ControllerServer
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 
-from .conftest import FAST, ROOT, compose_cfg, wait_until
-
-TOKEN = "s3cret-token"
-
-
-@pytest.fixture
-def plan() -> Plan:
-    from controller.config import load
-
-    rc = load(FAST + ["workers=2", "agents=2", "stop.updates=2"], check_data=False)
-    return make_plan(rc, run_id="test-run")
-
-
-@pytest.fixture
-def server(plan):
-    s = ControllerServer(TOKEN, plan.run_id, plan.to_json(), plan.n_agents, ControllerSettings(max_message_bytes=1 << 16))
-    s.start()
-    yield s
-    s.stop(grace=0)
-
-
-def _register(server, **kw):
-    req = dict(agent_id=0, token=TOKEN, protocol_version=wire.PROTOCOL_VERSION, run_id="test-run")
-    req.update(kw)
-    with grpc.insecure_channel(server.address) as ch:
-        return pb_grpc.ControllerStub(ch).Register(pb.RegisterRequest(**req), timeout=10)
-
+from .conftest import ROOT, wait_until
+from .fakes import TOKEN, fake_agent, handle, register
 
 @pytest.mark.parametrize("token", ["", "wrong", TOKEN + "x"])
 def test_a_missing_or_wrong_token_is_refused_unauthenticated(server, token):
     with pytest.raises(grpc.RpcError) as e:
-        _register(server, token=token)
+        register(server, token=token)
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "token" in e.value.details()
     assert server.sessions == {}, "a refused client must not touch the run"
@@ -58,7 +29,7 @@ def test_a_missing_or_wrong_token_is_refused_unauthenticated(server, token):
 
 def test_an_incompatible_protocol_version_is_refused_failed_precondition(server):
     with pytest.raises(grpc.RpcError) as e:
-        _register(server, protocol_version=wire.PROTOCOL_VERSION + 1)
+        register(server, protocol_version=wire.PROTOCOL_VERSION + 1)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"version {wire.PROTOCOL_VERSION + 1}" in e.value.details()
     assert server.sessions == {}
@@ -72,7 +43,7 @@ def test_the_agent_process_exits_with_refused_status_on_a_wrong_token(server):
 
 
 def test_a_session_without_the_ticket_is_refused(server):
-    _register(server)
+    register(server)
     with grpc.insecure_channel(server.address) as ch:
         stream = pb_grpc.ControllerStub(ch).Session(iter([pb.AgentFrame()]), timeout=10,
                                                     metadata=(("lockstep-agent-id", "0"), ("lockstep-ticket", "x")))
@@ -83,7 +54,7 @@ def test_a_session_without_the_ticket_is_refused(server):
 
 
 def test_a_beat_needs_the_sessions_ticket(server):
-    a = _register(server)
+    a = register(server)
     server.sessions[0].last_seen = 0.0
     with grpc.insecure_channel(server.address) as ch:
         beat = pb_grpc.ControllerStub(ch).Beat
@@ -97,7 +68,7 @@ def test_a_beat_needs_the_sessions_ticket(server):
 
 
 def test_garbage_bytes_on_the_stream_fail_that_session_only(server):
-    a = _register(server, agent_id=0)
+    a = register(server, agent_id=0)
     with grpc.insecure_channel(server.address) as ch:
         raw = ch.stream_stream("/lockstep.v1.Controller/Session", request_serializer=lambda b: b,
                                response_deserializer=lambda b: b)
@@ -109,51 +80,7 @@ def test_garbage_bytes_on_the_stream_fail_that_session_only(server):
                               timeout=10, what="the session to close")
     assert kind == "closed"
     # the controller still serves: another agent registers fine
-    assert _register(server, agent_id=1).agent_id == 1
-
-
-def _fake_agent(server, agent_id: int, reached_for) -> threading.Thread:
-    """An agent that answers every Advance with ``reached_for(advance)`` (a pb.AgentFrame)."""
-    a = _register(server, agent_id=agent_id)
-    writer = wire.FrameWriter(pb.AgentFrame, 1 << 16)
-
-    def main():
-        import queue
-
-        q: queue.Queue = queue.Queue()
-        first = pb.AgentFrame()
-        first.ready.next_time = 0
-        q.put(first)
-
-        def reqs():
-            while (f := q.get()) is not None:
-                yield f
-
-        with grpc.insecure_channel(server.address) as ch:
-            stream = pb_grpc.ControllerStub(ch).Session(
-                reqs(), metadata=(("lockstep-agent-id", str(agent_id)), ("lockstep-ticket", a.ticket)))
-            try:
-                for frame in stream:
-                    if frame.WhichOneof("body") == "advance":
-                        for f in writer.frames(reached_for(frame.advance)):
-                            q.put(f)
-                    elif frame.WhichOneof("body") == "shutdown":
-                        break
-            except grpc.RpcError:
-                pass
-            q.put(None)
-
-    t = threading.Thread(target=main, daemon=True)
-    t.start()
-    return t
-
-
-def _handle(server, plan, agent_id) -> RemoteAgent:
-    sess = wait_until(lambda: server.sessions.get(agent_id) if server.sessions.get(agent_id) and
-                      server.sessions[agent_id].attached else None, timeout=10, what="the session")
-    kind, msg, _ = sess.inbox.get(timeout=10)
-    assert msg.WhichOneof("body") == "ready"
-    return RemoteAgent(agent_id, sess, plan, 0, lambda: None, 10.0, lambda a: "")
+    assert register(server, agent_id=1).agent_id == 1
 
 
 def test_a_reached_for_an_unknown_vworker_is_rejected_with_a_clear_error(server, plan):
@@ -164,14 +91,14 @@ def test_a_reached_for_an_unknown_vworker_is_rejected_with_a_clear_error(server,
         wire.encode_value((99, "x"), ev.value)
         return f
 
-    t = _fake_agent(server, 1, bogus)  # agent 1 hosts vworker 1 under round_robin
-    h = _handle(server, plan, 1)
+    t = fake_agent(server, 1, bogus)  # agent 1 hosts vworker 1 under round_robin
+    h = handle(server, plan, 1)
     with pytest.raises(AgentFailure) as e:
         h.advance(1000, [], None, None)
     assert e.value.agent == "1" and "unknown vworker 99" in str(e.value)
     h.close()
     t.join(10)
-    assert _register(server, agent_id=0).agent_id == 0  # the controller still serves
+    assert register(server, agent_id=0).agent_id == 0  # the controller still serves
 
 
 def test_a_reached_with_a_wrong_tensor_size_is_rejected(server, plan):
@@ -184,8 +111,8 @@ def test_a_reached_with_a_wrong_tensor_size_is_rejected(server, plan):
         ev.value.tensor.data = b"\x00" * 12
         return f
 
-    t = _fake_agent(server, 1, bad_tensor)
-    h = _handle(server, plan, 1)
+    t = fake_agent(server, 1, bad_tensor)
+    h = handle(server, plan, 1)
     with pytest.raises(AgentFailure, match="malformed Reached: tensor of shape"):
         h.advance(1000, [], None, None)
     h.close()
@@ -211,8 +138,8 @@ def test_a_reached_claiming_a_horizon_before_its_next_event_is_rejected(server, 
         f.reached.window, f.reached.next_time, f.reached.horizon = adv.window, 500, 400
         return f
 
-    t = _fake_agent(server, 1, early)
-    h = _handle(server, plan, 1)
+    t = fake_agent(server, 1, early)
+    h = handle(server, plan, 1)
     with pytest.raises(AgentFailure, match="horizon 400 before its next event 500"):
         h.advance(1000, [], None, None)
     h.close()
@@ -227,8 +154,8 @@ def test_an_event_claiming_to_act_before_it_arrives_is_rejected(server, plan):
         wire.encode_value((0, "x"), ev.value)
         return f
 
-    t = _fake_agent(server, 1, early)
-    h = _handle(server, plan, 1)
+    t = fake_agent(server, 1, early)
+    h = handle(server, plan, 1)
     with pytest.raises(AgentFailure, match="malformed Reached: event at 5000 ns claims to act earlier, at 10 ns"):
         h.advance(1000, [], None, None)
     h.close()
@@ -238,7 +165,7 @@ def test_an_event_claiming_to_act_before_it_arrives_is_rejected(server, plan):
 def test_frames_for_a_stopped_server_are_dropped_without_an_error(plan, caplog):
     s = ControllerServer(TOKEN, plan.run_id, plan.to_json(), plan.n_agents)
     s.start()
-    _register(s, agent_id=0)
+    register(s, agent_id=0)
     sess = s.sessions[0]
     s.stop(grace=0)
     f = pb.ControllerFrame()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agents.common import wire
-from agents.direct import DIRECT_MIN_BYTES, DirectLinks, DirectServer
+from agents.direct import DIRECT_MIN_BYTES, DirectLinks, DirectServer, pair_key
 from protos.lockstep.v1 import agent_pb2 as pb
 
 from .conftest import assert_same_outputs, run, wait_until
@@ -34,9 +34,14 @@ def test_with_direct_streams_off_the_same_tensors_go_through_the_controller(tmp_
 
 @pytest.fixture
 def server():
-    s = DirectServer("127.0.0.1")
+    s = DirectServer("127.0.0.1", agent_id=1)
     yield s
     s.close()
+
+
+def _links(server, sender: int = 0, **kw) -> DirectLinks:
+    """Agent ``sender``'s links to ``server`` (agent 1), with the key the controller would hand it."""
+    return DirectLinks(sender, {1: (server.address, pair_key(server.secret, sender, 1))}, **kw)
 
 
 def _encode_for(dst_agent: int, links: DirectLinks, x) -> tuple[pb.Value, list]:
@@ -48,7 +53,7 @@ def _encode_for(dst_agent: int, links: DirectLinks, x) -> tuple[pb.Value, list]:
 
 
 def test_a_tensor_crosses_the_direct_stream_and_the_controller_routes_only_its_reference(server):
-    links = DirectLinks(0, {1: (server.address, server.secret)})
+    links = _links(server)
     x = (torch.randn(DIRECT_MIN_BYTES // 4 + 3), torch.arange(5))
     v, direct = _encode_for(1, links, x)
     assert len(direct) == 1 and v.tuple.items[0].tensor.WhichOneof("bytes_in") == "peer"
@@ -65,7 +70,7 @@ def test_a_tensor_crosses_the_direct_stream_and_the_controller_routes_only_its_r
 
 
 def test_a_reference_that_names_another_agent_is_rejected_by_the_controller(server):
-    links = DirectLinks(0, {1: (server.address, server.secret)})
+    links = _links(server)
     v, _ = _encode_for(1, links, torch.zeros(DIRECT_MIN_BYTES))
     with pytest.raises(wire.WireError, match="names agent 0, not its sender 2"):
         wire.decode_value(v, peer=wire.keep_refs(2))
@@ -97,7 +102,7 @@ def test_bytes_from_an_agent_whose_stream_ended_fail_with_a_clear_error(server):
 
     host, port = server.address.rsplit(":", 1)
     c = socket.create_connection((host, int(port)))
-    c.sendall(_HELLO.pack(MAGIC, server.secret, 5))
+    c.sendall(_HELLO.pack(MAGIC, 5, pair_key(server.secret, 5, 1)))
     c.sendall((7).to_bytes(8, "little") + (100).to_bytes(8, "little") + b"\0" * 10)  # 10 of 100 bytes
     c.close()
     with pytest.raises(wire.WireError, match="from agent 5 never arrived.*ended inside blob 7"):

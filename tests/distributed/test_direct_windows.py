@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from agents.common import wire
+from agents.direct import pair_key
 from agents.mesh import MAGIC, MeshError, MeshLinks, MeshListener, MeshLoop, PeerAddress, connect, _HELLO
 from agents.sim.kernel import RemoteEvent
 from agents.sim.types import INFINITY
@@ -79,16 +80,16 @@ def test_a_stream_that_ends_before_its_report_fails_with_the_peers_name():
 
 def test_a_connection_without_the_secret_is_refused_and_the_right_one_accepted():
     listener = MeshListener("run", 0, "127.0.0.1")
-    addr = listener.address()
+    uds, tcp, secret = listener.secret_address()
     bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    bad.connect("\0" + addr.uds)
+    bad.connect("\0" + uds)
     bad.sendall(_HELLO.pack(MAGIC, b"\0" * 32, 1))
-    wrong_tcp = PeerAddress(0, "", addr.tcp, b"x" * 32)
+    wrong_tcp = PeerAddress(0, "", tcp, b"x" * 32)
     good_holder: dict = {}
 
     def dial():
         good_holder["bad_tcp"] = connect(1, wrong_tcp, 5.0)
-        good_holder["good"] = connect(1, PeerAddress(0, addr.uds, addr.tcp, addr.secret), 5.0)
+        good_holder["good"] = connect(1, PeerAddress(0, uds, tcp, pair_key(secret, 1, 0)), 5.0)
 
     t = threading.Thread(target=dial)
     t.start()

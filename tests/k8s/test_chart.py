@@ -223,7 +223,7 @@ def test_the_role_allows_managing_pods_and_reading_only_its_own_secret(helm):
     assert set(rules) == {("pods",), ("pods/log",), ("secrets",), ("jobs/status",)}
     assert rules[("jobs/status",)] == {"apiGroups": ["batch"], "resources": ["jobs/status"],
                                        "resourceNames": [kinds["Job"][0]["metadata"]["name"]], "verbs": ["patch"]}
-    assert sorted(rules[("pods",)]["verbs"]) == ["create", "delete", "get", "list", "watch"]
+    assert sorted(rules[("pods",)]["verbs"]) == ["create", "delete", "get", "list"]  # no unused watch
     assert rules[("pods/log",)]["verbs"] == ["get"]
     assert rules[("secrets",)] == {"apiGroups": [""], "resources": ["secrets"],
                                    "resourceNames": [secret["metadata"]["name"]], "verbs": ["get"]}
@@ -246,6 +246,39 @@ def test_every_pod_runs_non_root_on_a_read_only_root_filesystem(helm, values, tm
             assert (sc["readOnlyRootFilesystem"], sc["allowPrivilegeEscalation"]) == (True, False)
             assert sc["capabilities"] == {"drop": ["ALL"]}
             assert any(m["mountPath"] == "/tmp" for m in ctr.get("volumeMounts", [])), ctr["name"]
+
+
+def test_the_network_policies_let_agents_reach_the_controller_and_each_other_and_prometheus_the_metrics(helm):
+    by_name = {d["metadata"]["name"]: d["spec"] for d in by_kind(render(helm))["NetworkPolicy"]}
+    ctl, agents = by_name["exp1-lockstep-controller"], by_name["exp1-lockstep-agents"]
+    agent_pods = {"app.kubernetes.io/name": "lockstep", "app.kubernetes.io/component": "agent",
+                  "app.kubernetes.io/instance": "exp1", "app.kubernetes.io/managed-by": "lockstep"}
+    prometheus = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    assert ctl["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "controller"
+    assert ctl["policyTypes"] == agents["policyTypes"] == ["Ingress"]
+    grpc, metrics = ctl["ingress"]
+    assert grpc == {"from": [{"podSelector": {"matchLabels": agent_pods}}], "ports": [{"port": "grpc", "protocol": "TCP"}]}
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}] and prometheus in metrics["from"]
+    assert agents["podSelector"]["matchLabels"] == agent_pods
+    peers, scrape = agents["ingress"]  # direct streams use a port each agent picks: any port, agents only
+    assert peers == {"from": [{"podSelector": {"matchLabels": agent_pods}}]}
+    assert scrape == {"from": [prometheus], "ports": [{"port": 9400, "protocol": "TCP"}]}
+    assert "NetworkPolicy" not in by_kind(render(helm, "--set", "networkPolicy.enabled=false"))
+
+
+def test_tls_mounts_the_secret_in_the_controller_and_every_agent_and_turns_on_mutual_tls(helm, tmp_path):
+    docs = render(helm, "-f", str(CHART / "ci" / "tls-values.yaml"))
+    args = job_args(docs)
+    assert (arg(args, "controller.tls.enabled"), arg(args, "controller.tls.client_auth")) == ("true", "true")
+    assert (arg(args, "controller.tls.cert"), arg(args, "controller.tls.key"), arg(args, "controller.tls.ca")) == (
+        "/etc/lockstep-tls/tls.crt", "/etc/lockstep-tls/tls.key", "/etc/lockstep-tls/ca.crt")  # cert-manager's keys
+    [job] = by_kind(docs)["Job"]
+    for pod in (job["spec"]["template"]["spec"], agent_template(docs, tmp_path)["spec"]):
+        [vol] = [v for v in pod["volumes"] if v["name"] == "tls"]
+        assert vol == {"name": "tls", "secret": {"secretName": "exp1-lockstep-tls"}}
+        [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "tls"]
+        assert mount == {"name": "tls", "mountPath": "/etc/lockstep-tls", "readOnly": True}
+    assert not any(a.startswith("controller.tls") for a in job_args(render(helm)))
 
 
 def test_gpu_values_reach_the_agent_pod_template(helm, tmp_path):

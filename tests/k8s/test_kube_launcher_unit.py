@@ -10,6 +10,7 @@ from controller.config import ConfigError, load
 from controller.config.schema import KubernetesLauncherConfig, typed
 from controller.launchers.base import LaunchSpec
 from controller.launchers.kubernetes import (
+    DEFAULT_POD_SECURITY_CONTEXT,
     INSTALL_HINT,
     KubernetesLauncher,
     KubernetesLauncherConfig,
@@ -96,6 +97,17 @@ def test_the_launcher_owns_command_labels_and_restart_policy_over_the_template()
     env = {e["name"]: e.get("value") for e in agent["env"]}
     assert env["LOCKSTEP_RUN_ID"] == SPEC.run_id
     assert sidecar == {"name": "sidecar", "image": "side:1"}
+
+
+def test_a_template_with_its_own_security_context_keeps_the_safe_defaults_it_does_not_override():
+    # finding 8 of the security review (docs/security.md): any securityContext used to drop every default
+    template = {"spec": {"securityContext": {"runAsUser": 20000},
+                         "containers": [{"name": "agent", "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}}}]}}
+    p = pod(template=template)
+    assert p["spec"]["securityContext"] == {**DEFAULT_POD_SECURITY_CONTEXT, "runAsUser": 20000}
+    sc = p["spec"]["containers"][0]["securityContext"]
+    assert (sc["readOnlyRootFilesystem"], sc["allowPrivilegeEscalation"]) == (True, False)
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}  # what it asked for, on top of the rest
 
 
 def test_no_image_anywhere_is_a_clear_config_error():

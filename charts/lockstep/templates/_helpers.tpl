@@ -48,6 +48,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The labels the Kubernetes launcher gives this release's agent pods (controller/launchers/kubernetes.py). */}}
+{{- define "lockstep.agentSelectorLabels" -}}
+app.kubernetes.io/name: lockstep
+app.kubernetes.io/component: agent
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+app.kubernetes.io/managed-by: lockstep
+{{- end }}
+
+{{- define "lockstep.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "lockstep.fullname" .)) .Values.tls.secretName }}
+{{- end }}
+
 {{/* The controller's ServiceAccount: controller.serviceAccountName, else serviceAccount.name, else the full name. */}}
 {{- define "lockstep.serviceAccountName" -}}
 {{- if .Values.controller.serviceAccountName }}

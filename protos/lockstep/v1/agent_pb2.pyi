@@ -7,9 +7,8 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("agent_id", "token", "protocol_version", "device", "run_id", "hostname", "pid", "data_address", "data_secret")
+    __slots__ = ("agent_id", "protocol_version", "device", "run_id", "hostname", "pid", "data_address", "data_secret")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -18,7 +17,6 @@ class RegisterRequest(_message.Message):
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DATA_SECRET_FIELD_NUMBER: _ClassVar[int]
     agent_id: int
-    token: str
     protocol_version: int
     device: str
     run_id: str
@@ -26,7 +24,7 @@ class RegisterRequest(_message.Message):
     pid: int
     data_address: str
     data_secret: bytes
-    def __init__(self, agent_id: _Optional[int] = ..., token: _Optional[str] = ..., protocol_version: _Optional[int] = ..., device: _Optional[str] = ..., run_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., data_address: _Optional[str] = ..., data_secret: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, agent_id: _Optional[int] = ..., protocol_version: _Optional[int] = ..., device: _Optional[str] = ..., run_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., data_address: _Optional[str] = ..., data_secret: _Optional[bytes] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("agent_id", "plan_json", "ticket", "max_message_bytes", "heartbeat_s", "protocol_version")

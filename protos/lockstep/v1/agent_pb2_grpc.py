@@ -55,8 +55,9 @@ class ControllerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Register(self, request, context):
-        """Authenticate and receive the assignment. UNAUTHENTICATED: missing or wrong token;
-        FAILED_PRECONDITION: incompatible protocol version or wrong run; ALREADY_EXISTS: agent id taken.
+        """Authenticate and receive the assignment. Metadata: lockstep-token, lockstep-protocol, lockstep-agent-id.
+        UNAUTHENTICATED: missing or wrong token; FAILED_PRECONDITION: incompatible protocol version or wrong
+        run; INVALID_ARGUMENT: agent id out of range; ALREADY_EXISTS: agent id taken.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
