@@ -10,7 +10,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.distributed.test_failures import LONG, _agent_pids, _alive, _cli
@@ -27,13 +26,10 @@ def test_sigterm_mid_run_stops_within_the_grace_period_with_every_output_present
     try:
         pids = _agent_pids(d, 2)
         proc.send_signal(signal.SIGTERM)  # what Kubernetes sends on pod deletion, eviction, preemption
-        t0 = time.monotonic()
         _, err = proc.communicate(timeout=30)
-        elapsed = time.monotonic() - t0
     finally:
         proc.kill()
     assert proc.returncode == 143, err
-    assert elapsed < 30, f"took {elapsed:.1f} s; the chart's controller gets terminationGracePeriodSeconds=60"
     assert "interrupted by SIGTERM" in err and "Traceback" not in err, err
     summary = json.loads((d / "summary.json").read_text())
     assert (summary["stopped_by"], summary["signal"]) == ("signal", "SIGTERM")
@@ -99,14 +95,11 @@ def test_ctrl_c_while_the_agents_are_starting_stops_every_one_of_them(tmp_path):
     try:
         wait_until(lambda: (d / "agents" / "agent-1.log").exists(), timeout=90, what="the agents to be started")
         proc.send_signal(signal.SIGINT)  # they are importing torch; none has registered yet
-        t0 = time.monotonic()
         _, err = proc.communicate(timeout=30)
-        elapsed = time.monotonic() - t0
     finally:
         proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted by SIGINT" in err and "Traceback" not in err, err
-    assert elapsed < 30, f"took {elapsed:.1f} s"  # well within any grace period, even on a loaded host
     wait_until(lambda: not _agents_of("sigint-at-start"), timeout=10, what="every agent to be gone")
     summary = json.loads((d / "summary.json").read_text())
     assert summary["stopped_by"] == "signal" and summary["updates"] == 0
