@@ -15,6 +15,7 @@ import torch
 
 from agents.common.plan import Plan
 from agents.observe.trace import TRACE_KIND
+from agents.workloads.datanet import FETCH_KIND
 
 __all__ = ["RowError", "check_rows", "STATE_FIELDS"]
 
@@ -34,6 +35,9 @@ _NAMES_FIELDS = {"server", "worker"}  # fields that name a vworker
 
 class RowError(ValueError):
     """A row an agent reported does not match the plan; the message is one sentence."""
+
+
+_FETCH_FIELDS = {"hits", "misses", "bytes", "wait_ns"}
 
 
 def _is_int(x: Any) -> bool:
@@ -134,6 +138,11 @@ def check_rows(plan: Plan, agent_id: int, updates: Any, evals: Any, events: Any,
             _trace_record(fields, vid, plan, "events")
         elif kind in STATE_FIELDS:
             _state_fields(kind, fields, plan, "events", max_tensor_bytes)
+        elif kind == FETCH_KIND:  # data.placement=end_devices (agents/workloads/datanet.py)
+            if not (type(fields) is dict and set(fields) == _FETCH_FIELDS
+                    and all(_is_int(v) and v >= 0 for v in fields.values())):
+                raise RowError(f"events: a {FETCH_KIND} record must hold the non-negative integers "
+                               f"{sorted(_FETCH_FIELDS)}")
         else:
             raise RowError(f"events: unknown record kind {kind!r:.40}; accepted: {TRACE_KIND}, "
-                           + ", ".join(STATE_FIELDS))
+                           + ", ".join([*STATE_FIELDS, FETCH_KIND]))

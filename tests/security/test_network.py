@@ -107,7 +107,9 @@ def test_refused_callers_are_counted_in_a_bounded_log(server):
     ((5, 1, 1), "state.version", "../../escape", {"version": 1, "params": torch.zeros(4)}),
     ((5, 1, 1), "state.version", "/tmp/escape", {"version": 1, "params": torch.zeros(4)}),
     ((5, 2, 1), "state.model", "ps0", {"server": "nobody", "version": 1}),
-], ids=["not-its-vworker", "dotdot", "absolute", "unknown-peer"])
+    ((5, 1, 1), "data.fetch", "w1", {"hits": 1, "misses": -5, "bytes": 0, "wait_ns": 0}),
+    ((5, 1, 1), "data.fetch", "w1", {"hits": 1, "misses": 0, "bytes": 0, "wait_ns": 0, "extra": "x"}),
+], ids=["not-its-vworker", "dotdot", "absolute", "unknown-peer", "negative-fetch", "odd-fetch"])
 def test_a_hostile_agent_cannot_report_rows_for_vworkers_it_does_not_host(server, plan, row):
     def hostile(adv):
         f = pb.AgentFrame()
