@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from agents.common import wire
 from agents.common.wire import Limits
-from agents.direct import MAX_UNAUTHENTICATED, Pending, admit, pair_key
+from agents.direct import Pending, admit, pair_key
 from agents.common.windows import ends_from_first, earliest
 from agents.sim.env import Stats
 from agents.sim.kernel import RemoteEvent
