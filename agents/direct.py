@@ -103,16 +103,38 @@ def _recv_growing(sock: socket.socket, n: int) -> bytearray | None:
     return buf
 
 
-class _Pending:
-    """A connection that has not finished its hello."""
+class Pending:
+    """An accepted connection that has not finished its TLS handshake and hello (here and agents/mesh.py)."""
 
     __slots__ = ("conn", "peer", "deadline", "hello", "handshaken")
 
-    def __init__(self, conn: socket.socket, peer: object, tls: bool):
+    def __init__(self, conn: socket.socket, peer: object, tls: bool, hello_timeout_s: float):
         self.conn, self.peer = conn, peer
-        self.deadline = time.monotonic() + HELLO_TIMEOUT_S
+        self.deadline = time.monotonic() + hello_timeout_s
         self.hello = bytearray()
         self.handshaken = not tls
+
+
+def admit(conn: socket.socket, peer: object, ssl_context: ssl.SSLContext | None, sel: selectors.BaseSelector,
+          pending: dict[socket.socket, Pending], refuse: Callable[[Pending, str], None],
+          hello_timeout_s: float) -> None:
+    """Wait for the hello of a just-accepted ``conn``: wrap it for TLS (the handshake comes with the hello)
+    and, with ``MAX_UNAUTHENTICATED`` already waiting, refuse the oldest of them."""
+    conn.setblocking(False)
+    if ssl_context is not None:
+        try:
+            conn = ssl_context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ssl.SSLError):
+            conn.close()
+            return
+    if len(pending) >= MAX_UNAUTHENTICATED:
+        oldest = next(iter(pending.values()))
+        sel.unregister(oldest.conn)
+        del pending[oldest.conn]
+        refuse(oldest, f"more than {MAX_UNAUTHENTICATED} connections without a hello")
+    p = Pending(conn, peer, ssl_context is not None, hello_timeout_s)
+    pending[conn] = p
+    sel.register(conn, selectors.EVENT_READ, p)
 
 
 class DirectServer:
@@ -140,7 +162,7 @@ class DirectServer:
         threading.Thread(target=self._accept, name="direct-accept", daemon=True).start()
 
     # ------------------------------------------------------------ hellos
-    def _refuse(self, p: _Pending, why: str) -> None:
+    def _refuse(self, p: Pending, why: str) -> None:
         self.refused[why] += 1
         now = time.monotonic()
         if now - self._logged_at >= 1.0:
@@ -155,7 +177,7 @@ class DirectServer:
     def _accept(self) -> None:
         """One thread reads every hello (no thread per stranger), then hands a stream its own reader."""
         sel = selectors.DefaultSelector()
-        pending: dict[socket.socket, _Pending] = {}  # insertion order = age
+        pending: dict[socket.socket, Pending] = {}  # insertion order = age
         try:
             sel.register(self._sock, selectors.EVENT_READ, None)
             while not self._closed:
@@ -177,29 +199,15 @@ class DirectServer:
                 p.conn.close()
             sel.close()
 
-    def _take_connections(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending]) -> None:
+    def _take_connections(self, sel: selectors.BaseSelector, pending: dict[socket.socket, Pending]) -> None:
         while True:
             try:
                 conn, peer = self._sock.accept()
             except BlockingIOError:
                 return
-            conn.setblocking(False)
-            if self._ssl is not None:
-                try:
-                    conn = self._ssl.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
-                except (OSError, ssl.SSLError):
-                    conn.close()
-                    continue
-            if len(pending) >= MAX_UNAUTHENTICATED:
-                oldest = next(iter(pending.values()))
-                sel.unregister(oldest.conn)
-                del pending[oldest.conn]
-                self._refuse(oldest, f"more than {MAX_UNAUTHENTICATED} connections without a hello")
-            p = _Pending(conn, peer, self._ssl is not None)
-            pending[conn] = p
-            sel.register(conn, selectors.EVENT_READ, p)
+            admit(conn, peer, self._ssl, sel, pending, self._refuse, HELLO_TIMEOUT_S)
 
-    def _progress(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending], p: _Pending) -> None:
+    def _progress(self, sel: selectors.BaseSelector, pending: dict[socket.socket, Pending], p: Pending) -> None:
         def drop(why: str) -> None:
             sel.unregister(p.conn)
             del pending[p.conn]

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from agents.common import wire
 from agents.common.wire import Limits
-from agents.direct import pair_key
+from agents.direct import Pending, admit, pair_key
 from agents.common.windows import ends_from_first, earliest
 from agents.sim.env import Stats
 from agents.sim.kernel import RemoteEvent
@@ -62,7 +62,6 @@ _BLOB = struct.Struct("<qq")
 _READ = 1 << 20
 _TLS_WRITE = 256 << 10  # TLS has no sendmsg: buffers go out in slices of this size
 HELLO_TIMEOUT_S = 5.0  # from connecting to a complete hello (and TLS handshake), however slowly bytes come
-MAX_UNAUTHENTICATED = 64  # connections still owing their hello; the oldest goes when another arrives
 MAX_QUEUED_FRAMES = 1024  # frames of one peer received and not yet used: beyond, its stream is not read
 
 
@@ -81,18 +80,6 @@ class PeerAddress:
 
 
 # ------------------------------------------------------------- connections
-class _Pending:
-    """An accepted connection that has not finished its TLS handshake and hello."""
-
-    __slots__ = ("conn", "peer", "deadline", "hello", "handshaken")
-
-    def __init__(self, conn: socket.socket, peer: object, tls: bool):
-        self.conn, self.peer = conn, peer
-        self.deadline = time.monotonic() + HELLO_TIMEOUT_S
-        self.hello = bytearray()
-        self.handshaken = not tls
-
-
 class MeshListener:
     """Accepts the other agents' streams: an abstract Unix socket, and TCP on ``host`` when given.
 
@@ -122,7 +109,7 @@ class MeshListener:
         """What ``mesh_open`` answers: the addresses and the secret the controller derives keys from."""
         return self.uds, self.tcp, self.secret
 
-    def _refuse(self, p: _Pending, why: str) -> None:
+    def _refuse(self, p: Pending, why: str) -> None:
         self.refused[why] += 1
         now = time.monotonic()
         if now - self._logged_at >= 1.0:
@@ -142,7 +129,7 @@ class MeshListener:
         """
         socks = [s for s in (self._uds, self._tcp) if s is not None]
         got: dict[int, socket.socket] = {}
-        pending: dict[socket.socket, _Pending] = {}  # insertion order = age
+        pending: dict[socket.socket, Pending] = {}  # insertion order = age
         deadline = time.monotonic() + timeout_s
         sel = selectors.DefaultSelector()
         for s in socks:
@@ -196,23 +183,9 @@ class MeshListener:
             except OSError as e:  # e.g. too many open files: this connection is lost, the others wait
                 log.warning("direct windows: accept failed: %s", e)
                 return
-            conn.setblocking(False)
-            if self.ssl is not None:
-                try:
-                    conn = self.ssl.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
-                except (OSError, ssl.SSLError):
-                    conn.close()
-                    continue
-            if len(pending) >= MAX_UNAUTHENTICATED:
-                oldest = next(iter(pending.values()))
-                sel.unregister(oldest.conn)
-                del pending[oldest.conn]
-                self._refuse(oldest, f"more than {MAX_UNAUTHENTICATED} connections without a hello")
-            p = _Pending(conn, peer, self.ssl is not None)
-            pending[conn] = p
-            sel.register(conn, selectors.EVENT_READ, p)
+            admit(conn, peer, self.ssl, sel, pending, self._refuse, HELLO_TIMEOUT_S)
 
-    def _progress(self, p: _Pending) -> int | str | None:
+    def _progress(self, p: Pending) -> int | str | None:
         """Read what ``p`` sent: None (more to come), the agent its hello proves, or why it is refused."""
         try:
             if not p.handshaken:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -65,3 +66,35 @@ def wait_until(predicate: Callable[[], T], *, timeout: float, what: str, interva
             extra = ("\n" + on_timeout()) if on_timeout else ""
             raise AssertionError(f"{what}: not within {timeout:g} s{detail}{extra}")
         time.sleep(interval)
+
+
+def agent_pids(run_dir: Path, n: int, *, timeout: float, what: str = "the agents to build their vworkers",
+               first_rows: bool = False) -> list[int]:
+    """The pids of the ``n`` agents once each built its vworkers, from their logs in ``run_dir/agents`` (the
+    newest line of each: a restarted agent logs again); with ``first_rows``, also wait for the first three
+    rows of metrics.csv."""
+    def pids():
+        out = []
+        for i in range(n):
+            p = run_dir / "agents" / f"agent-{i}.log"
+            found = re.findall(r"pid (\d+) hosting", p.read_text()) if p.exists() else []
+            if not found:
+                return None
+            out.append(int(found[-1]))
+        return out
+
+    got = wait_until(pids, timeout=timeout, what=what)
+    if first_rows:
+        wait_until(lambda: (run_dir / "metrics.csv").exists()
+                   and len((run_dir / "metrics.csv").read_text().splitlines()) > 3,
+                   timeout=60, what="the first rows of metrics.csv")
+    return got
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False

@@ -235,7 +235,32 @@ class _Flow:
         return transfer_ns(max(self.remaining, 0.0), self.rate)
 
 
-class _SharedLink:
+class SharedFlows:
+    """Flows sharing capacity as virtual time passes (here and agents/sim/topology.py): the subclass has
+    ``kernel``, ``flows`` (each with ``remaining`` bytes, ``rate`` and ``left_ns()``), ``last`` (when they were
+    last brought up to date), ``timer`` (the next completion) and ``_reschedule()``."""
+
+    __slots__ = ()
+
+    def _advance(self) -> None:
+        now = self.kernel.now
+        dt = now - self.last
+        if dt:
+            for f in self.flows:
+                f.remaining -= f.rate * dt / NS_PER_S
+        self.last = now
+
+    def _finish(self) -> list:
+        """On the completion timer: bring the flows up to now, drop and return those done, reschedule."""
+        self.timer = None
+        self._advance()
+        done = [f for f in self.flows if f.left_ns() == 0]
+        self.flows = [f for f in self.flows if f.left_ns() != 0]
+        self._reschedule()
+        return done
+
+
+class _SharedLink(SharedFlows):
     """Processor sharing of one NIC direction among active flows, each optionally capped."""
 
     __slots__ = ("kernel", "owner", "capacity", "flows", "last", "timer", "on_done")
@@ -251,14 +276,6 @@ class _SharedLink:
         self._advance()
         self.flows.append(_Flow(float(nbytes), cap, item))
         self._reschedule()
-
-    def _advance(self) -> None:
-        now = self.kernel.now
-        dt = now - self.last
-        if dt:
-            for f in self.flows:
-                f.remaining -= f.rate * dt / NS_PER_S
-        self.last = now
 
     def _rates(self) -> None:
         # max-min fair share with per-flow caps (water-filling); stable order keeps it deterministic
@@ -279,12 +296,7 @@ class _SharedLink:
         self.timer = self.kernel.timer(self.kernel.now + dt, PRIO_NET, self.owner, self._tick)
 
     def _tick(self) -> None:
-        self.timer = None
-        self._advance()
-        done = [f for f in self.flows if f.left_ns() == 0]
-        self.flows = [f for f in self.flows if f.left_ns() != 0]
-        self._reschedule()
-        for f in done:
+        for f in self._finish():
             self.on_done(f.item)
 
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agents.sim.kernel import PRIO_NET, Kernel, Timer
-from agents.sim.network import NetworkSpec, Transfer, payload_nbytes, transfer_ns
+from agents.sim.network import NetworkSpec, SharedFlows, Transfer, payload_nbytes, transfer_ns
 from agents.sim.routes import TopologySpec
-from agents.sim.types import NS_PER_S, VirtualTime
+from agents.sim.types import VirtualTime
 from agents.sim.worker import Message, SendHandle
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,7 +68,7 @@ class _Flow:
         return transfer_ns(max(self.remaining, 0.0), self.rate)
 
 
-class TopologyNetwork:
+class TopologyNetwork(SharedFlows):
     """The Network of a run with a topology: every flow of the (single) agent over shared directed links."""
 
     def __init__(self, kernel: Kernel, spec: NetworkSpec, env: "Environment"):
@@ -139,14 +139,6 @@ class TopologyNetwork:
         self.kernel.workers[owner].ring(name)
 
     # ------------------------------------------------------------- flows
-    def _advance(self) -> None:
-        now = self.kernel.now
-        dt = now - self.last
-        if dt:
-            for f in self.flows:
-                f.remaining -= f.rate * dt / NS_PER_S
-        self.last = now
-
     def _reschedule(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
@@ -158,11 +150,7 @@ class TopologyNetwork:
         self.timer = self.kernel.timer(self.kernel.now + first.left_ns(), PRIO_NET, first.owner, self._tick)
 
     def _tick(self) -> None:
-        self.timer = None
-        self._advance()
-        done = [f for f in self.flows if f.left_ns() == 0]
-        self.flows = [f for f in self.flows if f.left_ns() != 0]
-        self._reschedule()
+        done = self._finish()
         k = self.kernel
         for f in done:
             f.tr.tail = f.tr.done = k.now + f.tr.latency  # the last byte left now, arrives L later

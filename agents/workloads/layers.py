@@ -86,6 +86,16 @@ def _own_flops(m: nn.Module, x_shape: tuple[int, ...], out_shape: tuple[int, ...
     return None
 
 
+def _forward_hooked(model: nn.Module, sample: torch.Tensor, hooks: list) -> None:
+    """One forward pass of ``sample`` without gradients, for its ``hooks``; they are removed however it ends."""
+    try:
+        with torch.no_grad():
+            model(sample)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def layer_table(model: nn.Module, sample: torch.Tensor) -> list[Layer]:
     """The layers of ``model`` in forward order, found by running it once on ``sample`` (a batch).
 
@@ -114,12 +124,7 @@ def layer_table(model: nn.Module, sample: torch.Tensor) -> list[Layer]:
 
         hooks.append(m.register_forward_pre_hook(pre))
         hooks.append(m.register_forward_hook(post))
-    try:
-        with torch.no_grad():
-            model(sample)
-    finally:
-        for h in hooks:
-            h.remove()
+    _forward_hooked(model, sample, hooks)
     if all(own.get(name) is not None for name in order):
         flops = {name: {"formula": own[name]} for name in order}
     else:
@@ -192,12 +197,7 @@ def profile_layers(model: nn.Module, sample: torch.Tensor, repeats: int = 5,
     hooks = [owners[l.name].register_forward_pre_hook(
         lambda mod, args, name=l.name: inputs.setdefault(name, args[0].detach().clone()))
         for l in table]
-    try:
-        with torch.no_grad():
-            model(sample)
-    finally:
-        for h in hooks:
-            h.remove()
+    _forward_hooked(model, sample, hooks)
     out = []
     for i, layer in enumerate(table):
         mod, x = owners[layer.name], inputs[layer.name]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -15,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from controller.launchers.base import AgentFailure
+from tests.helpers import agent_pids, alive
 
-from .conftest import ROOT, run, wait_until
+from .conftest import ROOT, run
 
 LONG = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=1000000", "eval.every=0",
         "recovery.agents=fail",
@@ -28,37 +28,11 @@ def _cli(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _agent_pids(run_dir: Path, n: int) -> list[int]:
-    """Wait until every agent built its vworkers and the run produced rows; their pids, from their logs."""
-    def pids():
-        out = []
-        for i in range(n):
-            p = run_dir / "agents" / f"agent-{i}.log"
-            m = re.search(r"pid (\d+) hosting", p.read_text()) if p.exists() else None
-            if m is None:
-                return None
-            out.append(int(m.group(1)))
-        return out
-
-    found = wait_until(pids, timeout=90, what="the agents to build their vworkers")
-    wait_until(lambda: (run_dir / "metrics.csv").exists() and len((run_dir / "metrics.csv").read_text().splitlines()) > 3,
-               timeout=60, what="the first rows of metrics.csv")
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "\nState:\tZ" not in f.read()
-    except FileNotFoundError:
-        return False
-
-
 def test_a_killed_agent_stops_the_run_with_a_clear_error_and_readable_outputs(tmp_path):
     d = tmp_path / "run"
     proc = _cli(d, LONG)
     try:
-        pids = _agent_pids(d, 2)
+        pids = agent_pids(d, 2, timeout=90, first_rows=True)
         os.kill(pids[1], signal.SIGKILL)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -70,7 +44,7 @@ def test_a_killed_agent_stops_the_run_with_a_clear_error_and_readable_outputs(tm
     with open(d / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows and all(r["vworker"] == "ps0" for r in rows)
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 def test_a_silent_agent_stops_the_run_after_the_agent_timeout(tmp_path):
@@ -78,7 +52,7 @@ def test_a_silent_agent_stops_the_run_after_the_agent_timeout(tmp_path):
     stopped: list[int] = []
 
     def freeze():
-        pids = _agent_pids(d, 2)
+        pids = agent_pids(d, 2, timeout=90, first_rows=True)
         os.kill(pids[0], signal.SIGSTOP)  # alive, but no more heartbeats or answers
         stopped.append(pids[0])
 
@@ -91,21 +65,21 @@ def test_a_silent_agent_stops_the_run_after_the_agent_timeout(tmp_path):
     assert e.value.agent == "0" and "sent nothing for" in e.value.reason
     assert "agent_timeout_s=3" in e.value.reason
     assert "hosting" in e.value.log_tail
-    assert stopped and not _alive(stopped[0]), "the frozen agent must be killed and reaped"
+    assert stopped and not alive(stopped[0]), "the frozen agent must be killed and reaped"
 
 
 def test_ctrl_c_stops_the_controller_and_every_agent_within_seconds(tmp_path):
     d = tmp_path / "run"
     proc = _cli(d, LONG)
     try:
-        pids = _agent_pids(d, 2)
+        pids = agent_pids(d, 2, timeout=90, first_rows=True)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)  # a deadline (a pod's grace period), not a timing
     finally:
         proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err, err
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 def test_an_agent_busy_in_a_long_window_keeps_beating(tmp_path):

@@ -5,6 +5,7 @@ import pytest
 
 from agents.common.units import UnitError, parse_duration, parse_rate, parse_size
 from agents.sim.worker import Worker
+from tests.engine.workers import Sink
 
 MS = 1_000_000
 
@@ -20,17 +21,6 @@ class Sender(Worker):
         for h in self.handles:
             await h
         self.left = [h.done_at for h in self.handles]
-
-
-class Sink(Worker):
-    def __init__(self, name, vid, env, expect=1):
-        super().__init__(name, vid, env)
-        self.expect, self.got = expect, {}
-
-    async def run(self):
-        for _ in range(self.expect):
-            m = await self.recv()
-            self.got[m.src] = m.delivered_at
 
 
 @pytest.mark.parametrize("disc, expected", [

@@ -9,6 +9,7 @@ from agents.sim.kernel import Kernel
 from agents.sim.network import ConstantLatency, NetworkSpec
 from agents.sim.routes import Link, TopologyError, TopologySpec, build_routes, fat_tree_preset, tree_preset
 from agents.sim.worker import Worker
+from tests.engine.workers import Sink
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -24,17 +25,6 @@ class Sender(Worker):
         for h in handles:
             await h
         self.left = [h.done_at for h in handles]
-
-
-class Sink(Worker):
-    def __init__(self, name, vid, env, expect=1):
-        super().__init__(name, vid, env)
-        self.expect, self.got = expect, {}
-
-    async def run(self):
-        for _ in range(self.expect):
-            m = await self.recv()
-            self.got[m.src] = m.delivered_at
 
 
 def build(workers, links, node_of, routes=None, nic=1e15, latency_ns=0):

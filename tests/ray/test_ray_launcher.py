@@ -24,7 +24,7 @@ from controller.plan import make_plan
 from controller.remote import ControllerSettings, RemoteAgents
 from controller.run import execute
 from tests.distributed.conftest import FAST, agents_env, assert_same_outputs, run as run_local
-from tests.helpers import wait_until
+from tests.helpers import agent_pids, wait_until
 
 from .conftest import ROOT, is_loopback, kill_marked, listening, marked_env, need_ray, processes_with
 
@@ -128,23 +128,6 @@ def test_the_token_never_appears_in_what_ray_shows_about_an_actor(tmp_path):
     assert opts["max_restarts"] == 0 and opts["max_concurrency"] == 2
 
 
-def _pids_from_logs(run_dir: Path, n: int) -> list[int]:
-    def pids():
-        out = []
-        for i in range(n):
-            p = run_dir / "agents" / f"agent-{i}.log"
-            m = re.search(r"pid (\d+) hosting", p.read_text()) if p.exists() else None
-            if m is None:
-                return None
-            out.append(int(m.group(1)))
-        return out
-
-    found = wait_until(pids, timeout=240, what="both actors to build their vworkers (logs copied to the run dir)")
-    wait_until(lambda: (run_dir / "metrics.csv").exists() and len((run_dir / "metrics.csv").read_text().splitlines()) > 3,
-               timeout=60, what="the first rows of metrics.csv")
-    return found
-
-
 def test_killing_an_actors_process_stops_the_run_with_a_clear_error_and_leaves_no_ray_process(tmp_path):
     need_ray()
     d, mark = tmp_path / "run", f"ray-kill-{uuid.uuid4().hex[:12]}"
@@ -155,7 +138,8 @@ def test_killing_an_actors_process_stops_the_run_with_a_clear_error_and_leaves_n
     proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "run", *over, f"hydra.run.dir={d}"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=marked_env(mark))
     try:
-        pids = _pids_from_logs(d, 2)
+        pids = agent_pids(d, 2, timeout=240, what="both actors to build their vworkers (logs copied to the run dir)",
+                          first_rows=True)
         # the private cluster for the run listens on 127.0.0.1 only: every Ray server, worker and agent
         ports = listening(processes_with(mark))
         assert ports and all(is_loopback(a) for a, _ in ports), sorted(ports)

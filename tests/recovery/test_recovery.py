@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 
 from controller.outputs import ReplayDiverged
 from tests.distributed.conftest import ROOT, assert_same_outputs, run, wait_until
+from tests.helpers import agent_pids, alive
 
 # about 1 500 rows in ~20 s on the 2-core VM: long enough to kill something in the middle
 RUN = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=1500", "eval.every=500",
@@ -40,29 +40,6 @@ def _rows(run_dir: Path) -> int:
         return max(0, len((run_dir / "metrics.csv").read_text().splitlines()) - 1)
     except FileNotFoundError:
         return 0
-
-
-def _agent_pids(run_dir: Path, n: int) -> list[int]:
-    """The pids of the agents that built their vworkers, from their logs (the newest line of each)."""
-    def pids():
-        out = []
-        for i in range(n):
-            p = run_dir / "agents" / f"agent-{i}.log"
-            found = re.findall(r"pid (\d+) hosting", p.read_text()) if p.exists() else []
-            if not found:
-                return None
-            out.append(int(found[-1]))
-        return out
-
-    return wait_until(pids, timeout=120, what="the agents to build their vworkers")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "\nState:\tZ" not in f.read()
-    except FileNotFoundError:
-        return False
 
 
 def _summary(run_dir: Path) -> dict:
@@ -93,7 +70,7 @@ def test_an_agent_killed_mid_run_is_restarted_and_the_run_ends_as_if_nothing_hap
     d = tmp_path / "run"
     proc = _cli("run", *RUN, f"hydra.run.dir={d}")
     try:
-        pids = _agent_pids(d, 2)
+        pids = agent_pids(d, 2, timeout=120)
         wait_until(lambda: _rows(d) > 400, timeout=120, what="400 rows of metrics.csv")
         os.kill(pids[1], signal.SIGKILL)
         err, _ = proc.communicate(timeout=600)
@@ -107,14 +84,14 @@ def test_an_agent_killed_mid_run_is_restarted_and_the_run_ends_as_if_nothing_hap
     assert [e["event"] for e in events] == ["restart", "caught_up"]
     assert events[0]["agent"] == "1" and events[0]["rows_written"] > 400
     assert json.loads((d / "summary.json").read_text())["recovery"]["agent_restarts"] == 1
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 def test_an_agent_that_stops_answering_is_restarted_too_with_windows_through_the_controller(tmp_path, undisturbed):
     d = tmp_path / "run"
     proc = _cli("run", *RUN, "controller.windows=hub", "controller.agent_timeout_s=3", f"hydra.run.dir={d}")
     try:
-        pids = _agent_pids(d, 2)
+        pids = agent_pids(d, 2, timeout=120)
         wait_until(lambda: _rows(d) > 300, timeout=120, what="300 rows of metrics.csv")
         os.kill(pids[0], signal.SIGSTOP)  # alive, but no more heartbeats or answers
         err, _ = proc.communicate(timeout=600)
@@ -123,14 +100,14 @@ def test_an_agent_that_stops_answering_is_restarted_too_with_windows_through_the
     assert proc.returncode == 0, err
     assert "agent 0 was lost (sent nothing for" in err, err
     assert_identical(undisturbed, d, same_config=False)
-    assert not _alive(pids[0]), "the frozen agent must be killed and reaped"
+    assert not alive(pids[0]), "the frozen agent must be killed and reaped"
 
 
 def test_with_recovery_agents_fail_a_killed_agent_stops_the_run_with_the_agents_error(tmp_path):
     d = tmp_path / "run"
     proc = _cli("run", *RUN, "recovery.agents=fail", f"hydra.run.dir={d}")
     try:
-        pids = _agent_pids(d, 2)
+        pids = agent_pids(d, 2, timeout=120)
         wait_until(lambda: _rows(d) > 100, timeout=120, what="100 rows of metrics.csv")
         os.kill(pids[0], signal.SIGKILL)
         err, _ = proc.communicate(timeout=60)
@@ -146,7 +123,7 @@ def test_a_controller_killed_mid_run_is_finished_by_lockstep_resume_with_identic
     d = tmp_path / "run"
     proc = _cli("run", *RUN, f"hydra.run.dir={d}")
     try:
-        pids = _agent_pids(d, 2)
+        pids = agent_pids(d, 2, timeout=120)
         wait_until(lambda: _rows(d) > 700, timeout=120, what="700 rows of metrics.csv")
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
@@ -154,7 +131,7 @@ def test_a_controller_killed_mid_run_is_finished_by_lockstep_resume_with_identic
         proc.kill()
     written = (d / "metrics.csv").read_bytes()
     # the orphaned agents notice their controller is gone and exit
-    wait_until(lambda: not any(_alive(p) for p in pids), timeout=120, what="the orphaned agents to exit")
+    wait_until(lambda: not any(alive(p) for p in pids), timeout=120, what="the orphaned agents to exit")
     if (d / "summary.json").exists():
         assert not json.loads((d / "summary.json").read_text())["complete"]
     res = _cli("resume", str(d))

@@ -14,9 +14,8 @@ import torch
 
 from agents.common.trust import client_ssl_context, server_ssl_context
 from agents.common.wire import Limits
-from agents.direct import pair_key
-from agents.mesh import (_BLOB, _HELLO, _PREFIX, MAGIC, MAX_UNAUTHENTICATED, MeshError, MeshLinks, MeshListener,
-                         PeerAddress, connect)
+from agents.direct import MAX_UNAUTHENTICATED, pair_key
+from agents.mesh import _BLOB, _HELLO, _PREFIX, MAGIC, MeshError, MeshLinks, MeshListener, PeerAddress, connect
 from protos.lockstep.v1 import mesh_pb2 as mpb
 from tests.helpers import wait_until
 
