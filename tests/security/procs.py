@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.distributed.test_failures import _alive
+from tests.helpers import alive
 
 
 def agents_of(run_id: str) -> list[int]:
     """Pids of the live agent processes started for ``run_id``."""
-    return [pid for pid, argv in agent_argv(run_id).items() if _alive(pid)]
+    return [pid for pid, argv in agent_argv(run_id).items() if alive(pid)]
 
 
 def agent_argv(run_id: str) -> dict[int, list[bytes]]:

@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.distributed.test_failures import LONG, _agent_pids, _alive, _cli
-from tests.helpers import wait_until
+from tests.distributed.test_failures import LONG, _cli
+from tests.helpers import agent_pids, alive, wait_until
 
 from .procs import agents_of as _agents_of
 
@@ -24,7 +24,7 @@ def test_sigterm_mid_run_stops_within_the_grace_period_with_every_output_present
     d = tmp_path / "run"
     proc = _cli(d, LONG)
     try:
-        pids = _agent_pids(d, 2)
+        pids = agent_pids(d, 2, timeout=90, first_rows=True)
         proc.send_signal(signal.SIGTERM)  # what Kubernetes sends on pod deletion, eviction, preemption
         _, err = proc.communicate(timeout=30)
     finally:
@@ -43,7 +43,7 @@ def test_sigterm_mid_run_stops_within_the_grace_period_with_every_output_present
     assert log and all(r["t"] <= summary["virtual_time_ns"] for r in log)
     assert "lockstep_updates_total" in (d / "metrics.prom").read_text()
     assert not (d / "trace.records.jsonl").exists()
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
     for i in range(2):  # each agent was told why, before it was stopped
         assert "the controller was stopped by SIGTERM" in (d / "agents" / f"agent-{i}.log").read_text()
 
@@ -52,7 +52,7 @@ def test_after_a_sigkill_the_trace_and_state_log_are_on_disk_and_inspect_reads_t
     d = tmp_path / "run"
     proc = _cli(d, LONG)
     try:
-        _agent_pids(d, 2)
+        agent_pids(d, 2, timeout=90, first_rows=True)
         wait_until(lambda: len((d / "metrics.csv").read_text().splitlines()) > 40, timeout=60,
                    what="forty rows")
         proc.kill()
