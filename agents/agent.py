@@ -152,6 +152,8 @@ class AgentProcess:
                 return EXIT_FAILED
             finally:
                 self._stop.set()
+                if self.mesh is not None:  # a window thread of direct windows must not outlive the session
+                    self.mesh.stop()
                 self.call.cancel()
 
     async def _serve(self, a: pb.Assignment) -> int:

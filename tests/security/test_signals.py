@@ -52,13 +52,16 @@ def test_after_a_sigkill_the_trace_and_state_log_are_on_disk_and_inspect_reads_t
     d = tmp_path / "run"
     proc = _cli(d, LONG)
     try:
-        agent_pids(d, 2, timeout=90, first_rows=True)
+        pids = agent_pids(d, 2, timeout=90, first_rows=True)
         wait_until(lambda: len((d / "metrics.csv").read_text().splitlines()) > 40, timeout=60,
                    what="forty rows")
         proc.kill()
         proc.communicate(timeout=30)
     finally:
         proc.kill()
+    # the orphaned agents (direct windows: they run the windows among themselves) notice the lost session and
+    # exit; they once ran on for an hour
+    wait_until(lambda: not any(alive(p) for p in pids), timeout=60, what="the orphaned agents to exit")
     assert not (d / "trace.json").exists() and not (d / "summary.json").exists()
     with open(d / "metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["wall_time_s"]]
