@@ -20,6 +20,7 @@ One :class:`AgentProcess` per OS process (a local subprocess, a Kubernetes pod):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -144,6 +145,9 @@ class AgentProcess:
             try:
                 status = await self._serve(a)
                 await self.call.done_writing()  # a Failure just written must reach the controller before a cancel
+                if status != EXIT_OK:  # ... and be read there: wait (briefly) for the controller to end the call
+                    with contextlib.suppress(asyncio.TimeoutError, grpc.RpcError):
+                        await asyncio.wait_for(self.call.code(), timeout=5.0)
                 return status
             except grpc.RpcError as e:
                 if self._stop.is_set():
