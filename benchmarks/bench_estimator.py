@@ -1,10 +1,10 @@
 """The estimator for unseen shapes (issue 14): held-out accuracy of the cost model and of Tianshu's PC.
 
 Times N random shapes per kind (the shapes ``lockstep profile --estimator N`` draws with ``--seed``)
-three times each, interleaved, forward and backward (thread CPU time, Tianshu's N/M differencing,
-fastest of ``--repeats``), then reports per kind and pass, for both estimators (``terms``, the
+three times each, in three round-robin passes over all shapes, forward and backward (thread CPU time,
+Tianshu's N/M differencing, fastest of ``--repeats``), then reports per kind and pass, for both estimators (``terms``, the
 default cost model, and ``pc``, Tianshu's principal component with a small regression):
-- the repeat spread: |t1 - t2| / t2 between two measurements of the same shape — a perfect model,
+- the repeat spread: |t1 - t2| / t2 between two measurements of the same shape, minutes apart — a perfect model,
   scored against one measurement, errs by about this much divided by sqrt(2) ("noise floor");
 - the in-sample error: the estimator fitted on every shape's first measurement, scored on the second —
   what its form cannot express, plus the noise floor;
@@ -35,7 +35,10 @@ PASSES = ("forward", "backward")
 METHODS = ("pc", "terms")
 
 
-def measure(kinds: tuple[str, ...], shapes: int, repeats: int, seed: int) -> list[dict]:
+def measure(kinds: tuple[str, ...], shapes: int, repeats: int, seed: int, passes: int = 3) -> list[dict]:
+    """``passes`` timings of every shape, taken in round-robin passes over all shapes of a kind: two timings of
+    one shape are minutes apart, so their spread includes the machine's load drifting (back-to-back repeats,
+    the protocol before, hid it: docs/benchmarks.md)."""
     import torch
 
     from agents.sim import keyed
@@ -46,23 +49,24 @@ def measure(kinds: tuple[str, ...], shapes: int, repeats: int, seed: int) -> lis
     rows = []
     for kind in kinds:
         t0 = time.perf_counter()
+        ops = []
         for i in range(shapes):  # the same keyed shapes as fit_estimators(seed)
             mod, x, feats = _random_op(kind, keyed.generator(seed, "estimator", kind, i))
             xg = x.clone().requires_grad_(True)
             y = mod(xg)
-            go, wrt = torch.ones_like(y), [*mod.parameters(), xg]
+            ops.append((mod, x, y, torch.ones_like(y), [*mod.parameters(), xg]))
+            rows.append({"kind": kind, "features": feats, "forward": [], "backward": []})
+        mine = rows[-shapes:]
+        for _ in range(passes):
+            for row, (mod, x, y, go, wrt) in zip(mine, ops):
+                def forward(mod=mod, x=x):
+                    with torch.no_grad():
+                        return mod(x)
 
-            def forward():
-                with torch.no_grad():
-                    return mod(x)
-
-            row = {"kind": kind, "features": feats, "forward": [], "backward": []}
-            for _ in range(3):
                 row["forward"].append(time_nm(forward, repeats=repeats))
-                row["backward"].append(time_nm(lambda: torch.autograd.grad(y, wrt, go, retain_graph=True),
+                row["backward"].append(time_nm(lambda y=y, wrt=wrt, go=go: torch.autograd.grad(y, wrt, go, retain_graph=True),
                                                repeats=repeats))
-            rows.append(row)
-        print(f"measured {shapes} {kind} shapes in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        print(f"measured {shapes} {kind} shapes ({passes} passes) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return rows
 
 

@@ -207,15 +207,18 @@ def quantities(kind: str, f: dict[str, float], simd: int = SIMD, l2: int = L2_BY
          "out": n * co * h_out * w_out, "weights": co * c * k_h * k_w, "im2col": n * c * k_h * k_w * h_out * w_out,
          # multiply-adds on the channels each oneDNN kernel pads to a block: out / in+out / in / both by half blocks
          "flops_co": taps * c * _up(co, simd), "flops_blocked": taps * _up(c, simd) * _up(co, simd),
-         "flops_ci": taps * _up(c, simd) * co, "flops_half": taps * _up(c, half) * _up(co, half)}
+         "flops_ci": taps * _up(c, simd) * co, "flops_half": taps * _up(c, half) * _up(co, half),
+         # the direct kernel's loop over kernel taps and output-channel blocks: its cost per tap when c is tiny
+         "taps_co": taps * _up(co, simd)}
     one_by_one = k_h == 1 and k_w == 1 and f["h"] % s_h == 0 and f["w"] % s_w == 0  # oneDNN's 1x1 kernel applies
     gates = {"fwd1x1": one_by_one, "fwd_direct": not one_by_one,  # forward: 1x1 kernel (blocked input) or direct
              "strided": s_h > 1 or s_w > 1, "unstrided": s_h == 1 and s_w == 1,  # data gradient kernel
              "wgt_half": not one_by_one and 4 <= c and c % simd != 0,  # weight gradient: AVX2 kernel, half blocks
              "wgt_flat": not one_by_one and c < 4,  # AVX-512 kernel reading the plain input
-             "wgt_blocked": one_by_one or c % simd == 0}  # AVX-512 kernel on blocked input
+             "wgt_blocked": one_by_one or c % simd == 0,  # AVX-512 kernel on blocked input
+             "in_blocked": c % simd == 0}  # the direct kernels reorder the input into blocks
     for g, v in gates.items():
-        for name in ("one", "in", "out", "flops_co", "flops_blocked", "flops_ci", "flops_half"):
+        for name in ("one", "in", "out", "flops_co", "flops_blocked", "flops_ci", "flops_half", "taps_co"):
             q[f"{name}@{g}"] = q[name] * v
     return q
 
@@ -230,12 +233,12 @@ TERMS: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("Conv2d", "native", "forward"): ("one", "images", "flops", "im2col", "in", "out", "weights"),
     ("Conv2d", "native", "backward"): ("one", "images", "flops", "im2col", "in", "out", "weights"),
     # oneDNN: the kernel's padded multiply-adds, reorders of input (more for the 1x1 kernel), output and weights
-    ("Conv2d", "mkldnn", "forward"): ("one", "flops_co@fwd_direct", "flops_blocked@fwd1x1", "in", "out", "weights",
-                                      "one@fwd1x1", "in@fwd1x1"),
+    ("Conv2d", "mkldnn", "forward"): ("one", "flops_co@fwd_direct", "taps_co@fwd_direct", "flops_blocked@fwd1x1",
+                                      "in", "out", "weights", "one@fwd1x1", "in@fwd1x1", "in@in_blocked"),
     # data gradient (strided kernel + channels-last copies, or direct) plus weight gradient (three kernels)
     ("Conv2d", "mkldnn", "backward"): ("one", "flops_ci@strided", "flops_blocked@unstrided", "flops_half@wgt_half",
                                        "flops_co@wgt_flat", "flops_blocked@wgt_blocked", "in", "out", "weights",
-                                       "one@strided", "in@strided", "out@strided"),
+                                       "one@strided", "in@strided", "out@strided", "in@wgt_half", "out@wgt_half"),
 }
 """The candidate terms of each (kind, backend, pass); a fit keeps those with a non-negative cost."""
 
