@@ -14,7 +14,7 @@ default cost model, and ``pc``, Tianshu's principal component with a small regre
   measurement and scored on the second ("t1 → t2", the headline), or fitted and scored on the median
   of the three ("median 3").
 Run: .venv/bin/python benchmarks/bench_estimator.py [--shapes 200] [--seed 0] [--repeats 5]
-     [--save F | --load F [F ...]] [--kinds Linear,Conv2d]
+     [--save F | --load F [F ...]] [--kinds Linear,Conv2d] | --drift A B
 """
 from __future__ import annotations
 
@@ -63,9 +63,11 @@ def measure(kinds: tuple[str, ...], shapes: int, repeats: int, seed: int, passes
                     with torch.no_grad():
                         return mod(x)
 
+                def backward(y=y, wrt=wrt, go=go):
+                    return torch.autograd.grad(y, wrt, go, retain_graph=True)
+
                 row["forward"].append(time_nm(forward, repeats=repeats))
-                row["backward"].append(time_nm(lambda y=y, wrt=wrt, go=go: torch.autograd.grad(y, wrt, go, retain_graph=True),
-                                               repeats=repeats))
+                row["backward"].append(time_nm(backward, repeats=repeats))
         print(f"measured {shapes} {kind} shapes ({passes} passes) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return rows
 
@@ -120,6 +122,24 @@ def report(rows: list[dict], simd: int, l2: int) -> None:
         f"{name} {100 * np.mean(v):.1f} % ({100 - 100 * np.mean(v):.1f} %)" for name, v in totals.items()))
 
 
+def drift(a: list[dict], b: list[dict]) -> None:
+    """The same shapes measured in two sessions: how far apart the two medians of three are, beyond a common
+    speed ratio (the load of the whole machine): the noise floor of a measurement taken at another moment."""
+    print("| kind/pass | session B / A (median) | between sessions, single timing | between sessions, median of 3 |")
+    print("|---|---|---|---|")
+    for kind in KINDS:
+        ra, rb = [r for r in a if r["kind"] == kind], [r for r in b if r["kind"] == kind]
+        if not ra or len(ra) != len(rb):
+            continue
+        for phase in PASSES:
+            A, B = np.array([r[phase] for r in ra]), np.array([r[phase] for r in rb])
+            ma, mb = np.median(A, axis=1), np.median(B, axis=1)
+            ratio = float(np.median(mb / ma))
+            single = np.abs(B[:, 0] / ratio - A[:, 0]) / A[:, 0] / np.sqrt(2)
+            three = np.abs(mb / ratio - ma) / ma / np.sqrt(2)
+            print(f"| {kind}/{phase} | {ratio:.3f} | {100 * single.mean():.1f} % | {100 * three.mean():.1f} % |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", type=int, default=200)
@@ -130,7 +150,12 @@ def main() -> None:
     ap.add_argument("--load", type=Path, nargs="+", help="timings of earlier --save runs: refit without measuring")
     ap.add_argument("--simd", type=int, default=0, help="channel block of the host that measured (0: this host)")
     ap.add_argument("--l2", type=int, default=0, help="its per-core L2 cache in bytes (0: this host)")
+    ap.add_argument("--drift", type=Path, nargs=2, metavar=("A", "B"),
+                    help="two --save files of the same shapes: the noise between the two sessions")
     a = ap.parse_args()
+    if a.drift:
+        drift(*(json.loads(f.read_text()) for f in a.drift))
+        return
     kinds = tuple(k for k in a.kinds.split(",") if k)
     if a.load:
         rows = [r for f in a.load for r in json.loads(f.read_text()) if r["kind"] in kinds]

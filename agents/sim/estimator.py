@@ -212,7 +212,8 @@ def quantities(kind: str, f: dict[str, float], simd: int = SIMD, l2: int = L2_BY
          "taps_co": taps * _up(co, simd)}
     one_by_one = k_h == 1 and k_w == 1 and f["h"] % s_h == 0 and f["w"] % s_w == 0  # oneDNN's 1x1 kernel applies
     gates = {"fwd1x1": one_by_one, "fwd_direct": not one_by_one,  # forward: 1x1 kernel (blocked input) or direct
-             "strided": s_h > 1 or s_w > 1, "unstrided": s_h == 1 and s_w == 1,  # data gradient kernel
+             "strided": s_h > 1 or s_w > 1,  # data gradient: strided kernel with channels-last copies, or
+             "unstrided": s_h == 1 and s_w == 1,  # a kernel on channel blocks (direct, or 1x1)
              "wgt_half": not one_by_one and 4 <= c and c % simd != 0,  # weight gradient: AVX2 kernel, half blocks
              "wgt_flat": not one_by_one and c < 4,  # AVX-512 kernel reading the plain input
              "wgt_blocked": one_by_one or c % simd == 0,  # AVX-512 kernel on blocked input

@@ -136,7 +136,7 @@ def test_the_cost_model_recovers_a_noiseless_sum_of_its_terms_exactly():
 
 def test_each_convolution_backend_gets_its_own_law_recovered_exactly():
     native = (3e-6, 2e-7, 1e-10, 3e-10, 2e-10, 4e-10, 5e-10)
-    onednn = (9e-6, 3e-11, 5e-11, 4e-10, 6e-10, 1e-9, 2e-5, 8e-10)
+    onednn = (9e-6, 3e-11, 2e-10, 5e-11, 4e-10, 6e-10, 1e-9, 2e-5, 8e-10, 3e-10)
     laws = {"native": _law("Conv2d", "native", "forward", native), "mkldnn": _law("Conv2d", "mkldnn", "forward", onednn)}
     feats = _conv_samples()
     m = fit("Conv2d", "forward", [(f, laws[regime_of("Conv2d", f)](f)) for f in feats], holdout=0.1)
@@ -181,12 +181,14 @@ def test_the_backend_rule_is_atens_choice_on_one_thread():
 _VERBOSE_PROBE = """
 import sys, torch
 torch.set_num_threads(1)
-n, c, co, k, s, hw = map(int, sys.argv[1:])
-m = torch.nn.Conv2d(c, co, k, s, k // 2)
-x = torch.randn(n, c, hw, hw, requires_grad=True)
-y = m(x)
-print("#bwd", flush=True)
-torch.autograd.grad(y, [*m.parameters(), x], torch.ones_like(y))
+for case in sys.argv[1:]:
+    n, c, co, k, s, hw = map(int, case.split(","))
+    m = torch.nn.Conv2d(c, co, k, s, k // 2)
+    x = torch.randn(n, c, hw, hw, requires_grad=True)
+    print("#forward", flush=True)
+    y = m(x)
+    print("#backward", flush=True)
+    torch.autograd.grad(y, [*m.parameters(), x], torch.ones_like(y))
 """
 
 
@@ -195,22 +197,24 @@ torch.autograd.grad(y, [*m.parameters(), x], torch.ones_like(y))
 def test_the_gates_name_the_kernels_onednn_runs():
     """ONEDNN_VERBOSE=1 prints each convolution kernel oneDNN runs; the terms' gates must name the same ones."""
     cases = [(8, 9, 20, 1, 2, 12), (8, 9, 20, 1, 2, 13), (6, 2, 12, 3, 2, 15), (6, 2, 12, 3, 1, 15),
-             (6, 12, 12, 5, 1, 15), (6, 16, 12, 3, 2, 15)]
-    env = {**os.environ, "ONEDNN_VERBOSE": "1"}
-    for n, c, co, k, s, hw in cases:
-        out = subprocess.run([sys.executable, "-c", _VERBOSE_PROBE, *map(str, (n, c, co, k, s, hw))], env=env,
-                             capture_output=True, text=True, check=True).stdout
-        fwd, bwd = out.split("#bwd")
+             (6, 12, 12, 5, 1, 15), (6, 16, 12, 3, 2, 15), (16, 5, 12, 1, 1, 14)]
+    out = subprocess.run([sys.executable, "-c", _VERBOSE_PROBE, *(",".join(map(str, c)) for c in cases)],
+                         env={**os.environ, "ONEDNN_VERBOSE": "1"}, capture_output=True, text=True, check=True).stdout
+    runs = out.split("#forward")[1:]
+    assert len(runs) == len(cases)
+    for (n, c, co, k, s, hw), run in zip(cases, runs):
+        fwd, bwd = run.split("#backward")
         kernels = lambda text, prop: [line.split(",")[6] for line in text.splitlines()  # noqa: E731
                                       if ",exec,cpu,convolution," in line and f",{prop}," in line]
         f = {"n": n, "c_in": c, "h": hw + 2 * (k // 2), "w": hw + 2 * (k // 2), "c_out": co, "k_h": k, "k_w": k,
              "s_h": s, "s_w": s, "p_h": k // 2, "p_w": k // 2}
         assert regime_of("Conv2d", f) == "mkldnn"
         q = quantities("Conv2d", f)
-        assert kernels(fwd, "forward_training")[0].startswith("jit_1x1:" if q["one@fwd1x1"] else "jit:avx512")
-        assert kernels(bwd, "backward_data")[0].startswith("brgconv_strided" if q["one@strided"] else "jit:avx512")
+        assert kernels(fwd, "forward_training")[0].startswith("jit_1x1:" if q["one@fwd1x1"] else "jit:avx512"), f
+        blocked = "jit_1x1:" if q["one@fwd1x1"] else "jit:avx512"  # both on channel blocks: flops_blocked@unstrided
+        assert kernels(bwd, "backward_data")[0].startswith("brgconv_strided" if q["one@strided"] else blocked), f
         weight = kernels(bwd, "backward_weights")[0]
-        assert weight.startswith("jit:avx2" if q["one@wgt_half"] else ("jit_1x1" if q["one@fwd1x1"] else "jit:avx512"))
+        assert weight.startswith("jit:avx2" if q["one@wgt_half"] else ("jit_1x1" if q["one@fwd1x1"] else "jit:avx512")), f
 
 
 def test_a_cost_model_round_trips_and_estimates_a_real_convolution():
@@ -234,21 +238,27 @@ def _stored(name):
     return json.loads((ROOT / "benchmarks" / "data" / name).read_text())
 
 
-def _heldout(rows, kind, phase, score, folds=10):
-    """bench_estimator's protocol: 10-fold cross-validation grouped by shape."""
+def _heldout(rows, kind, phase, fit_on, score_on, folds=10):
+    """bench_estimator's protocol: 10-fold cross-validation grouped by shape (its host: AVX-512, 1 MiB L2)."""
     rs = [r for r in rows if r["kind"] == kind]
     order = np.random.default_rng(0).permutation(len(rs))
     errs = []
     for k in range(folds):
         test = order[k::folds]
         train = np.setdiff1d(order, test)
-        m = fit(kind, phase, [(rs[i]["features"], score(rs[i][phase])) for i in train], holdout=0, simd=16, l2=1 << 20)
-        errs += [abs(m.seconds(rs[i]["features"]) - score(rs[i][phase])) / score(rs[i][phase]) for i in test]
+        m = fit(kind, phase, [(rs[i]["features"], float(fit_on(rs[i][phase]))) for i in train], holdout=0, simd=16,
+                l2=1 << 20)
+        errs += [abs(m.seconds(rs[i]["features"]) - score_on(rs[i][phase])) / score_on(rs[i][phase]) for i in test]
     return float(np.mean(errs))
 
 
-def test_the_cost_model_beats_93_percent_on_the_stored_profiles_held_out_shapes():
-    rows = _stored("estimator-seed1.json")
-    med = lambda t: float(np.median(t))  # noqa: E731
-    errs = {(k, ph): _heldout(rows, k, ph, med) for k in ("Linear", "Conv2d") for ph in ("forward", "backward")}
-    assert 1 - np.mean(list(errs.values())) > 0.93, errs
+def test_the_cost_model_beats_93_percent_on_stored_timings_of_shapes_it_never_saw():
+    # seed 2: 200 shapes per kind measured after the terms were frozen (benchmarks/data/README.md); bench_estimator's
+    # protocol and Tianshu's accuracy (1 - mean relative error), over Linear and Conv2d, forward and backward
+    rows = _stored("estimator-seed2.json")
+    single = {(k, ph): _heldout(rows, k, ph, lambda t: t[0], lambda t: t[1])
+              for k in ("Linear", "Conv2d") for ph in ("forward", "backward")}
+    median = {(k, ph): _heldout(rows, k, ph, np.median, np.median)
+              for k in ("Linear", "Conv2d") for ph in ("forward", "backward")}
+    assert 1 - np.mean(list(single.values())) == pytest.approx(0.934, abs=5e-4), single
+    assert 1 - np.mean(list(median.values())) == pytest.approx(0.948, abs=5e-4), median
