@@ -182,9 +182,9 @@ _VERBOSE_PROBE = """
 import sys, torch
 torch.set_num_threads(1)
 for case in sys.argv[1:]:
-    n, c, co, k, s, hw = map(int, case.split(","))
+    n, c, co, k, s, h, w = map(int, case.split(","))
     m = torch.nn.Conv2d(c, co, k, s, k // 2)
-    x = torch.randn(n, c, hw, hw, requires_grad=True)
+    x = torch.randn(n, c, h, w, requires_grad=True)
     print("#forward", flush=True)
     y = m(x)
     print("#backward", flush=True)
@@ -196,17 +196,18 @@ for case in sys.argv[1:]:
                     reason="the gates encode oneDNN's kernel choices on AVX-512")
 def test_the_gates_name_the_kernels_onednn_runs():
     """ONEDNN_VERBOSE=1 prints each convolution kernel oneDNN runs; the terms' gates must name the same ones."""
-    cases = [(8, 9, 20, 1, 2, 12), (8, 9, 20, 1, 2, 13), (6, 2, 12, 3, 2, 15), (6, 2, 12, 3, 1, 15),
-             (6, 12, 12, 5, 1, 15), (6, 16, 12, 3, 2, 15), (16, 5, 12, 1, 1, 14)]
+    # (n, c_in, c_out, k, s, h, w): the 1x1 kernel when the input divides by the stride in both dimensions only
+    cases = [(8, 9, 20, 1, 2, 12, 12), (8, 9, 20, 1, 2, 13, 12), (8, 9, 20, 1, 2, 12, 13), (6, 2, 12, 3, 2, 15, 15),
+             (6, 2, 12, 3, 1, 15, 15), (6, 12, 12, 5, 1, 15, 15), (6, 16, 12, 3, 2, 15, 15), (16, 5, 12, 1, 1, 14, 14)]
     out = subprocess.run([sys.executable, "-c", _VERBOSE_PROBE, *(",".join(map(str, c)) for c in cases)],
                          env={**os.environ, "ONEDNN_VERBOSE": "1"}, capture_output=True, text=True, check=True).stdout
     runs = out.split("#forward")[1:]
     assert len(runs) == len(cases)
-    for (n, c, co, k, s, hw), run in zip(cases, runs):
+    for (n, c, co, k, s, h, w), run in zip(cases, runs):
         fwd, bwd = run.split("#backward")
         kernels = lambda text, prop: [line.split(",")[6] for line in text.splitlines()  # noqa: E731
                                       if ",exec,cpu,convolution," in line and f",{prop}," in line]
-        f = {"n": n, "c_in": c, "h": hw + 2 * (k // 2), "w": hw + 2 * (k // 2), "c_out": co, "k_h": k, "k_w": k,
+        f = {"n": n, "c_in": c, "h": h + 2 * (k // 2), "w": w + 2 * (k // 2), "c_out": co, "k_h": k, "k_w": k,
              "s_h": s, "s_w": s, "p_h": k // 2, "p_w": k // 2}
         assert regime_of("Conv2d", f) == "mkldnn"
         q = quantities("Conv2d", f)
