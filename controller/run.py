@@ -315,7 +315,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             except AgentFailure as e:
                 if not recovery.restart(e, out):
                     raise
-                launcher.close(abort=f"agent {e.agent} was lost; the run restarts its agents")
+                launcher.close(abort=f"agent {e.agent} was lost; the run restarts its agents", restart=True)
                 out.rewind()
                 if observer is not None:
                     observer.rewind()

@@ -289,8 +289,8 @@ class OutputsConfig:
 class RecoveryConfig:
     """What happens when an agent process or the controller dies (docs/recovery.md, DESIGN §11)."""
 
-    agents: RecoveryAgents = doc(RecoveryAgents.restart, "restart: a dead or silent agent process (launcher=local) "
-                                 "makes the controller restart every agent and replay the run from virtual time 0 "
+    agents: RecoveryAgents = doc(RecoveryAgents.restart, "restart: a dead or silent agent (a process, pod or Ray "
+                                 "actor) makes the controller restart every agent and replay the run from virtual time 0 "
                                  "to where it was, bit-identically; fail: the run stops with the agent's error")
     max_restarts: int = doc(10, "restarts of the agents one run may make before it fails", lo=0)
     resume: ResumeMode = doc(ResumeMode.never, "auto: lockstep run into a run directory that holds an unfinished "

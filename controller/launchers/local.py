@@ -83,8 +83,9 @@ class LocalLauncher:
                 how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
                 raise AgentFailure(str(i), f"its process (pid {p.pid}) {how}", self.log_tail(i), lost=True)
 
-    def stop(self) -> None:
-        """Let agents that were told to shut down exit, then SIGTERM, then SIGKILL; reap all. Idempotent."""
+    def stop(self, restart: bool = False) -> None:
+        """Let agents that were told to shut down exit, then SIGTERM, then SIGKILL; reap all. Idempotent.
+        (``restart``: nothing outlives the agents here.)"""
         self._stopping = True
         deadline = time.monotonic() + self.stop_grace_s
         for sig in (None, signal.SIGTERM, signal.SIGKILL):
