@@ -22,7 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from agents.common.net import LOOPBACK
-from agents.common.wire import DEFAULT_MAX_MESSAGE_BYTES
+from agents.common.net import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = [
     "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "NetworkModel", "Collective",
@@ -558,6 +558,10 @@ class InprocessLauncherConfig(LauncherConfig):
 @dataclass
 class LocalLauncherConfig(LauncherConfig):
     name: str = "local"
+    start_method: str = doc("forkserver", "how agent processes start: forkserver (forked from a server process "
+                                          "that imported torch and lockstep once per controller process: agents are "
+                                          "Ready sooner and share those pages) | spawn (a fresh `python -m agents` "
+                                          "each)", choices=("forkserver", "spawn"))
     stop_grace_s: float = doc(1.0, "seconds agents get to exit after the run (or Ctrl-C) before SIGTERM, then "
                                    "SIGKILL", lo=0)
 
