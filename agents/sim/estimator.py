@@ -269,7 +269,8 @@ def _nonneg_relative_fit(X: np.ndarray, t: np.ndarray) -> np.ndarray:
 def _fit_terms(kind: str, regime: str, phase: str, feats: list[dict[str, float]], t: np.ndarray,
                simd: int, l2: int) -> "Fit":
     names = _terms_of(kind, regime, phase)
-    X = np.array([[quantities(kind, f, simd, l2)[q] for q in names] for f in feats], dtype=float)
+    rows = [quantities(kind, f, simd, l2) for f in feats]
+    X = np.array([[q[name] for name in names] for q in rows], dtype=float)
     return Fit((), "terms", tuple(float(c) for c in _nonneg_relative_fit(X, t)), names)
 
 
