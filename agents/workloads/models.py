@@ -119,6 +119,11 @@ class SmallResNet(nn.Module):
         return self.net(x)
 
 
+FLAT_MAX_BYTES = 16 << 30
+"""``model=flat``'s largest ``model.bytes``: validation builds the model once, and a user who meant MB but typed
+bytes should get a sentence, not an allocation of a terabyte (found by the config fuzzer)."""
+
+
 class Flat(nn.Module):
     """One float32 tensor of ``bytes`` bytes (rounded down to whole floats): a model for network experiments.
 
@@ -130,11 +135,13 @@ class Flat(nn.Module):
     """
 
     def __init__(self, bytes: int | str = 1_000_000, num_classes: int = 10) -> None:  # noqa: A002 - model.bytes
+        """Raises ValueError (one sentence) for a size outside [4 · num_classes, FLAT_MAX_BYTES]."""
         super().__init__()
         n = int(parse_size(bytes, "model.bytes")) // 4
-        if n < num_classes:
+        if not num_classes <= n <= FLAT_MAX_BYTES // 4:
             raise ValueError(f"model.bytes={bytes!r} is not valid; accepted: at least {4 * num_classes} bytes "
-                             f"(one float32 per class).")
+                             f"(one float32 per class) and at most {FLAT_MAX_BYTES} (16GiB: every vworker "
+                             f"holding it is a copy).")
         self.num_classes = num_classes
         self.weight = nn.Parameter(torch.randn(n) * 0.01)
 
@@ -176,7 +183,8 @@ def build_model(cfg_or_target: str | Mapping[str, Any] | DictConfig, seed: int) 
         try:
             model = hydra.utils.instantiate({**cfg, "_target_": target}, _convert_="all")
         except InstantiationException as e:  # import and constructor errors alike
-            raise ValueError(f"model._target_={target!r} could not be instantiated: {e}") from e
+            cause = " ".join(str(e.__cause__ or e).split())  # one line: the config error is one sentence
+            raise ValueError(f"model._target_={target!r} could not be instantiated: {cause[:300]}") from e
     if not isinstance(model, nn.Module):
         raise TypeError(f"model._target_={target!r} built a {type(model).__name__}, not a torch.nn.Module.")
     return model

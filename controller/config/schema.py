@@ -464,7 +464,7 @@ class StrategyConfig:
 
 @dataclass
 class ShardedPSConfig(StrategyConfig):
-    shards: int = doc(1, "PS shards (parameters split by tensor over ps0..ps{S-1})", lo=1)
+    shards: int = doc(1, "PS shards (parameters split by tensor over ps0..ps{S-1})", lo=1, hi=1024)
 
 
 @dataclass

@@ -825,7 +825,7 @@ def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -
             pass  # reported by _check_fields
     if model == "distribution" and not c.params:
         p.bad("compute.params", c.params, "a non-empty list of numbers (the distribution's parameters in seconds)")
-    unknown_kinds = sorted(set(c.kinds) - set(KINDS))
+    unknown_kinds = [k for k in c.kinds if not isinstance(k, str) or k not in KINDS]  # [[1, 2]] is not hashable
     if unknown_kinds:
         p.bad("compute.kinds", c.kinds, "a list of " + " | ".join(KINDS))
     straggle = c.straggle

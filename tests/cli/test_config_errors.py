@@ -120,3 +120,19 @@ def test_a_sweep_with_one_bad_point_fails_before_any_job_runs(tmp_path):
     assert "job 1 (lr=-1" in p.stderr and "lr=-1 is not valid; accepted: a number > 0." in p.stderr
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("overrides, expected", [  # each found by the config fuzzer (benchmarks/bench_fuzz.py)
+    (["strategy=ps_async", "strategy.shards=1000000000000"],
+     "strategy.shards=1000000000000 is not valid; accepted: an integer >= 1 and <= 1024."),  # was a MemoryError
+    (["model=flat", "model.bytes=1000000000000"],  # was a multi-line allocator error
+     "model.bytes=1000000000000 is not valid; accepted: at least 40 bytes (one float32 per class) and at most "
+     "17179869184 (16GiB: every vworker holding it is a copy)."),
+    (["compute.kinds=[[1,2],[3,4]]"],  # was a TypeError (a list is not hashable)
+     "compute.kinds=[[1,2],[3,4]] is not valid; accepted: a list of gradient | update | aggregate."),
+])
+def test_inputs_the_fuzzer_broke_are_refused_in_one_sentence(overrides, expected):
+    with pytest.raises(ConfigError) as e:
+        load(overrides)
+    assert len(e.value.problems) == 1 and e.value.problems[0].endswith(expected), e.value.problems
+    assert "\n" not in e.value.problems[0]
