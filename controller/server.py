@@ -375,8 +375,9 @@ class ControllerServer:
 
     async def _start(self) -> int:
         limit = self.settings.max_message_bytes + 64 * 1024
+        self.gate = _Gate(self)  # its in_flight counts the open calls of each agent (read by tests)
         self._server = grpc.aio.server(
-            interceptors=[_Gate(self)],
+            interceptors=[self.gate],
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                      ("grpc.so_reuseport", 0),
                      # one connection cannot open streams without end, nor stall its TLS handshake

@@ -78,7 +78,10 @@ def test_a_token_holder_who_never_sends_its_request_is_cut_off_and_cannot_hoard_
     try:
         with grpc.insecure_channel(s.address) as ch:
             first = _raw(ch)(_stalled(release), metadata=register_metadata(0), timeout=30)
-            wait_until(lambda: s.refusals.total == 0 and first.running(), timeout=5, what="the call to start")
+            # the server holds the slot (not just the client's call started): on a loaded host the second call
+            # must not reach the server first, nor after the first was already cut off
+            wait_until(lambda: s.refusals.total == 0 and s.gate.in_flight.get(("Register", 0)) == 1, timeout=5,
+                       what="the server to hold the first call")
             second = _raw(ch)(_stalled(release), metadata=register_metadata(0), timeout=30)
             with pytest.raises(grpc.RpcError) as e:
                 next(second)
