@@ -14,7 +14,7 @@ import sys
 
 from agents.observe.logs import configure_logging
 
-__all__ = ["main"]
+__all__ = ["main", "forked"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,11 +62,22 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    code = main()
-    # an agent process has nothing left to clean up: skip the interpreter's teardown (torch's takes ~1 s
-    # on a loaded machine), which the controller would otherwise wait for at the end of every run
+def forked(argv: list[str], env: dict[str, str], log_path: str) -> None:
+    """The target of an agent forked by ``launcher=local`` (``start_method=forkserver``): :func:`agents.forked.run`,
+    imported here only in the child, where the forkserver has imported it already."""
+    from agents.forked import run
+
+    run(argv, env, log_path)
+
+
+def exit_now(code: int) -> None:
+    """End an agent process: flush its logs and skip the interpreter's teardown (torch's takes ~1 s on a
+    loaded machine), which the controller would otherwise wait for at the end of every run."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    exit_now(main())

@@ -49,6 +49,36 @@ def peak_memory(device: str | None = None) -> dict[str, int]:
     return out
 
 
+COMPACT_FROM_VWORKERS = 1000
+"""``memory=auto`` makes an agent's allocator compact from this many vworkers on (docs/engine.md, *Scale*)."""
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+COMPACT_MMAP_THRESHOLD = 128 * 1024
+
+
+def use_memory(mode: str, vworkers: int) -> bool:
+    """Apply ``memory=mode`` to this process's allocator; True when it is now compact.
+
+    compact: every allocation of 128 KiB or more — every tensor worth returning — gets its own mapping and goes
+    back to the OS when freed (``mallopt(M_MMAP_THRESHOLD, 128 KiB)``, which also stops glibc from raising the
+    threshold after the first such free, exactly as ``MALLOC_MMAP_THRESHOLD_=131072`` does). Without it glibc
+    serves later tensors from a heap whose freed middle is never given back: 10 000 ps_async vworkers peaked at
+    8.46 GiB instead of 6.70 GiB (docs/benchmarks.md, issue 11). It costs a page fault per page of each fresh
+    tensor (~17 % more CPU on the default CNN), so ``auto`` keeps glibc's default below
+    ``COMPACT_FROM_VWORKERS`` vworkers per agent. A process cannot go back: ``fast`` leaves the allocator as it is.
+    """
+    if mode == "fast" or (mode == "auto" and vworkers < COMPACT_FROM_VWORKERS):
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, COMPACT_MMAP_THRESHOLD))
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to set
+        log.warning("memory=%s: this C library has no mallopt; its allocator is left as it is", mode)
+        return False
+
+
 class AgentCore:
     """Builds the vworkers placed on ``agent_id`` and runs them window by window."""
 
@@ -64,6 +94,7 @@ class AgentCore:
         self.kernel = Kernel()
         self.local = plan.local_ids(agent_id)
         wl = plan.workload
+        self.compact_memory = use_memory(wl.memory, len(self.local))  # before the vworkers allocate anything
         classes = {vid: import_path(plan.vworkers[vid].cls) for vid in self.local}
         needs_training = any(issubclass(c, TrainingWorker) for c in classes.values())
         self.training = Training(wl, plan.seed, data=data) if needs_training else None
@@ -147,7 +178,8 @@ class AgentCore:
         ex = self.env.executor
         return {"profile_misses": c.profile_misses, "profile_fallbacks": c.profile_fallbacks,
                 "reproducible": c.reproducible, "device": device,
-                "executor": ex.info() if ex is not None else None, "memory": peak_memory(device)}
+                "executor": ex.info() if ex is not None else None,
+                "memory": {**peak_memory(device), "compact": self.compact_memory}}
 
     def close(self) -> None:
         """Stop the executor's background thread (the vworkers are done)."""

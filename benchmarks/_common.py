@@ -34,6 +34,7 @@ def fresh_runs(variants: dict[str, list[str]], repeats: int, keys: tuple[str, ..
     import tempfile
 
     out: dict[str, list[dict]] = {name: [] for name in variants}
+    _adopt_orphans()
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
             for j, (name, overrides) in enumerate(variants.items()):
@@ -43,6 +44,7 @@ def fresh_runs(variants: dict[str, list[str]], repeats: int, keys: tuple[str, ..
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 p = subprocess.run([sys.executable, "-c", code, f"{d}/{i}-{j}", json.dumps(overrides), json.dumps(keys)],
                                    capture_output=True, text=True)
+                _reap_orphans()
                 after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 if p.returncode:
                     raise RuntimeError(f"{name} failed:\n{p.stderr[-4000:]}")
@@ -53,6 +55,30 @@ def fresh_runs(variants: dict[str, list[str]], repeats: int, keys: tuple[str, ..
                 print(f"  {name} #{i + 1}: wall {s['wall_time_s']:.2f} s, window loop {s['wall_barrier_s']:.2f} s, "
                       f"CPU {s['cpu_s']:.1f} s", file=sys.stderr, flush=True)
     return out
+
+
+def _adopt_orphans() -> None:
+    """Become the child subreaper (Linux): a run's forkserver (launcher=local), whose agents are its children,
+    outlives the run's process by a moment; adopted and reaped here, its CPU and theirs count."""
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _reap_orphans(timeout_s: float = 30.0) -> None:
+    """Wait for every adopted descendant to exit (the forkserver exits when its controller has)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)  # polling for an exit, with a deadline
 
 
 def load_average() -> str:

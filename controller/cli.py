@@ -105,9 +105,19 @@ def _preflight(args: list[str]) -> None:
         if "--multirun" in args or "-m" in args:
             check_sweep(sweep_jobs(overrides))
         elif not any(a in args for a in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")):
-            load(overrides)
+            _warm(load(overrides))
     except ConfigError as e:
         _invalid(e.problems)
+
+
+def _warm(rc) -> None:
+    """A valid run with local agents: start their forkserver now, so that its imports overlap Hydra's set-up."""
+    from controller.config.schema import LocalLauncherConfig
+
+    if isinstance(rc.launcher, LocalLauncherConfig) and rc.launcher.start_method == "forkserver" and rc.agents > 1:
+        from controller.launchers.local import warm_forkserver
+
+        warm_forkserver()
 
 
 def _run(args: list[str]) -> int:

@@ -150,7 +150,7 @@ def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:
                             partition="two_class_non_iid" if rc.partition == "non_iid" else rc.partition,
                             partition_kw=rc.partition_kw, data_holders=holders,
                             batch_size=rc.batch_size[: len(holders)] or (1,), lr=rc.lr, momentum=rc.momentum,
-                            eval_samples=rc.eval_samples, device=rc.device, threads=rc.threads,
+                            eval_samples=rc.eval_samples, device=rc.device, threads=rc.threads, memory=rc.memory,
                             optimizer=rc.optimizer, data_placement=rc.data.placement, cache=rc.data.cache,
                             cache_size=rc.data.cache_size, data_servers=servers)
     settings = {"stop_updates": rc.stop_updates, "eval_every": rc.eval_every, **rc.strategy_settings}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -115,16 +116,24 @@ class Recovery:
             return False
         if not getattr(impl, "restartable", False):
             if e.lost and impl is not None:
-                log.warning("recovery.agents=restart restarts the agents of launcher=local only (docs/recovery.md); "
-                            "this launcher's lost agent stops the run")
+                log.warning("recovery.agents=restart restarts the agents of launcher=local, kubernetes and ray only "
+                            "(docs/recovery.md); this launcher's lost agent stops the run")
             return False
         if not e.lost:  # an error it reported may come from a peer that died: the launcher knows
+            return self._peer_lost(getattr(impl, "loss_grace_s", 0.0))
+        return True
+
+    def _peer_lost(self, grace_s: float) -> bool:
+        """Whether the launcher finds a lost agent within ``grace_s`` (a kubelet or Ray reports a death late)."""
+        deadline, nap = time.monotonic() + grace_s, threading.Event()
+        while True:
             try:
                 self.launcher.check()
             except AgentFailure as dead:
                 return dead.lost
-            return False
-        return True
+            if time.monotonic() >= deadline:
+                return False
+            nap.wait(0.05)
 
     def restart(self, e: AgentFailure, out: Any) -> bool:
         """Whether to restart the agents after ``e`` (and, if so, record it)."""

@@ -334,8 +334,12 @@ class RemoteAgents:
             h.session.send(f)
         return handles
 
-    def close(self, abort: str | None = None) -> None:
-        """Shut the agents down (Done, or Abort), stop the launcher and the server. Idempotent."""
+    def close(self, abort: str | None = None, restart: bool = False) -> None:
+        """Shut the agents down (Done, or Abort), stop the launcher and the server. Idempotent.
+
+        ``restart``: new agents follow (docs/recovery.md); the launcher may keep what they share (Ray's
+        cluster), which the next ``close`` without ``restart`` releases.
+        """
         for h in self.handles:
             try:
                 h.close(abort)
@@ -348,8 +352,11 @@ class RemoteAgents:
                     if aid not in handled:
                         sess.end()
         if self._started:
-            self._started = False
-            self.launcher.stop()
+            self._started = restart  # a restarted launcher still holds its cluster: the last close stops it
+            if restart:
+                self.launcher.stop(restart=True)
+            else:
+                self.launcher.stop()
         if self.server is not None:
             self.server.stop(grace=0 if abort else 0.5)
             self.server = None

@@ -315,7 +315,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             except AgentFailure as e:
                 if not recovery.restart(e, out):
                     raise
-                launcher.close(abort=f"agent {e.agent} was lost; the run restarts its agents")
+                launcher.close(abort=f"agent {e.agent} was lost; the run restarts its agents", restart=True)
                 out.rewind()
                 if observer is not None:
                     observer.rewind()
@@ -447,7 +447,8 @@ def memory_summary(per_process: list[dict[str, int]]) -> dict[str, Any]:
     from agents.core import peak_memory
 
     agents = [m.get("peak_rss_bytes", 0) for m in per_process]
-    out: dict[str, Any] = {"controller_rss_bytes": peak_memory()["peak_rss_bytes"], "agents_rss_bytes": agents}
+    out: dict[str, Any] = {"controller_rss_bytes": peak_memory()["peak_rss_bytes"], "agents_rss_bytes": agents,
+                           "agents_compact": [bool(m.get("compact")) for m in per_process]}  # memory=
     gpu = [m["gpu_peak_allocated_bytes"] for m in per_process if "gpu_peak_allocated_bytes" in m]
     if gpu:
         out["gpu_peak_allocated_bytes"] = gpu

@@ -43,7 +43,7 @@ PROTOCOL_VERSION = 5  # 5: the token in Register's metadata, checked before the 
 # Session and Beat the agent id and the ticket Register returned
 METADATA_TOKEN, METADATA_AGENT = "lockstep-token", "lockstep-agent-id"
 METADATA_TICKET, METADATA_PROTOCOL = "lockstep-ticket", "lockstep-protocol"
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+from agents.common.net import DEFAULT_MAX_MESSAGE_BYTES  # noqa: E402 - re-exported
 _FRAME_OVERHEAD = 1024  # room for the non-data fields of a BlobChunk frame
 _MAX_DEPTH = 64
 _MAX_DIMS = 32  # numpy's limit is 64, torch's 25 for some kernels; no strategy sends more than a few

@@ -46,6 +46,7 @@ class WorkloadSpec:
     cache: str = "none"  # none | lru: each training vworker's node caches fetched samples
     cache_size: int = 3000  # samples
     data_servers: dict[str, list[str]] = field(default_factory=dict)  # worker -> its end devices
+    memory: str = "auto"  # auto | compact | fast: the allocator of each agent process (agents.core.use_memory)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (the plan travels to agents as JSON)."""

@@ -22,7 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from agents.common.net import LOOPBACK
-from agents.common.wire import DEFAULT_MAX_MESSAGE_BYTES
+from agents.common.net import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = [
     "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "NetworkModel", "Collective",
@@ -289,8 +289,8 @@ class OutputsConfig:
 class RecoveryConfig:
     """What happens when an agent process or the controller dies (docs/recovery.md, DESIGN §11)."""
 
-    agents: RecoveryAgents = doc(RecoveryAgents.restart, "restart: a dead or silent agent process (launcher=local) "
-                                 "makes the controller restart every agent and replay the run from virtual time 0 "
+    agents: RecoveryAgents = doc(RecoveryAgents.restart, "restart: a dead or silent agent (a process, pod or Ray "
+                                 "actor) makes the controller restart every agent and replay the run from virtual time 0 "
                                  "to where it was, bit-identically; fail: the run stops with the agent's error")
     max_restarts: int = doc(10, "restarts of the agents one run may make before it fails", lo=0)
     resume: ResumeMode = doc(ResumeMode.never, "auto: lockstep run into a run directory that holds an unfinished "
@@ -561,6 +561,10 @@ class InprocessLauncherConfig(LauncherConfig):
 @dataclass
 class LocalLauncherConfig(LauncherConfig):
     name: str = "local"
+    start_method: str = doc("forkserver", "how agent processes start: forkserver (forked from a server process "
+                                          "that imported torch and lockstep once per controller process: agents are "
+                                          "Ready sooner and share those pages) | spawn (a fresh `python -m agents` "
+                                          "each)", choices=("forkserver", "spawn"))
     stop_grace_s: float = doc(1.0, "seconds agents get to exit after the run (or Ctrl-C) before SIGTERM, then "
                                    "SIGKILL", lo=0)
 
@@ -665,6 +669,12 @@ class LockstepConfig:
     optimizer: Optimizer = doc(Optimizer.sgd, "the optimizer of the model holder (a PS, a local learner)")
     device: str = doc("cpu", "cpu | cuda | cuda:N")
     threads: int = doc(1, "torch intra-op threads per agent process", lo=1)
+    memory: str = doc("auto", "what an agent process's allocator does with freed tensors: compact (glibc's mmap "
+                              "threshold fixed at 128 KiB, as MALLOC_MMAP_THRESHOLD_=131072 would: freed tensors "
+                              "go back to the OS at once; ~17 % more CPU on small models) | fast (glibc's "
+                              "default: freed memory is kept for reuse, and a heap that grew stays grown) | auto "
+                              "(compact where an agent hosts 1000 vworkers or more)",
+                       choices=("auto", "compact", "fast"))
     stop: StopConfig = doc(help="stop conditions", factory=StopConfig)
     eval: EvalConfig = doc(help="evaluation of the global model", factory=EvalConfig)
     data: DataConfig = doc(help="the training data", factory=DataConfig)

@@ -165,6 +165,7 @@ class RunConfig:
     optimizer: str
     device: str
     threads: int
+    memory: str  # auto | compact | fast: the agents' allocator (agents/core.py)
     strategy: str  # dotted path of the Strategy class
     strategy_name: str
     strategy_settings: dict[str, Any]
@@ -553,7 +554,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     return RunConfig(
         raw=raw, run_id=c.run_id, seed=c.seed, workers=workers, agents=agents, placement=c.placement.value,
         batch_size=batch_size, lr=c.lr, momentum=c.momentum, optimizer=c.optimizer.value, device=c.device,
-        threads=c.threads, strategy=f"{strategy_cls.__module__}.{strategy_cls.__qualname__}",
+        threads=c.threads, memory=c.memory, strategy=f"{strategy_cls.__module__}.{strategy_cls.__qualname__}",
         strategy_name=strategy_name, strategy_settings=settings, model=model, stop_updates=c.stop.updates,
         stop_virtual_time_ns=None if stop_vt is None else seconds_to_ns(stop_vt), eval_every=c.eval.every,
         eval_samples=c.eval.samples, data_root=c.data.root, partition=partition, partition_kw=partition_kw,

@@ -52,5 +52,11 @@ class Launcher(Protocol):
     def check(self) -> None:
         """Raise AgentFailure if any agent has failed; cheap enough to call every second."""
 
-    def stop(self) -> None:
-        """Stop and remove every agent (idempotent; also on failure or Ctrl-C)."""
+    def stop(self, restart: bool = False) -> None:
+        """Stop and remove every agent (idempotent; also on failure or Ctrl-C).
+
+        A launcher with ``restartable = True`` may be started again after ``stop`` (a lost agent,
+        docs/recovery.md); ``restart=True`` says that a ``start`` follows at once, so it may keep what
+        belongs to no one set of agents (Ray's connection and private cluster). A later ``stop()``
+        releases that too.
+        """

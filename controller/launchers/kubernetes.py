@@ -6,6 +6,11 @@ controller's pod, so Kubernetes garbage-collects them even if the controller die
 they are owned by the run's token Secret, so ``kubectl delete secret -l lockstep.io/run-id=RUN``
 cleans up after a crash. ``check()`` turns what a kubelet or the scheduler reports (image pull
 errors, OOM kills, crashes, unschedulable pods) into an ``AgentFailure`` naming the pod and why.
+
+A lost agent pod (deleted, evicted, OOM-killed, its container terminated) is ``lost``: with
+``recovery.agents=restart`` the controller stops the run's pods and starts a new set
+(docs/recovery.md). Each set has names of its own (:func:`agent_pod_base`), so a pod still
+terminating, or one a dead controller left behind, never blocks the next.
 """
 from __future__ import annotations
 
@@ -79,6 +84,16 @@ def dns_name(prefix: str, run_id: str, max_len: int = 48) -> str:
         digest = hashlib.sha1(run_id.encode()).hexdigest()[:8]
         name = name[: max_len - 9].rstrip("-") + "-" + digest
     return name
+
+
+def agent_pod_base(run_id: str, incarnation: int = 0) -> str:
+    """The name prefix of a run's agent pods and token Secret: ``lockstep-<run id>`` for the first set of
+    agents, ``lockstep-<run id>-r<k>`` for the k-th set after it (a restart, or a resumed controller's),
+    short enough for the ``-agent-NNNN`` suffix."""
+    if not incarnation:
+        return dns_name("lockstep", run_id)
+    suffix = f"-r{incarnation}"
+    return dns_name("lockstep", run_id, max_len=48 - len(suffix)) + suffix
 
 
 def label_value(value: str) -> str:
@@ -248,6 +263,16 @@ def pod_failure(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+def pod_lost(pod: Mapping[str, Any]) -> bool:
+    """Whether a failed pod lost an agent that was running — phase ``Failed`` (evicted, OOM-killed, an exit
+    status) or its container terminated — rather than one that cannot start (its image, its config, no
+    node): a new pod recovers the first (docs/recovery.md), not the second."""
+    status = pod.get("status") or {}
+    if status.get("phase") == "Failed":
+        return True
+    return any((cs.get("state") or {}).get("terminated") for cs in status.get("containerStatuses") or [])
+
+
 def _with_message(reason: str, message: str | None) -> str:
     return f"{reason}: {message.strip()}" if message and message.strip() else reason
 
@@ -258,7 +283,14 @@ def _is_loopback(address: str) -> bool:
 
 
 class KubernetesLauncher:
-    """Runs each agent as a pod; see the module docstring. ``cfg`` is the ``launcher`` config node."""
+    """Runs each agent as a pod; see the module docstring. ``cfg`` is the ``launcher`` config node.
+
+    ``start`` may be called again after ``stop`` (a restart, docs/recovery.md): the new pods take the
+    first set of names (:func:`agent_pod_base`) that no pod of the run holds, at least this launcher's
+    own next one.
+    """
+
+    restartable = True
 
     def __init__(self, cfg: KubernetesLauncherConfig | None = None):
         self.cfg = cfg if cfg is not None else KubernetesLauncherConfig()
@@ -274,6 +306,12 @@ class KubernetesLauncher:
         self._last_list = -float("inf")
         self._failure: AgentFailure | None = None
         self.job: str | None = None  # the Job owning the controller's pod (in the chart), told about a failure
+        self.incarnation = -1  # the set of agents started last: 0 the first, k the k-th restart's (pod names)
+
+    @property
+    def loss_grace_s(self) -> float:
+        """How long recovery waits for a kubelet to report a pod lost after a peer reported its broken stream."""
+        return 5.0 + self.cfg.check_interval_s
 
     # --- the Launcher protocol -------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> None:
@@ -290,12 +328,15 @@ class KubernetesLauncher:
         spec = dataclasses.replace(spec, controller_address=address)
         template = load_pod_template(cfg.pod_template_file) if cfg.pod_template_file else None
 
-        self._connect()
+        if self._core is None:
+            self._connect()
         ns = self.namespace
         self._run_label = label_value(spec.run_id)
-        base = dns_name("lockstep", spec.run_id)
         instance = cfg.instance or spec.run_id
+        self._failure, self._unschedulable_since, self._last_list = None, {}, -float("inf")
         try:
+            self.incarnation = self._free_incarnation(spec)
+            base = agent_pod_base(spec.run_id, self.incarnation)
             owners = self._owner_references()
             if cfg.token_secret.name:
                 self._verify_token_secret(spec.token)
@@ -324,7 +365,18 @@ class KubernetesLauncher:
         except BaseException:
             self.stop()
             raise
-        log.info("created %d agent pods in namespace %s (run %s)", len(self.pods), ns, spec.run_id)
+        log.info("created %d agent pods %s-agent-N in namespace %s (run %s)", len(self.pods), base, ns, spec.run_id)
+
+    def _free_incarnation(self, spec: LaunchSpec) -> int:
+        """The first set of names, from this launcher's next, that no pod of the run in the namespace holds:
+        pods of the previous set, or of a dead controller (terminating, or not yet garbage-collected)."""
+        listed = self._call("list the run's pods", self._core.list_namespaced_pod, self.namespace,
+                            label_selector=f"lockstep.io/run-id={self._run_label}")
+        taken = {p.metadata.name for p in listed.items}
+        k = self.incarnation + 1
+        while any(f"{agent_pod_base(spec.run_id, k)}-agent-{i}" in taken for i in range(spec.n_agents)):
+            k += 1
+        return k
 
     def check(self) -> None:
         """Raise AgentFailure for the first agent pod that failed, vanished or never started.
@@ -336,7 +388,7 @@ class KubernetesLauncher:
             return
         if self._failure is not None:
             f = self._failure
-            raise AgentFailure(f.agent, f.reason, f.log_tail)
+            raise AgentFailure(f.agent, f.reason, f.log_tail, lost=f.lost)
         now = time.monotonic()
         if now - self._last_list < self.cfg.check_interval_s:
             return
@@ -375,14 +427,14 @@ class KubernetesLauncher:
         for name in self.pods:
             pod = by_name.get(name)
             if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
-                raise AgentFailure(name, "the pod was deleted before the run finished")
+                raise AgentFailure(name, "the pod was deleted before the run finished", lost=True)
             reason = pod_failure(pod)
             if reason and reason.startswith("Unschedulable"):
                 since = self._unschedulable_since.setdefault(name, now)
                 if now - since < self.cfg.unschedulable_grace_s:
                     continue
             if reason:
-                raise AgentFailure(name, reason, self._log_tail(name))
+                raise AgentFailure(name, reason, self._log_tail(name), lost=pod_lost(pod))
             self._unschedulable_since.pop(name, None)
             phase = (pod.get("status") or {}).get("phase") or "Pending"
             if phase == "Pending" and now - self._started_at > self.cfg.startup_timeout_s:
@@ -390,8 +442,9 @@ class KubernetesLauncher:
                     name, f"still Pending after {self.cfg.startup_timeout_s:.0f}s "
                           f"(launcher.startup_timeout_s){_pending_detail(pod)}")
 
-    def stop(self) -> None:
-        """Delete every agent pod of the run and the Secret it created; idempotent."""
+    def stop(self, restart: bool = False) -> None:
+        """Delete every agent pod of the run and the Secret it created; idempotent. (``restart``: the next
+        pods take new names, so nothing waits for these to be gone.)"""
         if self._core is None:
             return
         ApiException = self._k8s.client.exceptions.ApiException

@@ -1,28 +1,34 @@
-"""``launcher=local``: every agent is a subprocess on this machine speaking gRPC to 127.0.0.1.
+"""``launcher=local``: every agent is a process on this machine speaking gRPC to 127.0.0.1.
 
-Each agent runs ``python -m agents --controller HOST:PORT --agent-id N ...``
-(the same argv as ``lockstep agent``), gets the token in ``$LOCKSTEP_TOKEN``,
-and writes its log to ``RUN_DIR/agents/agent-N.log``. Agents run in their own
-session, so Ctrl-C reaches only the controller, which then stops them all:
-SIGTERM, and SIGKILL after ``stop_grace_s``. Every child is reaped.
+Each agent runs the argv of ``lockstep agent --controller HOST:PORT --agent-id N ...``, gets the token in
+``$LOCKSTEP_TOKEN``, and writes its log to ``RUN_DIR/agents/agent-N.log``. ``start_method`` says how the
+process starts: ``forkserver`` (the default) forks it from :mod:`multiprocessing`'s forkserver, a server
+process started once per controller process that has imported torch and lockstep's agent already
+(:mod:`agents.forked`); ``spawn`` runs ``python -m agents`` afresh. Agents run in their own session, so
+Ctrl-C reaches only the controller, which then stops them all: SIGTERM, and SIGKILL after
+``stop_grace_s``. Every child is reaped.
 """
 from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
+from agents.__main__ import forked
 from controller.config.schema import LocalLauncherConfig
 from controller.launchers.base import AgentFailure, LaunchSpec
 
-__all__ = ["LocalLauncher", "log_tail"]
+__all__ = ["LocalLauncher", "log_tail", "warm_forkserver"]
 
 log = logging.getLogger("lockstep.controller")
 
@@ -36,6 +42,54 @@ def log_tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
+FORKSERVER_PRELOAD = ["agents.forked"]
+"""What the forkserver imports before it forks agents: torch, grpc, the engine, torch._dynamo."""
+
+
+def warm_forkserver() -> Any:
+    """The forkserver context, its server started (importing the preload runs on there, in the background).
+
+    One server per controller process, shared by every run it makes (a test session, a sweep); it exits
+    with the controller. Call early: the imports then overlap the controller's own start-up.
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    # Ctrl-C in the terminal reaches the whole process group: the server must not die of it (with a traceback)
+    # while it imports, before it ignores SIGINT itself. So it starts with SIGINT ignored (that survives exec);
+    # meanwhile SIGINT is blocked here, so one sent to the controller stays pending instead of being dropped.
+    if threading.current_thread() is not threading.main_thread():
+        multiprocessing.forkserver.ensure_running()
+        return ctx
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return ctx
+
+
+class _Forked:
+    """A forked agent with the part of :class:`subprocess.Popen`'s interface the launcher uses."""
+
+    def __init__(self, proc: Any):
+        self.proc, self.pid = proc, proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self.proc.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.proc.join(timeout)
+        if self.proc.exitcode is None:
+            raise subprocess.TimeoutExpired(f"agent pid {self.pid}", timeout or 0.0)
+        return self.proc.exitcode
+
+
 class LocalLauncher:
     """Agent subprocesses on this machine. ``start`` may be called again after ``stop`` (a restart,
     docs/recovery.md): the new agents append to the same log files."""
@@ -43,9 +97,12 @@ class LocalLauncher:
     restartable = True
 
     def __init__(self, cfg: LocalLauncherConfig | None = None, *, python: str | None = None):
-        self.stop_grace_s = (cfg or LocalLauncherConfig()).stop_grace_s
+        cfg = cfg or LocalLauncherConfig()
+        self.stop_grace_s = cfg.stop_grace_s
         self.python = python or sys.executable
-        self.procs: list[subprocess.Popen] = []
+        # a given interpreter runs as a command; the forkserver runs this one
+        self.ctx = warm_forkserver() if cfg.start_method == "forkserver" and python is None else None
+        self.procs: list[Any] = []
         self.logs: list[Path] = []
         self._files: list[Any] = []
         self._stopping = False
@@ -64,9 +121,15 @@ class LocalLauncher:
             f = open(path, "ab")
             self._files.append(f)
             self.logs.append(path)
-            argv = [self.python, "-m", "agents", *spec.agent_argv(i)[2:]]
-            self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                               env=env, start_new_session=True, close_fds=True))
+            argv = spec.agent_argv(i)[2:]
+            if self.ctx is not None:
+                p = self.ctx.Process(target=forked, args=(argv, env, str(path)), name=f"agent-{i}", daemon=True)
+                p.start()
+                self.procs.append(_Forked(p))
+            else:
+                self.procs.append(subprocess.Popen([self.python, "-m", "agents", *argv], stdin=subprocess.DEVNULL,
+                                                   stdout=f, stderr=subprocess.STDOUT, env=env,
+                                                   start_new_session=True, close_fds=True))
             log.debug("started agent %d (pid %d), log %s", i, self.procs[-1].pid, path)
 
     def log_tail(self, agent_id: int, lines: int = 20) -> str:
@@ -83,8 +146,9 @@ class LocalLauncher:
                 how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
                 raise AgentFailure(str(i), f"its process (pid {p.pid}) {how}", self.log_tail(i), lost=True)
 
-    def stop(self) -> None:
-        """Let agents that were told to shut down exit, then SIGTERM, then SIGKILL; reap all. Idempotent."""
+    def stop(self, restart: bool = False) -> None:
+        """Let agents that were told to shut down exit, then SIGTERM, then SIGKILL; reap all. Idempotent.
+        (``restart``: nothing outlives the agents here.)"""
         self._stopping = True
         deadline = time.monotonic() + self.stop_grace_s
         for sig in (None, signal.SIGTERM, signal.SIGKILL):

@@ -22,6 +22,12 @@ its Ray backend), and config validation names the extra to install.
 * **Failures**: :meth:`RayLauncher.check` turns an actor that died, raised or returned into an
   :class:`AgentFailure` naming the agent, its node and Ray's reason; a placement group that cannot be
   placed fails the run after ``launcher.startup_timeout_s``.
+* **Restarts** (``recovery.agents=restart``, docs/recovery.md): an actor that died, raised or returned is
+  a lost agent, as a subprocess that exited is for ``launcher=local``. The controller stops every actor
+  and starts a new set — the whole set, since the run is replayed from virtual time 0, which Ray's own
+  ``max_restarts`` (one actor, with none of its state) cannot do — on the same connection and cluster,
+  in a new placement group. The k-th set after the first is named ``lockstep-<run id>-r<k>-agent-<i>``
+  (placement group ``lockstep-<run id>-r<k>``): no new actor waits for Ray to release a dead one's name.
 """
 from __future__ import annotations
 
@@ -256,7 +262,14 @@ def _first_line(e: BaseException) -> str:
 
 # --- the launcher --------------------------------------------------------------------------------
 class RayLauncher:
-    """Runs each agent as a Ray actor; see the module docstring. ``cfg`` is the ``launcher`` config node."""
+    """Runs each agent as a Ray actor; see the module docstring. ``cfg`` is the ``launcher`` config node.
+
+    ``start`` may be called again after ``stop(restart=True)`` (docs/recovery.md), which keeps the connection
+    (and a private cluster) for the new actors; ``stop()`` closes it.
+    """
+
+    restartable = True
+    loss_grace_s = 3.0  # recovery waits this long for Ray to report a dead actor a peer already misses
 
     def __init__(self, cfg: RayLauncherConfig | Mapping[str, Any] | None = None):
         self.cfg = as_config(cfg)
@@ -274,13 +287,14 @@ class RayLauncher:
         self._log_stop = threading.Event()
         self._log_thread: threading.Thread | None = None
         self._gone: set[int] = set()  # actors whose log can no longer be taken
-        self._run_label = ""
         self._dial = ""  # the controller address the actors dial
         self._started_at = 0.0
         self._placed = False
         self._last_pg_check = -float("inf")
         self._stopping = False
         self._failure: AgentFailure | None = None
+        self.incarnation = -1  # the set of actors started last: 0 the first, k the k-th restart's (names)
+        self._prefix = ""  # lockstep-<run id>[-r<k>]: the placement group's name, and the actors' but -agent-<i>
 
     # --- the Launcher protocol -------------------------------------------------------------
     def prepare(self, n_agents: int) -> None:
@@ -299,6 +313,10 @@ class RayLauncher:
     def start(self, spec: LaunchSpec) -> None:
         if self.actors:
             raise RuntimeError("start() called twice; call stop() first")
+        # what the previous set of actors (a restart's) left
+        self._stopping, self._failure, self._gone, self._placed = False, None, set(), False
+        self._last_pg_check = -float("inf")
+        self._log_stop = threading.Event()
         self.prepare(spec.n_agents)
         try:
             self._start_actors(spec)
@@ -328,9 +346,9 @@ class RayLauncher:
         log_dir = Path(spec.run_dir) / "agents"
         log_dir.mkdir(parents=True, exist_ok=True)
         self.logs = [log_dir / f"agent-{i}.log" for i in range(spec.n_agents)]
-        self._run_label = _name(spec.run_id)
-        self.pg = placement_group([bundle_] * spec.n_agents, strategy=cfg.strategy.value,
-                                  name=f"lockstep-{self._run_label}")
+        self.incarnation += 1
+        self._prefix = _prefix(spec.run_id, self.incarnation)
+        self.pg = placement_group([bundle_] * spec.n_agents, strategy=cfg.strategy.value, name=self._prefix)
         self._started_at = time.monotonic()
         token = ray.put(spec.token)  # by reference: see the module docstring
         remote = ray.remote(HostedAgent)
@@ -342,16 +360,17 @@ class RayLauncher:
             self._where.append(actor.where.remote())
             self.runs.append(actor.run.remote(controller, spec.run_id, token))
         del token  # each pending run() holds the object until the agent has it
-        self._log_thread = threading.Thread(target=self._copy_logs, name="ray-agent-logs", daemon=True)
+        self._log_thread = threading.Thread(target=self._copy_logs, args=(self._log_stop,), name="ray-agent-logs",
+                                            daemon=True)
         self._log_thread.start()
         log.info("created %d agent actors (placement group %s, strategy %s, %s per agent)", spec.n_agents,
-                 f"lockstep-{self._run_label}", cfg.strategy.value, bundle_)
+                 self._prefix, cfg.strategy.value, bundle_)
 
     def actor_options(self, spec: LaunchSpec, agent_id: int) -> dict[str, Any]:
         """The options of agent ``agent_id``'s actor (without its placement), all visible in Ray's state API."""
         cfg = self.cfg
         opts: dict[str, Any] = {
-            "name": f"lockstep-{_name(spec.run_id)}-agent-{agent_id}", "namespace": cfg.namespace,
+            "name": f"{_prefix(spec.run_id, max(self.incarnation, 0))}-agent-{agent_id}", "namespace": cfg.namespace,
             "num_cpus": cfg.cpus_per_agent, "num_gpus": cfg.gpus_per_agent,
             # run() holds one thread for the whole run; take_log() and where() need another
             "max_concurrency": 2, "max_restarts": 0, "max_task_retries": 0,
@@ -397,7 +416,7 @@ class RayLauncher:
             return
         if self._failure is not None:
             f = self._failure
-            raise AgentFailure(f.agent, f.reason, f.log_tail)
+            raise AgentFailure(f.agent, f.reason, f.log_tail, lost=f.lost)
         try:
             self._check()
         except AgentFailure as failure:
@@ -409,7 +428,8 @@ class RayLauncher:
         done, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=0, fetch_local=False)
         if done:
             i = min(self.runs.index(r) for r in done)
-            raise AgentFailure(str(i), self._why_ended(ray, i), self.log_tail(i))
+            # died, raised or returned mid-run: gone, as a subprocess that exited (recovery restarts it)
+            raise AgentFailure(str(i), self._why_ended(ray, i), self.log_tail(i), lost=True)
         now = time.monotonic()
         if not self._placed and now - self._last_pg_check >= 1.0:
             self._last_pg_check = now
@@ -427,7 +447,7 @@ class RayLauncher:
         if waited > self.cfg.startup_timeout_s:
             n = len(self.runs)
             raise AgentFailure(
-                "all", f"the Ray placement group lockstep-{self._run_label} ({n} bundles of {bundle(self.cfg)}, "
+                "all", f"the Ray placement group {self._prefix} ({n} bundles of {bundle(self.cfg)}, "
                        f"strategy {self.cfg.strategy.value}) is still {table.get('state', 'PENDING')} after {waited:.0f} s "
                        f"(launcher.startup_timeout_s); the cluster has {_resources(ray.available_resources())} free "
                        f"of {_resources(ray.cluster_resources())}")
@@ -480,7 +500,7 @@ class RayLauncher:
             m = re.search(r"\bip: (\S+)", getattr(error, "error_msg", "") or "")
             if m:
                 parts.append(f"on node {m.group(1)}")
-        return f"lockstep-{self._run_label}-agent-{i}" + (f" ({' '.join(parts)})" if parts else "")
+        return f"{self._prefix}-agent-{i}" + (f" ({' '.join(parts)})" if parts else "")
 
     @staticmethod
     def _node(ray: Any, node_id: str) -> str:
@@ -498,9 +518,9 @@ class RayLauncher:
         self._take_logs([agent_id], timeout_s=2.0)
         return log_tail(self.logs[agent_id], lines)
 
-    def stop(self) -> None:
+    def stop(self, restart: bool = False) -> None:
         """Let the agents finish, collect their last log lines, remove the actors, the placement group and a
-        private cluster. Idempotent."""
+        private cluster (not with ``restart``: the next actors use them). Idempotent."""
         self._stopping = True
         if self.conn is None:
             return
@@ -508,8 +528,9 @@ class RayLauncher:
             if self.conn.connected or self.runs:
                 self._stop_actors()
         finally:
-            self.conn.close()
-            self.conn = None
+            if not restart:
+                self.conn.close()
+                self.conn = None
 
     def _stop_actors(self) -> None:
         ray = _ray()
@@ -535,8 +556,8 @@ class RayLauncher:
         self.actors, self.runs, self._where, self.pg = [], [], [], None
 
     # --- logs --------------------------------------------------------------------------------------
-    def _copy_logs(self) -> None:
-        while not self._log_stop.wait(self.cfg.log_poll_s):
+    def _copy_logs(self, stop: threading.Event) -> None:
+        while not stop.wait(self.cfg.log_poll_s):
             try:
                 self._take_logs(range(len(self.actors)), timeout_s=max(5.0, self.cfg.log_poll_s))
             except Exception:  # noqa: BLE001 - logs are a courtesy; failures are reported by check()
@@ -565,6 +586,11 @@ class RayLauncher:
 
 def _name(run_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-") or "run"
+
+
+def _prefix(run_id: str, incarnation: int) -> str:
+    """``lockstep-<run id>`` for a run's first set of actors, ``lockstep-<run id>-r<k>`` for the k-th after it."""
+    return f"lockstep-{_name(run_id)}" + (f"-r{incarnation}" if incarnation else "")
 
 
 def _resources(res: Mapping[str, float]) -> str:

@@ -8,6 +8,7 @@ import torch
 
 from controller.config import load
 from tests.helpers import FAST, compose_cfg, wait_until  # noqa: F401  (also used by test modules)
+from controller.config.schema import LocalLauncherConfig
 from controller.launchers.local import LocalLauncher
 from controller.remote import ControllerSettings, RemoteAgents
 from controller.run import execute
@@ -22,9 +23,10 @@ def agents_env() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
 
 
-def local_pool(**settings) -> RemoteAgents:
+def local_pool(start_method: str = "forkserver", **settings) -> RemoteAgents:
     s = {"agent_timeout_s": 30.0, "startup_timeout_s": 120.0, "heartbeat_s": 0.5, **settings}
-    return RemoteAgents(LocalLauncher(), ControllerSettings(**s), log_level="INFO", extra_env=agents_env())
+    return RemoteAgents(LocalLauncher(LocalLauncherConfig(start_method=start_method)), ControllerSettings(**s),
+                        log_level="INFO", extra_env=agents_env())
 
 
 def run(tmp: Path, overrides: list[str], local: bool = False, **settings):

@@ -23,9 +23,11 @@ LONG = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=
         "progress=false", "launcher=local", "controller.heartbeat_s=0.5", "network.latency=1ms"]
 
 
-def _cli(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
+def _cli(run_dir: Path, overrides: list[str], new_session: bool = False) -> subprocess.Popen:
+    """``lockstep run`` as a process (``new_session``: leading a process group of its own, as in a terminal)."""
     return subprocess.Popen([sys.executable, "-m", "controller.cli", "run", *overrides, f"hydra.run.dir={run_dir}"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=new_session)
 
 
 def test_a_killed_agent_stops_the_run_with_a_clear_error_and_readable_outputs(tmp_path):

@@ -171,6 +171,12 @@ FAILED_STATUSES = {
 }
 
 
+# An agent that ran and is gone is lost (recovery.agents=restart starts a new set, docs/recovery.md); one whose pod
+# cannot start is not: a new pod would not start either.
+LOST = {"image-pull": False, "oom": True, "unschedulable": False, "crash-loop": False, "exit-code": True,
+        "evicted": True}
+
+
 @pytest.mark.parametrize("case", list(FAILED_STATUSES))
 def test_check_names_the_pod_and_the_reason_when_a_kubelet_reports_a_failure(launcher, core, namespace, case):
     status, expected = FAILED_STATUSES[case]
@@ -183,6 +189,10 @@ def test_check_names_the_pod_and_the_reason_when_a_kubelet_reports_a_failure(lau
         lnch.check()
     assert (failure.value.agent, failure.value.reason) == ("lockstep-run-1-agent-1", expected)
     assert str(failure.value).startswith(f"agent lockstep-run-1-agent-1 failed: {expected}")
+    assert failure.value.lost is LOST[case]
+    with pytest.raises(AgentFailure) as again:  # raised again from memory, the same
+        lnch.check()
+    assert (again.value.reason, again.value.lost) == (expected, LOST[case])
 
 
 def test_an_unschedulable_pod_is_tolerated_for_the_grace_period(launcher, core, namespace):
@@ -218,8 +228,9 @@ def test_a_pod_deleted_behind_the_launchers_back_fails_the_run(launcher, core, n
     lnch = launcher()
     lnch.start(make_spec(n_agents=2))
     core.delete_namespaced_pod("lockstep-run-1-agent-0", namespace, grace_period_seconds=0)
-    with pytest.raises(AgentFailure, match="lockstep-run-1-agent-0 failed: the pod was deleted"):
+    with pytest.raises(AgentFailure, match="lockstep-run-1-agent-0 failed: the pod was deleted") as failure:
         lnch.check()
+    assert failure.value.lost
 
 
 def test_stop_deletes_every_pod_and_the_secret_and_can_be_called_again(launcher, core, namespace, controller_pod):
@@ -287,18 +298,15 @@ def test_a_missing_owner_pod_is_a_clear_config_error_and_leaves_nothing(launcher
 
 
 def test_a_refused_pod_stops_the_start_and_removes_what_was_created(launcher, core, namespace, controller_pod):
-    # A leftover pod of an earlier run with the same id (and labels) takes agent 1's name.
+    # Someone's pod, not labelled as this run's (whose pods a start steps past), takes agent 1's name.
     core.create_namespaced_pod(namespace, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": "lockstep-run-1-agent-1",
-            "labels": {"lockstep.io/run-id": "run-1", "lockstep.io/agent-id": "1",
-                       "app.kubernetes.io/component": "agent"}},
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "lockstep-run-1-agent-1", "labels": {"team": "x"}},
         "spec": {"automountServiceAccountToken": False, "containers": [{"name": "x", "image": "x"}]}})
     with pytest.raises(KubernetesLauncherError,
                        match="refused to create pod lockstep-run-1-agent-1 .*409 Conflict.*already exists"):
         launcher(owner_pod="lockstep-controller").start(make_spec(n_agents=3))
-    wait_until(lambda: [p.metadata.name for p in agent_pods(core, namespace)] == ["lockstep-run-1-agent-1"],
-               timeout=30, what="agent 0 removed again, the other pod left alone")
+    wait_until(lambda: not agent_pods(core, namespace), timeout=30, what="agent 0 removed again")
+    core.read_namespaced_pod("lockstep-run-1-agent-1", namespace)  # the other pod left alone
     assert not core.list_namespaced_secret(namespace, label_selector="lockstep.io/run-id=run-1").items
 
 
@@ -308,3 +316,67 @@ def test_a_pod_the_api_server_refuses_is_reported_with_its_reason(launcher, core
     with pytest.raises(KubernetesLauncherError, match="refused to create pod lockstep-run-1-agent-0"):
         launcher(pod_template_file=str(template)).start(make_spec())
     assert not agent_pods(core, namespace)
+
+
+# --- restarts (recovery.agents=restart, docs/recovery.md) ------------------------------------------------------
+def _token_of(core, namespace: str, pod) -> str:
+    ref = next(e for e in pod.spec.containers[0].env if e.name == "LOCKSTEP_TOKEN").value_from.secret_key_ref
+    return base64.b64decode(core.read_namespaced_secret(ref.name, namespace).data[ref.key]).decode()
+
+
+def test_after_a_lost_pod_stop_and_start_again_create_a_new_set_of_pods_with_new_names_and_token(
+        launcher, core, namespace, controller_pod):
+    """What the controller does when an agent pod is lost: stop() and start() with a new token. The pods never
+    run (no kubelet here): the loss is reported through the status subresource, as a kubelet would."""
+    lnch = launcher(owner_pod="lockstep-controller", instance="exp1")
+    lnch.start(make_spec(n_agents=2))
+    first = {p.metadata.name: p for p in agent_pods(core, namespace)}
+    core.patch_namespaced_pod_status("lockstep-run-1-agent-1", namespace, {"status": FAILED_STATUSES["oom"][0]})
+    with pytest.raises(AgentFailure) as lost:
+        lnch.check()
+    assert lost.value.lost
+
+    for n, token in ((1, "the token of restart 1"), (2, "the token of restart 2")):
+        lnch.stop(restart=True)
+        wait_until(lambda: not agent_pods(core, namespace), timeout=30, what="the lost set of pods deleted")
+        lnch.start(LaunchSpec(**{**make_spec(n_agents=2).__dict__, "token": token}))
+        pods = agent_pods(core, namespace)
+        assert [p.metadata.name for p in pods] == [f"lockstep-run-1-r{n}-agent-{i}" for i in range(2)]
+        assert lnch.pods == [p.metadata.name for p in pods]
+        for i, pod in enumerate(pods):
+            old = first[f"lockstep-run-1-agent-{i}"]
+            assert pod.metadata.labels == old.metadata.labels  # the same run, agent and instance
+            assert pod.metadata.owner_references[0].uid == controller_pod.metadata.uid
+            [agent], [was] = pod.spec.containers, old.spec.containers
+            assert agent.command == was.command  # the token is in no argument, as before
+            assert token not in str(pod.to_dict())
+            env = {e.name: e for e in agent.env}
+            assert env["LOCKSTEP_TOKEN"].value_from.secret_key_ref.name == f"lockstep-run-1-r{n}-token"
+            assert _token_of(core, namespace, pod) == token
+            assert {k: e.value for k, e in env.items()} == {e.name: e.value for e in was.env}
+        lnch.check()  # the loss of the set before is forgotten; the new pods are fresh
+    lnch.stop()
+    wait_until(lambda: not agent_pods(core, namespace), timeout=30, what="agent pods deleted")
+    assert not core.list_namespaced_secret(namespace, label_selector="lockstep.io/run-id=run-1").items
+
+
+def test_pods_a_dead_controller_left_terminating_do_not_block_a_new_controllers_agents(launcher, core, namespace):
+    """The chart's Job restarts a dead controller, which resumes the run with the same run id: its agents' pods
+    must not wait for (nor collide with) the old ones, still terminating for their grace period."""
+    held = []
+    for i in range(2):  # the old controller's agents, kept terminating by a finalizer (as a kubelet would)
+        held.append(core.create_namespaced_pod(namespace, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": f"lockstep-run-1-agent-{i}", "finalizers": ["lockstep.test/hold"],
+                "labels": {"lockstep.io/run-id": "run-1", "lockstep.io/agent-id": str(i)}},
+            "spec": {"automountServiceAccountToken": False, "containers": [{"name": "agent", "image": "x"}]}}))
+        core.delete_namespaced_pod(f"lockstep-run-1-agent-{i}", namespace)
+    try:
+        assert all(p.metadata.deletion_timestamp for p in agent_pods(core, namespace))
+        lnch = launcher()
+        lnch.start(make_spec(n_agents=2))
+        assert lnch.pods == ["lockstep-run-1-r1-agent-0", "lockstep-run-1-r1-agent-1"]
+        lnch.check()  # the old pods, terminating, are not this launcher's: nothing to report
+    finally:
+        for pod in held:
+            core.patch_namespaced_pod(pod.metadata.name, namespace, {"metadata": {"finalizers": None}})

@@ -34,15 +34,20 @@ def controller_pod(kube_cluster: KubeCluster, namespace: str) -> str:
     return "exp1-lockstep-xyz12"
 
 
+def run_command(kube_cluster: KubeCluster, namespace: str, run_dir, run_id: str, owner: str, *extra: str,
+                updates: int = 20) -> list[str]:
+    port = free_port()
+    return [sys.executable, "-m", "controller.cli", "run", "launcher=kubernetes", f"run_id={run_id}",
+            "agents=2", "workers=4", f"stop.updates={updates}", "eval.every=0", "eval.samples=200", "progress=false",
+            "controller.host=127.0.0.1", f"controller.port={port}", "controller.startup_timeout_s=120",
+            f"launcher.kubeconfig={kube_cluster.kubeconfig}", f"launcher.namespace={namespace}",
+            f"launcher.controller_address={SERVICE}.{namespace}.svc:{port}", "launcher.image=lockstep:test",
+            f"launcher.owner_pod={owner}", "launcher.check_interval_s=0.2", f"hydra.run.dir={run_dir}", *extra]
+
+
 def lockstep_run(kube_cluster: KubeCluster, namespace: str, run_dir, run_id: str, owner: str,
                  *extra: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "controller.cli", "run", "launcher=kubernetes", f"run_id={run_id}",
-           "agents=2", "workers=4", "stop.updates=20", "eval.every=0", "eval.samples=200", "progress=false",
-           "controller.host=127.0.0.1", f"controller.port={port}", "controller.startup_timeout_s=120",
-           f"launcher.kubeconfig={kube_cluster.kubeconfig}", f"launcher.namespace={namespace}",
-           f"launcher.controller_address={SERVICE}.{namespace}.svc:{port}", "launcher.image=lockstep:test",
-           f"launcher.owner_pod={owner}", "launcher.check_interval_s=0.2", f"hydra.run.dir={run_dir}", *extra]
+    cmd = run_command(kube_cluster, namespace, run_dir, run_id, owner, *extra)
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})})
 

@@ -129,11 +129,12 @@ def test_the_token_never_appears_in_what_ray_shows_about_an_actor(tmp_path):
 
 
 def test_killing_an_actors_process_stops_the_run_with_a_clear_error_and_leaves_no_ray_process(tmp_path):
+    """With recovery.agents=fail; the restart (the default) is tests/ray/test_ray_recovery.py."""
     need_ray()
     d, mark = tmp_path / "run", f"ray-kill-{uuid.uuid4().hex[:12]}"
     timeout_s = 10
     over = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=1000000", "eval.every=0",
-            "progress=false", "launcher=ray", "launcher.address=null", "launcher.log_poll_s=0.2",
+            "progress=false", "launcher=ray", "launcher.address=null", "launcher.log_poll_s=0.2", "recovery.agents=fail",
             "controller.heartbeat_s=0.5", f"controller.agent_timeout_s={timeout_s}", "network.latency=1ms"]
     proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "run", *over, f"hydra.run.dir={d}"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=marked_env(mark))
@@ -158,7 +159,8 @@ def test_killing_an_actors_process_stops_the_run_with_a_clear_error_and_leaves_n
                          r" on node 127\.0\.0\.1, id [0-9a-f]{8}\) died: The actor is dead because its worker "
                          r"process has died\. Worker exit type: \w+", line), line
         assert "last log lines of agent 1" in err and "hosting" in err, err
-        assert "Traceback" not in err, err
+        assert "Traceback" not in err and "restarting" not in err, err
+        assert not (d / "recovery.jsonl").exists()
         with open(d / "metrics.csv", newline="") as f:
             rows = list(csv.DictReader(f))
         assert rows and all(r["vworker"] == "ps0" for r in rows)

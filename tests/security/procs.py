@@ -1,6 +1,11 @@
-"""Finding a run's agent processes from the outside (their argv names the run)."""
+"""Finding a run's agent processes from the outside (their argv names the run).
+
+A spawned agent's argv is ``python -m agents ... --run-id R``; a forked one (``launcher.start_method=forkserver``)
+shows ``lockstep agent ... --run-id R`` as one title (setproctitle), so words are split on NULs and spaces.
+"""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests.helpers import alive
@@ -17,9 +22,9 @@ def agent_argv(run_id: str) -> dict[int, list[bytes]]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
+                argv = [w for w in re.split(rb"[\0 ]", (d / "cmdline").read_bytes()) if w]
             except OSError:
                 continue
-            if b"agents" in argv and run_id.encode() in argv:
+            if (b"agents" in argv or argv[:2] == [b"lockstep", b"agent"]) and run_id.encode() in argv:
                 out[int(d.name)] = argv
     return out

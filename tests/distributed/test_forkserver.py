@@ -1,0 +1,88 @@
+"""``launcher.start_method``: agents forked from a warm forkserver behave like agents started afresh.
+
+Forked agents must give the same outputs, run in their own session (Ctrl-C in the terminal reaches only the
+controller), show their command line, never inherit the controller's signal mask, and leave nothing behind.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from controller.config import ConfigError, load
+from tests.distributed.conftest import assert_same_outputs, run
+from tests.distributed.test_failures import LONG, _cli
+from tests.helpers import agent_pids, alive, wait_until
+
+
+def test_forked_and_spawned_agents_give_byte_identical_outputs(tmp_path):
+    over = ["workers=8", "agents=2", "strategy=ps_async", "model=mlp", "stop.updates=60", "launcher=local"]
+    forked = run(tmp_path / "forked", over, local=True, start_method="forkserver")
+    spawned = run(tmp_path / "spawned", over, local=True, start_method="spawn")
+    assert forked.summary["updates"] == spawned.summary["updates"] == 60
+    assert forked.summary["virtual_time_ns"] == spawned.summary["virtual_time_ns"]
+    assert_same_outputs(tmp_path / "forked", tmp_path / "spawned")
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def test_a_forked_agent_has_its_own_session_its_command_line_and_no_blocked_signals_and_exits_with_the_run(
+        tmp_path):
+    d = tmp_path / "run"
+    proc = _cli(d, LONG + ["run_id=forked-agents", "launcher.start_method=forkserver"])
+    try:
+        pids = agent_pids(d, 2, timeout=90, first_rows=True)
+        server = int(_status(pids[0])["PPid"])
+        for i, pid in enumerate(pids):
+            assert os.getsid(pid) == pid  # a session of its own, like Popen(start_new_session=True)
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode()
+            assert title.startswith(f"lockstep agent --controller 127.0.0.1:") and f"--agent-id {i} " in title
+            assert "--run-id forked-agents" in title
+            assert int(_status(pid)["SigBlk"], 16) == 0
+            assert not int(_status(pid)["SigIgn"], 16) & (1 << (signal.SIGINT - 1))  # the forkserver ignores it
+            assert int(_status(pid)["PPid"]) == server
+        assert b"multiprocessing.forkserver" in Path(f"/proc/{server}/cmdline").read_bytes()
+        assert int(_status(server)["PPid"]) == proc.pid
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    wait_until(lambda: not any(alive(p) for p in (*pids, server)), timeout=20,
+               what="the agents and their forkserver to exit with the controller")
+
+
+def test_ctrl_c_in_the_terminal_while_the_forkserver_imports_stops_the_run_without_a_traceback(tmp_path):
+    d = tmp_path / "run"
+    proc = _cli(d, LONG + ["run_id=forkserver-ctrl-c", "launcher.start_method=forkserver"], new_session=True)
+
+    def importing() -> int | None:
+        """The forkserver once it is importing torch (its preload), before it serves."""
+        for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+            if (b"multiprocessing.forkserver" in Path(f"/proc/{child}/cmdline").read_bytes()
+                    and "libtorch" in Path(f"/proc/{child}/maps").read_text()):
+                return int(child)
+        return None
+
+    try:
+        pid = wait_until(importing, timeout=90, interval=0.01, what="the forkserver to import torch")
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground process group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    wait_until(lambda: not alive(pid), timeout=20, what="the forkserver to exit with the controller")
+
+
+def test_an_unknown_start_method_is_refused_naming_the_key_the_value_and_the_choices():
+    with pytest.raises(ConfigError) as e:
+        load(["launcher=local", "agents=2", "launcher.start_method=fork"])
+    text = str(e.value)
+    assert "launcher.start_method=fork " in text and "forkserver" in text and "spawn" in text
