@@ -92,6 +92,35 @@ def bursts(pkts: list[dict], gap: float) -> list[list[dict]]:
     return out
 
 
+def rendezvous(pkts: list[dict], hosts: dict[str, int], src: str) -> list[str]:
+    """For each connection from ``src`` (host 0's capture): gloo's small messages before its first data.
+
+    The last notifications ``src`` sent before the first data packet, the peer's last small message
+    before it (its "recv ready"), and whether the notifications were still unacknowledged when the
+    data started (its first window then leaves around them)."""
+    lines = []
+    t0 = min(p["t"] for p in pkts)
+    ms = lambda t: round((t - t0) * 1e3, 2)  # noqa: E731
+    for dst in sorted({p["dst"] for p in pkts if p["src"] == src and p["dst"] in hosts and p["dst"] != src}):
+        data = [p for p in pkts if p["src"] == src and p["dst"] == dst and p["len"] > 1000]
+        if not data:
+            continue
+        first = data[0]
+        notes = [p for p in pkts if p["src"] == src and p["dst"] == dst and 0 < p["len"] < 100 and p["t"] < first["t"]]
+        peer = [p for p in pkts if p["src"] == dst and p["dst"] == src and 0 < p["len"] < 100 and p["t"] < first["t"]]
+        if not notes or not peer:
+            continue
+        acks = [p["t"] for p in pkts if p["src"] == dst and p["dst"] == src and p["ack"] is not None
+                and p["ack"] >= notes[-1]["end"] and p["t"] >= notes[-1]["t"]]
+        acked = acks[0] if acks else None
+        state = "in flight" if acked is None or acked > first["t"] else "acknowledged"
+        lines.append(f"h{hosts[src]}>h{hosts[dst]}: notifications at {[ms(p['t']) for p in notes[-2:]]} ms, the "
+                     f"peer's last small message at {ms(peer[-1]['t'])}, first data at {ms(first['t'])} "
+                     f"({first['len'] // 1448} segments), notifications acknowledged at "
+                     f"{ms(acked) if acked else None}: {state} when the data started")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
@@ -100,6 +129,8 @@ def main() -> int:
     ap.add_argument("--events", action="store_true", help="print every probe event of the shown flows")
     ap.add_argument("--min-bytes", type=int, default=100_000, help="bursts smaller than this are skipped")
     ap.add_argument("--json", help="write the per-burst summary here")
+    ap.add_argument("--rendezvous", action="store_true",
+                    help="only gloo's notifications before each of host 0's first transfers")
     a = ap.parse_args()
     meta = json.load(open(os.path.join(a.dir, "meta.json")))
     off = meta["realtime_minus_mono_ns"]
@@ -107,6 +138,10 @@ def main() -> int:
     probe = load_probe(os.path.join(a.dir, "probe.txt")) if os.path.exists(os.path.join(a.dir, "probe.txt")) else []
     pcaps = {h: load_pcap(os.path.join(a.dir, f"h{h}.pcap"), off) for h in hosts.values()
              if os.path.exists(os.path.join(a.dir, f"h{h}.pcap"))}
+    if a.rendezvous:
+        src = next(ip for ip, h in hosts.items() if h == 0)
+        print("\n".join(rendezvous(pcaps[0], hosts, src)))
+        return 0
     # data leaving each sender (its own eth0) and arriving at each receiver (the receiver's eth0)
     sent: dict[tuple, list] = defaultdict(list)
     arrived: dict[tuple, list] = defaultdict(list)
