@@ -468,6 +468,10 @@ class StrategyConfig:
 @dataclass
 class ShardedPSConfig(StrategyConfig):
     shards: int = doc(1, "PS shards (parameters split by tensor over ps0..ps{S-1})", lo=1)
+    collective: Collective = doc(Collective.ideal, "ideal: plain messages | gloo: torch.distributed/gloo's send and "
+                                                   "recv (each receive announced to its sender by a 48-byte "
+                                                   "notification, a send that finds none announced by one and "
+                                                   "started when it comes, a 48-byte preamble per message)")
 
 
 @dataclass

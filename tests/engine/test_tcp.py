@@ -16,7 +16,7 @@ import pytest
 
 from agents.sim.tcp import TcpSpec, goodput_fraction, wire_bytes
 from agents.sim.worker import Worker
-from agents.strategies.collective import gloo_ring_allreduce
+from agents.strategies.collective import GlooP2P, gloo_ring_allreduce
 
 MS = 1_000_000
 SEG = 1448
@@ -247,3 +247,47 @@ def test_one_gloo_ring_all_reduce_keeps_two_segments_in_flight(build_kernel, seg
     k.run_until()
     assert o["a"].done == o["b"].done == expected
     assert o["a"].out.tolist() == o["b"].out.tolist() == [3.0] * (segments * 500)
+
+
+class P2PSender(Worker):
+    def __init__(self, name, vid, env, at=0):
+        super().__init__(name, vid, env)
+        self.at = at
+
+    async def run(self):
+        p2p = GlooP2P(self)
+        if self.at:
+            await self.sleep(self.at)
+        p2p.send("b", None, tag="x", nbytes=1000)
+        await self.recv(tag="never")  # stays up: its device thread answers the announcement
+
+
+class P2PReceiver(Worker):
+    def __init__(self, name, vid, env, at=0):
+        super().__init__(name, vid, env)
+        self.at = at
+
+    async def run(self):
+        p2p = GlooP2P(self)
+        if self.at:
+            await self.sleep(self.at)
+        p2p.post_recv("a", "x")
+        m = await self.recv(tag="x")
+        self.got = (m.nbytes, m.delivered_at)
+
+
+@pytest.mark.parametrize("send_at, recv_at, expected", [
+    # L = 5 ms, B = 1 MB/s (1 us per byte), ideal FIFO links. The receive is posted first: its 48-byte
+    # announcement reaches the sender at 48 us + L; the send at 10 ms finds it and the data op (48-byte
+    # preamble + 1000 bytes) leaves at once: 10 ms + 1048 us + L.
+    (10 * MS, 0, 10 * MS + 1048 * 1000 + 5 * MS),
+    # The send comes first: it announces itself (48 bytes, nothing to do for the receiver) and waits; the
+    # receive posted at 10 ms is announced (48 us + L) and the data follows (1048 us + L).
+    (0, 10 * MS, 10 * MS + 48 * 1000 + 5 * MS + 1048 * 1000 + 5 * MS),
+])
+def test_a_gloo_send_starts_once_the_receivers_announcement_has_arrived(build_kernel, send_at, recv_at, expected):
+    k, _, o = build_kernel({"a": (P2PSender, {"at": send_at}), "b": (P2PReceiver, {"at": recv_at})},
+                           latency_ns=5 * MS, bw=1e6)
+    k.run_until()
+    assert o["b"].got == (1048, expected)
+

@@ -44,12 +44,13 @@ def test_validate_on_the_calibration_runs(capsys):
     rows = validate_points(points, ["network=tcp", "strategy.collective=gloo"])
     s = summarize(rows)
     assert len(rows) == 40
-    # measured 2026-11-26 with tcp_cwnd_test's half-window packets and CUBIC's minimum RTT from small
-    # messages: ring 1.5 % / 7.5 %, ps_sync 5.2 % / 20.9 %, ps_async 12.6 % / 23.4 % (mean / max); before
-    # them ring 1.6 % / 7.5 %, ps_sync 3.9 % / 19.2 %, ps_async 9.2 % / 26.4 %
+    # measured 2026-11-26 with tcp_cwnd_test's half-window packets, CUBIC's minimum RTT from small messages
+    # and gloo's send/recv for the PS (strategy.collective=gloo): ring 1.5 % / 7.5 %, ps_sync 3.7 % /
+    # 17.2 %, ps_async 8.2 % / 20.1 % (mean / max); before them ring 1.6 % / 7.5 %, ps_sync 3.9 % / 19.2 %,
+    # ps_async 9.2 % / 26.4 %
     assert s["ring"]["mean_abs_error"] <= 0.02 and s["ring"]["max_abs_error"] <= 0.08
-    assert s["ps_sync"]["mean_abs_error"] <= 0.055 and s["ps_sync"]["max_abs_error"] <= 0.22
-    assert s["ps_async"]["mean_abs_error"] <= 0.13
+    assert s["ps_sync"]["mean_abs_error"] <= 0.04 and s["ps_sync"]["max_abs_error"] <= 0.18
+    assert s["ps_async"]["mean_abs_error"] <= 0.09
     met = (s["ring"]["max_abs_error"] <= 0.05 and s["ps_sync"]["mean_abs_error"] <= 0.02
            and s["ps_sync"]["max_abs_error"] <= 0.05 and s["ps_async"]["mean_abs_error"] <= 0.05)
     if not met:
