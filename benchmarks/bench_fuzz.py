@@ -42,6 +42,7 @@ def _count(name: str, n: int, strategy, outcome) -> tuple[collections.Counter, l
             counts[outcome(example)] += 1
         except Exception as e:  # noqa: BLE001 - a crash: counted and shown, the run goes on
             counts["CRASH"] += 1
+            print(f"{name}: CRASH on {example!r:.300}: {type(e).__name__}: {e!s:.200}", flush=True)
             if len(crashes) < 5:
                 crashes.append(f"{example!r:.300}\n{''.join(traceback.format_exception(e))[-1500:]}")
         done = sum(counts.values())
@@ -54,8 +55,17 @@ def _count(name: str, n: int, strategy, outcome) -> tuple[collections.Counter, l
     return counts, crashes
 
 
+CONFIG_MEMORY_LIMIT = 6 << 30
+"""Address space of a config-fuzzing process: an input that makes validation hoard memory fails there with a
+MemoryError (a crash, printed with its overrides) instead of taking the machine down (one did, at 21 GB)."""
+
+
 def _configs(n: int) -> tuple[collections.Counter, list[str]]:
+    import resource
+
     from tests.security import fuzzing
+
+    resource.setrlimit(resource.RLIMIT_AS, (CONFIG_MEMORY_LIMIT, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
     return _count(f"configs ({n})", n, fuzzing.overrides(fuzzing.config_leaves()), fuzzing.config_outcome)
 

@@ -37,6 +37,27 @@ def _lat(key: str, v: Any) -> int:
     return seconds_to_ns(s)
 
 
+MAX_LINKS = 65_536
+"""A preset topology has at most this many links (the plan carries every one to every agent)."""
+MAX_ROUTED_NODES = 1024
+"""At most this many nodes hold vworkers: the plan stores a route for every ordered pair of them (1 048 576)."""
+
+
+def _check_size(topology: str, links: int, what: str) -> None:
+    """Refuse, before anything is built, a preset whose links or route table would not fit a plan (the fuzzer
+    found ``workers=3750 network.topology=fat_tree`` taking 21 GB: 14 million routes)."""
+    if links > MAX_LINKS:
+        raise TopologyError(f"network.topology={topology} with {what} has {links} links; accepted: at most "
+                            f"{MAX_LINKS} links.")
+
+
+def _check_routed(topology: str, nodes: int, what: str) -> None:
+    if nodes > MAX_ROUTED_NODES:
+        raise TopologyError(f"network.topology={topology} with {what} puts vworkers on {nodes} nodes, and the plan "
+                            f"stores a route for each pair of them; accepted: at most {MAX_ROUTED_NODES} such nodes "
+                            "(fewer workers, or network.topology=star).")
+
+
 def topology_spec(topology: Any, links_cfg: Any, vworkers: list[Any], data_vworkers: list[int] | None = None
                   ) -> TopologySpec | None:
     """The topology of a run with ``vworkers`` (VWorkerSpecs; ``data_vworkers`` the ids of end devices); None = star."""
@@ -48,11 +69,20 @@ def topology_spec(topology: Any, links_cfg: Any, vworkers: list[Any], data_vwork
     bw = _rate("network.links.bandwidth", links_cfg.bandwidth)
     lat = _lat("network.links.latency", links_cfg.latency)
     if topology == "tree":
-        links, node = tree_preset(len(names), holders, data, links_cfg.edges, links_cfg.ends_per_edge, bw, lat)
-        return TopologySpec("tree", links, node, build_routes(links, list(dict.fromkeys(node))))
+        edges, ends = links_cfg.edges, links_cfg.ends_per_edge
+        _check_size("tree", edges * (1 + ends),
+                    f"network.links.edges={edges} and network.links.ends_per_edge={ends}")
+        links, node = tree_preset(len(names), holders, data, edges, ends, bw, lat)
+        nodes = list(dict.fromkeys(node))
+        _check_routed("tree", len(nodes), f"{len(names)} vworkers")
+        return TopologySpec("tree", links, node, build_routes(links, nodes))
     if topology == "fat_tree":
-        links, node, routes = fat_tree_preset(len(names), links_cfg.hosts_per_leaf, links_cfg.spines, bw,
-                                              links_cfg.oversubscription, lat)
+        per_leaf, spines = links_cfg.hosts_per_leaf, links_cfg.spines
+        _check_routed("fat_tree", len(names), f"{len(names)} vworkers (one host each)")
+        leaves = -(-len(names) // per_leaf)
+        _check_size("fat_tree", leaves * spines + len(names),
+                    f"{leaves} leaves and network.links.spines={spines}")
+        links, node, routes = fat_tree_preset(len(names), per_leaf, spines, bw, links_cfg.oversubscription, lat)
         return TopologySpec("fat_tree", links, node, build_routes(links, list(dict.fromkeys(node)), routes))
     if not isinstance(topology, dict):
         raise TopologyError(f"network.topology={topology!r} is not valid; accepted: {' | '.join(PRESETS)} or a mapping "

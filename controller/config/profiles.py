@@ -91,8 +91,9 @@ compute.runs timed runs each, after a warm-up) and write a device profile: conf/
 or FILE. Then `lockstep run compute.profile=NAME ...` emulates this machine on any host. Profiling
 an existing profile's experiment again adds to it (other signatures are kept).
 --layers adds each layer's forward and backward time (Tianshu's N/M-copies differencing), which
-compute.layerwise uses; --estimator N times N random shapes per operation kind, fits Tianshu's
-principal-component estimator for shapes no one profiled and reports its held-out error.
+compute.layerwise uses; --estimator N times N random shapes per operation kind (median of three
+passes), fits a cost model per backend for shapes no one profiled and reports its held-out error
+beside Tianshu's principal-component estimator's (docs/predict.md).
 """
 
 

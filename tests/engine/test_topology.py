@@ -148,3 +148,22 @@ def test_a_tree_on_the_ideal_network_preset_routes_through_the_cloud(tmp_path):
     assert plan.network.tcp is None and topo.name == "tree"
     assert topo.node_of == ("edge0", "edge1", "cloud")
     assert topo.routes[("edge0", "edge1")] == ("edge0", "cloud", "edge1")
+
+
+@pytest.mark.parametrize("overrides, sentence", [
+    (["workers=2000", "batch_size=4", "network.topology=fat_tree"],
+     "network.topology=fat_tree with 2001 vworkers (one host each) puts vworkers on 2001 nodes, and the plan stores "
+     "a route for each pair of them; accepted: at most 1024 such nodes (fewer workers, or network.topology=star)."),
+    (["network.topology=fat_tree", "network.links.spines=100000"],
+     "network.topology=fat_tree with 17 leaves and network.links.spines=100000 has 1700065 links; accepted: at most "
+     "65536 links."),
+    (["network.topology=tree", "network.links.edges=1000", "network.links.ends_per_edge=1000"],
+     "network.topology=tree with network.links.edges=1000 and network.links.ends_per_edge=1000 has 1001000 links; "
+     "accepted: at most 65536 links."),
+])
+def test_a_topology_too_large_for_the_plan_is_refused_before_it_is_built(overrides, sentence):
+    from controller.config import ConfigError, load
+
+    with pytest.raises(ConfigError) as e:  # before: 21 GB and the OOM killer (fat_tree with 3 750 workers)
+        load(overrides)
+    assert sentence in e.value.problems[0], e.value.problems
