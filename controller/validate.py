@@ -58,7 +58,7 @@ def _overrides_for(p: Point) -> list[str]:
 
 
 def _applicable(p: Point, overrides: list[str]) -> list[str]:
-    """The overrides that apply to ``p``'s strategy: ``strategy.collective=gloo`` concerns the ring, not a PS."""
+    """The overrides that apply to ``p``'s strategy: a ``strategy.<key>`` only where the strategy has the key."""
     from controller.config import compose_config
 
     base = compose_config(_overrides_for(p))

@@ -68,6 +68,7 @@ class TcpSpec:
     tsq_limit_bytes: int = 4 * 1024 * 1024  # net.ipv4.tcp_limit_output_bytes
     host_latency_ns: int = 257_000  # application-visible delay of a delivered message (calibrated)
     host_jitter_ns: int = 0         # mean of a keyed exponential extra delay per message
+    small_messages_first: bool = True  # CUBIC's minimum RTT starts at a small message's round trip
 
     @property
     def mss(self) -> int:
@@ -155,7 +156,8 @@ class _Receiver:
 class _Sender:
     """One TCP connection's sender (Linux tcp_output.c / tcp_input.c / tcp_cubic.c, loss-free)."""
 
-    def __init__(self, net: "TcpNetwork", host: _Host, dst: int, rtt0: VirtualTime):
+    def __init__(self, net: "TcpNetwork", host: _Host, dst: int, rtt0: VirtualTime,
+                 base_rtt: VirtualTime | None = None):
         self.net, self.host, self.dst = net, host, dst
         s = net.tcp
         self.cwnd = s.initial_window
@@ -186,7 +188,9 @@ class _Sender:
         self.ack_cnt = 0
         self.tcp_cwnd = 0
         self.cnt = 20
-        self.delay_min: VirtualTime | None = None
+        # CUBIC's minimum RTT (HyStart's reference): from the connection's own ACKed data, or, when it
+        # carried small messages before (gloo's setup, barrier and notifications), their round trip
+        self.delay_min: VirtualTime | None = base_rtt
         self.found = False
         self.round_start: VirtualTime = 0
         self.last_ack: VirtualTime = 0
@@ -248,7 +252,8 @@ class _Sender:
         sent = False
         cwnd_limited = False
         while self.write_seq > self.nxt:
-            quota = self.cwnd - self.packets_out
+            # tcp_cwnd_test: at most half the window per packet, so that at least two are in flight
+            quota = min(self.cwnd - self.packets_out, max(self.cwnd >> 1, 1))
             if quota <= 0:
                 cwnd_limited = True
                 break
@@ -460,6 +465,15 @@ class TcpNetwork:
     def _latency(self, src: int, dst: int, seq: int) -> VirtualTime:
         return self.spec.latency.sample(src, dst, seq)
 
+    def _small_rtt(self, src: int, dst: int, rtt0: VirtualTime) -> VirtualTime | None:
+        """The round trip of a one-segment message and its ACK on an idle path (``small_messages_first``)."""
+        if not self.tcp.small_messages_first:
+            return None
+        data, ack = wire_bytes(self.tcp, 1), self.tcp.header_bytes + self.tcp.frame_bytes
+        sp = self.spec
+        return (rtt0 + _ser(data, sp.bandwidth_out[src]) + _ser(data, sp.bandwidth_in[dst])
+                + _ser(ack, sp.bandwidth_out[dst]) + _ser(ack, sp.bandwidth_in[src]))
+
     # ------------------------------------------------------------- sender
     def send(self, w: "Worker", dst: int, payload: Any, nbytes: int | None, tag: Any) -> SendHandle:
         size = payload_nbytes(payload) if nbytes is None else int(nbytes)
@@ -472,8 +486,8 @@ class TcpNetwork:
         host = self._host(w.id)
         snd = host.senders.get(dst)
         if snd is None:
-            rtt0 = self._latency(w.id, dst, w.msg_seq) + self._latency(dst, w.id, w.msg_seq)
-            snd = host.senders[dst] = _Sender(self, host, dst, max(1, rtt0))
+            rtt0 = max(1, self._latency(w.id, dst, w.msg_seq) + self._latency(dst, w.id, w.msg_seq))
+            snd = host.senders[dst] = _Sender(self, host, dst, rtt0, self._small_rtt(w.id, dst, rtt0))
         handle = SendHandle(k, None)
         msg = _Msg(0, w.name, self.env.names[dst], w.msg_seq, tag, payload, size, k.now, handle)
         msg.latency = self._latency(w.id, dst, w.msg_seq)

@@ -121,6 +121,7 @@ class Worker:
         self.incarnation = 0  # crashes so far (faults: a restart forgets what the crashed one waited for)
         self.frozen_until: VirtualTime = 0  # faults: a frozen vworker's coroutine waits until then
         self.restarted = False  # faults: this incarnation started after a crash (a strategy rejoins)
+        self._handlers: dict[Any, Any] = {}  # tag -> called with each message of that tag on delivery
 
     # -------------------------------------------------- lifecycle (kernel side)
     # The kernel drives a vworker through these and through ``coro`` (its running ``run()``) and
@@ -221,6 +222,11 @@ class Worker:
                 return box.pop(i)
         return None
 
+    def handle(self, tag: Any, fn) -> None:
+        """Call ``fn(msg)`` for every message of ``tag`` as it is delivered, instead of keeping it for ``recv``:
+        what a transport's own thread does with its control messages whatever the application awaits."""
+        self._handlers[tag] = fn
+
     def condition(self, name: str) -> Condition:
         """A doorbell owned by this vworker (see :class:`Condition`)."""
         return Condition(self, name)
@@ -245,7 +251,12 @@ class Worker:
 
     # ------------------------------------------------- delivery (network side)
     def deliver(self, msg: Message) -> None:
-        """The network delivered ``msg``: wake a matching ``recv`` or keep it in the mailbox."""
+        """The network delivered ``msg``: hand it to its tag's handler, wake a matching ``recv`` or keep it."""
+        if self._handlers:
+            fn = self._handlers.get(msg.tag)
+            if fn is not None:
+                fn(msg)
+                return
         f = self._recv_filter
         if f is not None and (f[0] is None or msg.src == f[0]) and (f[1] is None or msg.tag == f[1]):
             self._recv_filter = None

@@ -7,13 +7,15 @@ all-gather steps of ``M/K`` bytes each, plus one latency per step.
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import torch
 
+from agents.sim.network import payload_nbytes
 from agents.sim.worker import Worker
 
-__all__ = ["ring_allreduce", "gloo_ring_allreduce", "chunk_bounds", "GLOO_MAX_SEGMENT", "GLOO_OP_BYTES"]
+__all__ = ["ring_allreduce", "gloo_ring_allreduce", "GlooP2P", "chunk_bounds", "GLOO_MAX_SEGMENT", "GLOO_OP_BYTES"]
 
 
 def chunk_bounds(n: int, k: int) -> list[tuple[int, int]]:
@@ -182,6 +184,55 @@ class _GlooPair:
             m = await self.w.recv(tag=self.ctag)
             self._handle(m.payload)
         return self.data.pop(key)
+
+
+class GlooP2P:
+    """torch.distributed's ``send``/``recv`` over gloo's tcp transport (the PS strategies' ``collective: gloo``).
+
+    gloo's unbound buffers rendezvous per message (``gloo/transport/tcp/pair.cc``): a receive, when
+    posted, is announced to its sender (``NOTIFY_RECV_READY``, a 48-byte op); a send starts at once if
+    the receiver's announcement for it has arrived, else the sender announces it (``NOTIFY_SEND_READY``)
+    and starts it when the announcement comes. The data op is a 48-byte preamble and the payload.
+    gloo's device thread handles the notifications as they arrive, whatever the application waits
+    for: here a delivery handler of the vworker. Announcements are matched per peer and tag, in order.
+    """
+
+    TAG = "gloo.p2p"
+
+    def __init__(self, w: Worker):
+        self.w = w
+        self.ready: dict[tuple[str, Any], int] = {}  # announced receives of (peer, tag) not yet used
+        self.pending: dict[tuple[str, Any], deque] = {}  # sends of (peer, tag) waiting for an announcement
+        w.handle(self.TAG, self._on_note)
+
+    def post_recv(self, src: str, tag: Any) -> None:
+        """A receive of ``tag`` from ``src`` is posted: announce it."""
+        self.w.send(src, ("rr", tag), nbytes=GLOO_OP_BYTES, tag=self.TAG)
+
+    def send(self, dst: str, payload: Any, tag: Any, nbytes: int | None = None) -> None:
+        key = (dst, tag)
+        if self.ready.get(key):
+            self.ready[key] -= 1
+            self._data(dst, payload, tag, nbytes)
+        else:
+            self.pending.setdefault(key, deque()).append((payload, nbytes))
+            self.w.send(dst, ("sr", tag), nbytes=GLOO_OP_BYTES, tag=self.TAG)
+
+    def _data(self, dst: str, payload: Any, tag: Any, nbytes: int | None) -> None:
+        size = payload_nbytes(payload) if nbytes is None else int(nbytes)
+        self.w.send(dst, payload, nbytes=size + GLOO_OP_BYTES, tag=tag)
+
+    def _on_note(self, m: Any) -> None:
+        kind, tag = m.payload
+        if kind != "rr":  # "sr": the sender's announcement; the data follows once ours reaches it
+            return
+        key = (m.src, tag)
+        waiting = self.pending.get(key)
+        if waiting:
+            payload, nbytes = waiting.popleft()
+            self._data(m.src, payload, tag, nbytes)
+        else:
+            self.ready[key] = self.ready.get(key, 0) + 1
 
 
 async def ring_allreduce(w: Worker, vec: torch.Tensor, ring: list[str], tag: str,

@@ -27,6 +27,7 @@ import torch
 from agents.observe.statelog import log_model, log_result, log_version
 from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
+from agents.strategies.collective import GlooP2P
 
 __all__ = ["PSSync", "PSAsync", "ParameterServer", "PSWorker", "TensorShards"]
 
@@ -129,6 +130,7 @@ class ParameterServer(TrainingWorker):
         params = self.params()
         log_version(self, 0, params)
         self.layerwise = self.env.compute.spec.layerwise  # one message per layer (agents.strategies.layerwise)
+        self.p2p = _gloo(self) if not self.layerwise else None
         await self._send_params(self.workers, params, (0,))
         if self.sync:
             await self._run_sync()
@@ -157,6 +159,12 @@ class ParameterServer(TrainingWorker):
     async def _send_params(self, workers: list[str], params, meta: tuple) -> None:
         if self.layerwise:
             await layerwise.ps_send_params(self, workers, params, meta)
+            return
+        if self.p2p is not None:  # like realrun's PS: isend the parameters, then post the gradients' irecv
+            for w in workers:
+                self.p2p.send(w, (params, *meta), tag="params")
+            for w in workers:
+                self.p2p.post_recv(w, "grad")
             return
         for w in workers:
             self.send(w, (params, *meta), tag="params")
@@ -190,7 +198,11 @@ class ParameterServer(TrainingWorker):
         for w in ready:
             self.held.remove(w)
             self.max_gap = max(self.max_gap, self.clocks[w] - slowest)
-            self.send(w, (params, self.version), tag="params")
+            if self.p2p is not None:
+                self.p2p.send(w, (params, self.version), tag="params")
+                self.p2p.post_recv(w, "grad")
+            else:
+                self.send(w, (params, self.version), tag="params")
 
     async def _run_sync(self) -> None:
         order = {w: i for i, w in enumerate(self.workers)}
@@ -247,10 +259,14 @@ class PSWorker(TrainingWorker):
         split = shards_of(self.training, len(self.shards)) if len(self.shards) > 1 else None
         keeps_model = split is not None and self.name == "w0"  # the result vworker of a sharded PS
         every = self.setting("eval_every", 0)
+        p2p = _gloo(self)
         if self.restarted:
             for s in self.shards:
                 self.send(s, None, tag="pull")
         while True:
+            if p2p is not None:  # dist.recv: the receive is announced first
+                for s in self.shards:
+                    p2p.post_recv(s, "params")
             msgs = [await self.recv(src=s, tag="params") for s in self.shards]
             versions = [m.payload[1] for m in msgs]
             for m in msgs:
@@ -268,7 +284,10 @@ class PSWorker(TrainingWorker):
             loss, grad, samples = await self.gradient(params)
             parts = [grad] if split is None else split.split(grad)
             for s, part, v in zip(self.shards, parts, versions):
-                self.send(s, (part, v, loss, samples), tag="grad")
+                if p2p is not None:
+                    p2p.send(s, (part, v, loss, samples), tag="grad")
+                else:
+                    self.send(s, (part, v, loss, samples), tag="grad")
             # drop what was received and sent while waiting for the next parameters: a gradient the PS has
             # applied stays alive as long as anyone holds it (10 000 workers: +1.7 GiB at the peak otherwise)
             del params, msgs, m, grad, parts, part
@@ -287,6 +306,11 @@ class PSWorker(TrainingWorker):
 
         while True:
             await layerwise.worker_step(self, recv_layer, send_layer)
+
+
+def _gloo(w: TrainingWorker) -> GlooP2P | None:
+    """torch.distributed/gloo's send/recv protocol for this vworker's messages (``collective: gloo``), or None."""
+    return GlooP2P(w) if w.setting("collective", "ideal") == "gloo" else None
 
 
 class _PS(Strategy):

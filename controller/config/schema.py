@@ -317,6 +317,9 @@ class TcpConfig:
                                             "(net.ipv4.tcp_slow_start_after_idle)")
     hystart_delay: bool = doc(True, "HyStart: leave slow start when a round's minimum RTT rises")
     hystart_ack_train: bool = doc(True, "HyStart: leave slow start on a train of ACKs half an RTT long")
+    small_messages_first: bool = doc(True, "every connection carried small messages before its first transfer "
+                                           "(gloo's setup, barrier, notifications), so CUBIC's minimum RTT, "
+                                           "HyStart's reference, is a small message's round trip")
     host_latency: Any = doc("257us", "a delivered message reaches its application this much after its last byte "
                                      "(fitted by lockstep calibrate)", unit="duration", lo=0)
     host_jitter: Any = doc("0us", "mean of a keyed exponential extra delay per delivered message", unit="duration",
@@ -465,6 +468,10 @@ class StrategyConfig:
 @dataclass
 class ShardedPSConfig(StrategyConfig):
     shards: int = doc(1, "PS shards (parameters split by tensor over ps0..ps{S-1})", lo=1, hi=1024)
+    collective: Collective = doc(Collective.ideal, "ideal: plain messages | gloo: torch.distributed/gloo's send and "
+                                                   "recv (each receive announced to its sender by a 48-byte "
+                                                   "notification, a send that finds none announced by one and "
+                                                   "started when it comes, a 48-byte preamble per message)")
 
 
 @dataclass

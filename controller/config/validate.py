@@ -714,7 +714,7 @@ def _tcp(t: S.TcpConfig, p: _Problems) -> TcpSpec | None:
                        initial_window=t.initial_window, gso_max_bytes=t.gso_max_bytes,
                        nic_burst_bytes=t.nic_burst_bytes, clock_hz=t.clock_hz, tsq_limit_bytes=t.tsq_limit_bytes,
                        slow_start_after_idle=t.slow_start_after_idle, hystart_delay=t.hystart_delay,
-                       hystart_ack_train=t.hystart_ack_train, **ns)
+                       hystart_ack_train=t.hystart_ack_train, small_messages_first=t.small_messages_first, **ns)
     except ValueError as e:
         p.add(f"network.tcp is not valid: {e}.")
         return None

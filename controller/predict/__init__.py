@@ -298,8 +298,8 @@ def inputs_of(rc: Any) -> Inputs:
         notes.append(f"network.model=tcp: links at the goodput ({scale:.2%} of the line rate) and latency plus "
                      "host latency; slow start, windows and ACKs are not modelled (exact only on network=ideal)")
     if rc.strategy_settings.get("collective") == "gloo":
-        notes.append("strategy.collective=gloo: Eq. 11 is the ideal ring; gloo's segments and notifications are "
-                     "not modelled")
+        notes.append("strategy.collective=gloo: the closed forms are the ideal collectives; gloo's segments, "
+                     "notifications and preambles are not modelled")
     if net.topology is not None:
         notes.append(f"network.topology={net.topology.name}: the paper's models see the NICs only, not the "
                      "topology's links")

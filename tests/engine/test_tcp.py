@@ -3,7 +3,8 @@
 Conventions of every derivation below: a full segment carries MSS = 1500 − 52 = 1448 bytes
 and costs 1448 + 52 + 38 = 1538 bytes of line time; a packet of n segments costs
 ``payload + 90·n`` bytes; ACKs are 90 bytes. A fresh connection has cwnd = 10 segments and
-the handshake's RTT sample 2L (srtt 2L, RTO = 2L + 200 ms). The NIC's token bucket starts
+the handshake's RTT sample 2L (srtt 2L, RTO = 2L + 200 ms). A packet carries at most half the
+window (``tcp_cwnd_test``): a fresh connection's first 10 segments leave as two packets of 5. The NIC's token bucket starts
 full (72 887 bytes), so a host's first packet leaves at once; the line then serialises
 (``e = max(t, egress_free) + w/B``), the latency follows, and the receiver's switch port
 serialises again in arrival order (``r = max(e + L, port_free + w/B)``). Host latency is 0
@@ -15,7 +16,7 @@ import pytest
 
 from agents.sim.tcp import TcpSpec, goodput_fraction, wire_bytes
 from agents.sim.worker import Worker
-from agents.strategies.collective import gloo_ring_allreduce
+from agents.strategies.collective import GlooP2P, gloo_ring_allreduce
 
 MS = 1_000_000
 SEG = 1448
@@ -73,15 +74,15 @@ def test_the_eleventh_segment_waits_one_round_trip_for_the_window_to_grow(build_
     k, _, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 11 * SEG)]}), "b": (Sink, {})},
                            latency_ns=MS, bw=B, tcp=TCP)
     k.run_until()
-    first = ns(15380, B)                    # 10 segments leave at 0, reach b at first + L
-    ack_back = first + MS + ns(90, B) + MS  # b's ACK: 90 bytes on b's line, then L; cwnd 10 -> 20
+    first = ns(7690, B)                     # 10 segments leave at 0 as two packets of 5; the first
+    ack_back = first + MS + ns(90, B) + MS  # reaches b at first + L; b's ACK: 90 bytes, then L; cwnd 10 -> 15
     last = ack_back + ns(1538, B) + MS      # the 11th segment: one more line time and L
-    assert o["b"].got == [("a", 11 * SEG, last)] == [("a", 15928, 3_136_064)]
+    assert o["b"].got == [("a", 11 * SEG, last)] == [("a", 15928, 3_074_544)]
 
 
 @pytest.mark.parametrize("idle_ms, delivered", [
     (100, 100 * MS + 1_246_080),     # idle < RTO (202 ms): cwnd stays 20, one packet of 20 segments
-    (1000, 1000 * MS + 3_246_800),   # idle > RTO: cwnd halves once per RTO beyond the first, back to 10
+    (1000, 1000 * MS + 3_185_280),   # idle > RTO: cwnd halves once per RTO beyond the first, back to 10
 ])
 def test_a_transfer_after_an_idle_gap_longer_than_the_rto_restarts_slow_start(build_kernel, idle_ms, delivered):
     B = 125e6
@@ -90,13 +91,15 @@ def test_a_transfer_after_an_idle_gap_longer_than_the_rto_restarts_slow_start(bu
                            latency_ns=MS, bw=B, tcp=TCP)
     k.run_until()
     T = idle_ms * MS
-    # the first message's ACK (at 2 123 760 ns) grew cwnd to 20 segments; the RTO is 2 ms + 200 ms,
-    # 51 jiffies of 4 ms; restart after idle compares whole jiffies since the last data sent (at 0)
+    # the first message's two ACKs grew cwnd to 20 segments; the RTO is 2 ms + 200 ms, 51 jiffies of
+    # 4 ms; restart after idle compares whole jiffies since the last data sent (at 0)
     if idle_ms < 202:
-        expect = T + ns(20 * SEG + 20 * 90, B) + MS                  # 30 760 bytes at once
+        expect = T + ns(20 * SEG + 20 * 90, B) + MS                  # 30 760 bytes at once (two packets of 10)
     else:
-        first_half_acked = T + ns(15380, B) + MS + ns(90, B) + MS    # 10 segments, their ACK
-        expect = first_half_acked + ns(15380, B) + MS               # then the other 10
+        # cwnd 10: two packets of 5; the first one's ACK makes it 15 with 5 in flight, so 7 segments
+        # then 3 more leave at once: the last of them ends 10 segments' line time after that ACK
+        first_acked = T + ns(7690, B) + MS + ns(90, B) + MS
+        expect = first_acked + ns(15380, B) + MS
     assert expect == delivered
     assert o["b"].got[1] == ("a", 20 * SEG, delivered)
 
@@ -108,13 +111,58 @@ def test_hystart_counts_its_rounds_from_the_first_ack_even_below_sixteen_segment
     B = 125e6
     k, env, _ = build_kernel({"a": (Sender, {"plan": [(0, "b", 30 * SEG)]}), "b": (Sink, {})},
                              latency_ns=MS, bw=B, tcp=TCP)
-    first_ack = ns(15380, B) + MS + ns(90, B) + MS  # 10 segments out and their ACK back: 2 123 760 ns
+    first_ack = ns(7690, B) + MS + ns(90, B) + MS  # the first packet of 5 out and its ACK back: 2 062 240 ns
     k.run_until(first_ack + 1)
     snd = env.network._hosts[0].senders[1]
     # at that ACK (cwnd 10) a round starts; it ends with the 10 segments sent so far
-    assert (snd.round_start, snd.last_ack, snd.end_seq) == (first_ack, first_ack, 10 * SEG) == (2_123_760,
-                                                                                                2_123_760, 14480)
-    assert snd.cwnd == 20 and not snd.found
+    assert (snd.round_start, snd.last_ack, snd.end_seq) == (first_ack, first_ack, 10 * SEG) == (2_062_240,
+                                                                                                2_062_240, 14480)
+    assert snd.cwnd == 15 and not snd.found
+
+
+def test_a_packet_carries_at_most_half_the_window(build_kernel):
+    # tcp_cwnd_test (Linux): "ensure we have at least 2 GSO packets in flight" -- the testbed's
+    # captures show every first window leave as 5 + 4 segments (after gloo's 48-byte preamble)
+    B = 125e6
+    k, env, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 10 * SEG)]}), "b": (Sink, {})},
+                             latency_ns=MS, bw=B, tcp=TCP)
+    k.run_until(1)
+    assert [p.segs for p in env.network._hosts[0].senders[1].inflight] == [5, 5]
+    k.run_until()
+    assert o["b"].got == [("a", 10 * SEG, ns(15380, B) + MS)]  # back to back: the same line time in all
+
+
+@pytest.mark.parametrize("small_first, found_at, ssthresh", [
+    # min RTT = a small message's round trip: 2 L + two 91-byte segments and two 90-byte ACKs on the
+    # lines = 2 028 960 ns, so the ACK train must last (2 028 960 + 1 ms) / 2 = 1 514 480 ns
+    (True, 7_090_400, 30),
+    # min RTT = the first packet's own round trip (2 622 400 ns): the train must last 1 811 200 ns
+    (False, 11_189_280, 60),
+])
+def test_hystart_measures_its_ack_train_against_the_smallest_round_trip_seen(build_kernel, small_first,
+                                                                             found_at, ssthresh):
+    # 100 Mbit/s (a segment is 123 040 ns on the line, an ACK 7 200 ns), L = 1 ms, 60 segments.
+    # cwnd 10: packets of 5 and 5 (ACKs at 2 622 400 and 3 237 600 ns); the first ACK makes cwnd 15
+    # with 5 in flight: 7 and 3 segments leave (lines end 3 483 680, 3 852 800); the second makes it 20:
+    # 10 segments (line ends 5 083 200). Their ACKs come back 2 007 200 ns after their line time ends:
+    # 5 490 880 (a new round: cwnd 20 >= 16), 5 860 000 and 7 090 400 -- a train of 1 599 520 ns,
+    # each gap under 2 ms. HyStart compares it with (min RTT + 1 ms) / 2 (the ACK delay allowance,
+    # min(1 ms, 4 * 64 KiB / pacing rate), is 1 ms at these rates).
+    B = 12.5e6
+    tcp = TcpSpec(host_latency_ns=0, small_messages_first=small_first)
+    k, env, _ = build_kernel({"a": (Sender, {"plan": [(0, "b", 60 * SEG)]}), "b": (Sink, {})},
+                             latency_ns=MS, bw=B, tcp=tcp)
+    snd = None
+    for t in (5_490_880, 5_860_000, 7_090_400, 9_097_600, 9_220_640, 9_958_880, 11_189_280):
+        k.run_until(t + 1)
+        snd = env.network._hosts[0].senders[1]
+        assert snd.last_ack == t
+        if t == found_at:
+            break
+        assert not snd.found
+    assert snd.found and snd.ssthresh == snd.cwnd == ssthresh
+    small = 2 * MS + 2 * ns(91, B) + 2 * ns(90, B)
+    assert snd.delay_min == (small if small_first else 2_622_400) and small == 2_028_960
 
 
 def test_two_flows_starting_one_ms_apart_on_one_nic_share_its_line_in_order(build_kernel):
@@ -199,3 +247,46 @@ def test_one_gloo_ring_all_reduce_keeps_two_segments_in_flight(build_kernel, seg
     k.run_until()
     assert o["a"].done == o["b"].done == expected
     assert o["a"].out.tolist() == o["b"].out.tolist() == [3.0] * (segments * 500)
+
+
+class P2PSender(Worker):
+    def __init__(self, name, vid, env, at=0):
+        super().__init__(name, vid, env)
+        self.at = at
+
+    async def run(self):
+        p2p = GlooP2P(self)
+        if self.at:
+            await self.sleep(self.at)
+        p2p.send("b", None, tag="x", nbytes=1000)
+        await self.recv(tag="never")  # stays up: its device thread answers the announcement
+
+
+class P2PReceiver(Worker):
+    def __init__(self, name, vid, env, at=0):
+        super().__init__(name, vid, env)
+        self.at = at
+
+    async def run(self):
+        p2p = GlooP2P(self)
+        if self.at:
+            await self.sleep(self.at)
+        p2p.post_recv("a", "x")
+        m = await self.recv(tag="x")
+        self.got = (m.nbytes, m.delivered_at)
+
+
+@pytest.mark.parametrize("send_at, recv_at, expected", [
+    # L = 5 ms, B = 1 MB/s (1 us per byte), ideal FIFO links. The receive is posted first: its 48-byte
+    # announcement reaches the sender at 48 us + L; the send at 10 ms finds it and the data op (48-byte
+    # preamble + 1000 bytes) leaves at once: 10 ms + 1048 us + L.
+    (10 * MS, 0, 10 * MS + 1048 * 1000 + 5 * MS),
+    # The send comes first: it announces itself (48 bytes, nothing to do for the receiver) and waits; the
+    # receive posted at 10 ms is announced (48 us + L) and the data follows (1048 us + L).
+    (0, 10 * MS, 10 * MS + 48 * 1000 + 5 * MS + 1048 * 1000 + 5 * MS),
+])
+def test_a_gloo_send_starts_once_the_receivers_announcement_has_arrived(build_kernel, send_at, recv_at, expected):
+    k, _, o = build_kernel({"a": (P2PSender, {"at": send_at}), "b": (P2PReceiver, {"at": recv_at})},
+                           latency_ns=5 * MS, bw=1e6)
+    k.run_until()
+    assert o["b"].got == (1048, expected)

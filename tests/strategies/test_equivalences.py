@@ -66,3 +66,13 @@ def test_segmented_ring_gives_identical_parameters_and_pays_a_latency_per_segmen
     # receiver-ready message (one latency) and the segments no longer overlap with the next step's
     extra = seg.summary["virtual_time_ns"] - whole.summary["virtual_time_ns"]
     assert extra >= 2 * 4 * 1_000_000 - 2 * 1_000_000
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_gloo_send_and_recv_change_a_sync_ps_step_times_not_its_parameters(run, shards):
+    plain = run(["strategy=ps_sync", f"strategy.shards={shards}", *K4])
+    gloo = run(["strategy=ps_sync", f"strategy.shards={shards}", "strategy.collective=gloo", *K4])
+    torch.testing.assert_close(gloo.params, plain.params, rtol=0, atol=0)
+    # the first parameters wait for the workers' announced receives (one latency and 48 bytes), and every
+    # message carries gloo's 48-byte preamble
+    assert gloo.summary["virtual_time_ns"] > plain.summary["virtual_time_ns"]

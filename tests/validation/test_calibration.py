@@ -37,16 +37,20 @@ def test_calibrate_recovers_host_latency_and_framing_from_results_the_model_gene
 @pytest.mark.slow
 def test_validate_on_the_calibration_runs(capsys):
     """The issue's targets (ring and ps_sync: mean <= 2 %, max <= 5 %; ps_async: mean <= 5 %) are not met
-    by every scenario yet (docs/benchmarks.md): this asserts what the model reaches, then marks the gap."""
+    by every scenario yet (docs/benchmarks.md): this asserts what the model reaches, then marks the gap.
+    At the PS points that miss them the testbed itself is not reproducible to 5 %: repeated runs of one
+    point spread by 9-58 % (benchmarks/data/realrun-spread.jsonl)."""
     points = load_results(CALIBRATION)
     rows = validate_points(points, ["network=tcp", "strategy.collective=gloo"])
     s = summarize(rows)
     assert len(rows) == 40
-    # measured 2026-11-26 (with HyStart's round fix): ring 1.6 % / 7.5 %, ps_sync 3.9 % / 19.2 %,
-    # ps_async 9.2 % / 26.4 % (mean / max); before the fix ps_sync 5.0 % and ps_async 10.3 % mean
+    # measured 2026-11-26 with tcp_cwnd_test's half-window packets, CUBIC's minimum RTT from small messages
+    # and gloo's send/recv for the PS (strategy.collective=gloo): ring 1.5 % / 7.5 %, ps_sync 3.7 % /
+    # 17.2 %, ps_async 8.2 % / 20.1 % (mean / max); before them ring 1.6 % / 7.5 %, ps_sync 3.9 % / 19.2 %,
+    # ps_async 9.2 % / 26.4 %
     assert s["ring"]["mean_abs_error"] <= 0.02 and s["ring"]["max_abs_error"] <= 0.08
-    assert s["ps_sync"]["mean_abs_error"] <= 0.045 and s["ps_sync"]["max_abs_error"] <= 0.20
-    assert s["ps_async"]["mean_abs_error"] <= 0.10
+    assert s["ps_sync"]["mean_abs_error"] <= 0.04 and s["ps_sync"]["max_abs_error"] <= 0.18
+    assert s["ps_async"]["mean_abs_error"] <= 0.09
     met = (s["ring"]["max_abs_error"] <= 0.05 and s["ps_sync"]["mean_abs_error"] <= 0.02
            and s["ps_sync"]["max_abs_error"] <= 0.05 and s["ps_async"]["mean_abs_error"] <= 0.05)
     if not met:
