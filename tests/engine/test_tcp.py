@@ -249,28 +249,30 @@ def test_one_gloo_ring_all_reduce_keeps_two_segments_in_flight(build_kernel, seg
     assert o["a"].out.tolist() == o["b"].out.tolist() == [3.0] * (segments * 500)
 
 
-class P2PSender(Worker):
+class _StartsAt(Worker):
+    """A gloo peer that starts its part ``at`` ns into the run."""
+
     def __init__(self, name, vid, env, at=0):
         super().__init__(name, vid, env)
         self.at = at
 
-    async def run(self):
+    async def started(self) -> GlooP2P:
         p2p = GlooP2P(self)
         if self.at:
             await self.sleep(self.at)
+        return p2p
+
+
+class P2PSender(_StartsAt):
+    async def run(self):
+        p2p = await self.started()
         p2p.send("b", None, tag="x", nbytes=1000)
         await self.recv(tag="never")  # stays up: its device thread answers the announcement
 
 
-class P2PReceiver(Worker):
-    def __init__(self, name, vid, env, at=0):
-        super().__init__(name, vid, env)
-        self.at = at
-
+class P2PReceiver(_StartsAt):
     async def run(self):
-        p2p = GlooP2P(self)
-        if self.at:
-            await self.sleep(self.at)
+        p2p = await self.started()
         p2p.post_recv("a", "x")
         m = await self.recv(tag="x")
         self.got = (m.nbytes, m.delivered_at)
