@@ -6,13 +6,16 @@ the GPU's utilisation (``nvidia-smi``, every 0.1 s) to estimate its busy share o
 Targets: updates/s with auto >= 10x off; GPU busy >= 70 % of the wall time. It also prints vworkers per
 GPU (256 here) beside the published anchors: FedScale runs about 20 clients per GPU; Flower places
 fractional-GPU actors (e.g. ``num_gpus=0.1``: 10 per GPU).
-usage: python benchmarks/bench_gpu.py [UPDATES] [REPEATS] [WORKERS]
+usage: python benchmarks/bench_gpu.py [UPDATES] [REPEATS] [WORKERS] [--cpu] [--strategy=NAME]
+(``--cpu``: the same runs with ``device=cpu``, to check the benchmark itself on a machine without a GPU;
+``--strategy=ps_sync``: another strategy than ps_async, e.g. one whose gradients coincide in virtual time.)
 """
 from __future__ import annotations
 
 import subprocess
 import sys
 import threading
+import time
 
 from _common import fresh_runs, load_average
 
@@ -21,7 +24,7 @@ class GpuSampler:
     """Samples ``nvidia-smi --query-gpu=utilization.gpu`` on a thread while a run goes on."""
 
     def __init__(self, period_s: float = 0.1):
-        self.period_s, self.samples, self._stop = period_s, [], threading.Event()
+        self.period_s, self.samples, self._stop = period_s, [], threading.Event()  # (time.time(), percent)
         self._t = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
@@ -29,7 +32,7 @@ class GpuSampler:
             try:
                 out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
                                       "-i", "0"], capture_output=True, text=True, timeout=5).stdout
-                self.samples.append(float(out.strip().splitlines()[0]))
+                self.samples.append((time.time(), float(out.strip().splitlines()[0])))
             except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
                 pass
 
@@ -41,21 +44,25 @@ class GpuSampler:
         self._stop.set()
         self._t.join()
 
-    def busy(self) -> float:
-        """Mean utilisation (0..1) over the samples (the share of time a kernel was running)."""
-        return sum(self.samples) / len(self.samples) / 100.0 if self.samples else float("nan")
+    def busy(self, start: float, end: float) -> float:
+        """Mean utilisation (0..1) of the samples taken in [start, end] (the share of time a kernel ran)."""
+        xs = [u for t, u in self.samples if start <= t <= end]
+        return sum(xs) / len(xs) / 100.0 if xs else float("nan")
 
 
 def main() -> None:
     import torch
 
-    if not torch.cuda.is_available():
+    device = "cpu" if "--cpu" in sys.argv else "cuda"
+    strategy = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--strategy=")), "ps_async")
+    if device == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA GPU on this machine; nothing measured (run it on a machine with one)")
         return
-    updates = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
-    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    workers = int(sys.argv[3]) if len(sys.argv) > 3 else 256
-    common = ["launcher=inprocess", "agents=1", "device=cuda", f"workers={workers}", "strategy=ps_async",
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    updates = int(args[0]) if args else 3000
+    repeats = int(args[1]) if len(args) > 1 else 2
+    workers = int(args[2]) if len(args) > 2 else 256
+    common = ["launcher=inprocess", "agents=1", f"device={device}", f"workers={workers}", f"strategy={strategy}",
               f"stop.updates={updates}", "trace.mode=off", "eval.every=0"]
     fresh_runs({"warm": common + ["compute.batch=auto", "stop.updates=2"]}, 1)  # profile and probe, once
     best: dict[str, tuple[dict, float]] = {}
@@ -63,16 +70,29 @@ def main() -> None:
         for name in ("off", "auto"):
             with GpuSampler() as g:
                 (s,) = fresh_runs({name: common + [f"compute.batch={name}"]}, 1)[name]
+            t0, t1 = s["t_execute"]
+            busy = (g.busy(t1 - s["wall_barrier_s"], t1), g.busy(t0, t1))
+            print(f"  {name}: {updates / s['wall_time_s']:.1f} updates/s, GPU busy {busy[0]:.0%} of the window loop "
+                  f"({s['wall_barrier_s']:.1f} s), {busy[1]:.0%} of execute ({t1 - t0:.1f} s)", flush=True)
             if name not in best or s["wall_time_s"] < best[name][0]["wall_time_s"]:
-                best[name] = (s, g.busy())
+                best[name] = (s, busy)
     (off, busy_off), (auto, busy_auto) = best["off"], best["auto"]
     cb = auto["compute_batch"]
-    print(f"bench_gpu: {workers} vworkers (thesis CNN, ps_async) on {torch.cuda.get_device_name(0)}, {updates} "
-          f"updates, best of {repeats}: off {updates / off['wall_time_s']:.1f} updates/s (GPU busy "
-          f"{busy_off:.0%}), auto {updates / auto['wall_time_s']:.1f} updates/s (GPU busy {busy_auto:.0%}): "
-          f"{off['wall_time_s'] / auto['wall_time_s']:.2f}x (target >= 10x, busy >= 70 %); batches mean "
-          f"{cb.get('mean_batch', 0):.1f}, largest {cb.get('largest_batch')}; {workers} vworkers per GPU vs "
-          f"FedScale ~20 clients per GPU; load average {load_average()}")
+    rate = {k: (updates / v[0]["wall_time_s"], updates / v[0]["wall_barrier_s"]) for k, v in best.items()}
+    where = torch.cuda.get_device_name(0) if device == "cuda" else "the CPU"
+    print(f"bench_gpu: {workers} vworkers (thesis CNN, {strategy}) on {where}, {updates} "
+          f"updates, best of {repeats}\n"
+          f"  off:  {rate['off'][0]:.1f} updates/s whole run, {rate['off'][1]:.1f} in the window loop; GPU busy "
+          f"{busy_off[0]:.0%} of the loop, {busy_off[1]:.0%} of execute\n"
+          f"  auto: {rate['auto'][0]:.1f} updates/s whole run, {rate['auto'][1]:.1f} in the window loop; GPU busy "
+          f"{busy_auto[0]:.0%} of the loop, {busy_auto[1]:.0%} of execute\n"
+          f"  auto / off: {rate['auto'][0] / rate['off'][0]:.2f}x whole run, {rate['auto'][1] / rate['off'][1]:.2f}x "
+          f"window loop (target >= 10x; GPU busy >= 70 %); batches mean {cb.get('mean_batch', 0):.1f}, largest "
+          f"{cb.get('largest_batch')}, {cb.get('vmap_tasks')} of {cb.get('tasks')} tasks by vmap; the probe: "
+          f"vmap from batches of {[p.get('vmap_from') for a in cb.get('probes', []) for p in a.values()]}, "
+          f"switched to loop {cb.get('switched_to_loop')}\n"
+          f"  {workers} vworkers on one GPU vs FedScale ~20 clients per GPU, Flower num_gpus=0.1: 10 per GPU; "
+          f"load average {load_average()}")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,9 @@ class Training:
         self.data = data if data is not None else load_fashion_mnist(spec.data_root)
         self.device = torch.device(resolve_device(spec.device))
         self.scratch = build_model(spec.model, seed).to(self.device)
-        self.initial = flat_params(self.scratch).clone()
+        # the initial parameters as strategies send them (flat, on the CPU: Training.flat); profiling and the
+        # auto probe call gradient_at with them, so their calls look like the run's (same batch key)
+        self.initial = flat_params(self.scratch).cpu().clone()
         self.model_name = type(self.scratch).__name__
         self.model_bytes = param_bytes(self.scratch)
         labels = self.data.train_y.numpy()
