@@ -184,7 +184,9 @@ def build_model(cfg_or_target: str | Mapping[str, Any] | DictConfig, seed: int) 
             model = hydra.utils.instantiate({**cfg, "_target_": target}, _convert_="all")
         except InstantiationException as e:  # import and constructor errors alike
             cause = " ".join(str(e.__cause__ or e).split())  # one line: the config error is one sentence
-            raise ValueError(f"model._target_={target!r} could not be instantiated: {cause[:300]}") from e
+            cause = cause.split(" Are you sure")[0]  # Hydra's closing question: the sentence ends with a full stop
+            raise ValueError(f"model._target_={target!r} could not be instantiated: "
+                             f"{cause[:300].rstrip(' .?!')}.") from e
     if not isinstance(model, nn.Module):
         raise TypeError(f"model._target_={target!r} built a {type(model).__name__}, not a torch.nn.Module.")
     return model

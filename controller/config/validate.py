@@ -1026,7 +1026,8 @@ def _check_model(p: _Problems, model: dict[str, Any], seed: int) -> None:
     try:
         build_model(model, seed)
     except (ValueError, TypeError, ImportError) as e:
-        p.add(f"model._target_={model.get('_target_')!r} is not usable: {e}")
+        why = str(e)  # build_model's sentences name model._target_ themselves
+        p.add(why if why.startswith("model") else f"model._target_={model.get('_target_')!r} is not usable: {why}")
 
 
 @lru_cache(maxsize=4)

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ("lr=-0.1", r"lr=-0.1 is not valid; accepted: a number > 0\."),
     ("momentum=1", r"momentum=1 is not valid; accepted: a number >= 0 and < 1\."),
     ("stop.updates=null", r"stop.updates and stop.virtual_time are both null"),
-    ("model._target_=torch.nn.NotAModule", r"model._target_='torch.nn.NotAModule' is not usable"),
+    ("model._target_=torch.nn.NotAModule", r"model._target_='torch.nn.NotAModule' could not be instantiated: Error "
+                                           r"loading 'torch.nn.NotAModule': ModuleNotFoundError"),
     ("agents=500", r"agents=500 is not valid; accepted: at most the number of vworkers \(65\)"),
     ("network=lan", r"network=lan is not valid; accepted: cluster_1g \| datacenter_10g"),
     ("network.latncy=1ms", r"network.latncy is not a key of network; did you mean latency\?"),
@@ -130,6 +131,9 @@ def test_a_sweep_with_one_bad_point_fails_before_any_job_runs(tmp_path):
      "17179869184 (16GiB: every vworker holding it is a copy)."),
     (["compute.kinds=[[1,2],[3,4]]"],  # was a TypeError (a list is not hashable)
      "compute.kinds=[[1,2],[3,4]] is not valid; accepted: a list of gradient | update | aggregate."),
+    (["model._target_=0.0"],  # ended in Hydra's question mark, the target named twice
+     "model._target_='0.0' could not be instantiated: Error loading '0.0': ModuleNotFoundError(\"No module named "
+     "'0'\")."),
 ])
 def test_inputs_the_fuzzer_broke_are_refused_in_one_sentence(overrides, expected):
     with pytest.raises(ConfigError) as e:
