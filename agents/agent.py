@@ -169,7 +169,7 @@ class AgentProcess:
             if self.direct_server is not None:
                 self.direct_server.limits = limits
             metrics = self._open_metrics(plan.metrics)
-            self.core = AgentCore(plan, self.agent_id, data=_prepare(plan), metrics=metrics)
+            self.core = AgentCore(plan, self.agent_id, data=_prepare(plan), metrics=metrics, own_process=True)
         except Exception as e:  # noqa: BLE001 - reported to the controller, which stops the run
             log.exception("could not build the vworkers of agent %d", self.agent_id)
             await self._fail(f"could not build its vworkers: {type(e).__name__}: {e}")

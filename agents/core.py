@@ -83,7 +83,7 @@ class AgentCore:
     """Builds the vworkers placed on ``agent_id`` and runs them window by window."""
 
     def __init__(self, plan: Plan, agent_id: int, data: Any = None, tracer: Any = None,
-                 recorder: Recorder | None = None, metrics: Any = None):
+                 recorder: Recorder | None = None, metrics: Any = None, own_process: bool = False):
         self.plan, self.agent_id = plan, agent_id
         self.metrics = metrics  # an agents.observe.metrics.Metrics of role "agent", or None
         if tracer is None:
@@ -101,7 +101,8 @@ class AgentCore:
         self.env = Environment(self.kernel, plan.names, plan.network, plan.compute,
                                recorder=recorder, workload=self.training, seed=plan.seed,
                                settings=plan.settings, tracer=tracer, statelog=plan.statelog,
-                               threads=plan.workload.threads, faults=plan.faults)
+                               threads=plan.workload.threads, faults=plan.faults,
+                               waits_for_peers=own_process and plan.n_agents >= 2)
         if self.training is not None and self.env.compute.spec.model == "profiled":
             self.training.profile(self.env.compute, workers=len(wl.data_holders))
         ex = self.env.executor

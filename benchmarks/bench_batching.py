@@ -1,7 +1,8 @@
 """Deferred, batched compute (DESIGN §4.2, agents/sim/executor.py): compute.batch=auto against off.
 
 Two points, each a fresh process per run, interleaved (off, loop, auto, off, ...), best of REPEATS (``loop``:
-deferred and overlapped without vmap, to tell the two gains apart):
+deferred without vmap, to tell the two gains apart; in one process ``compute.overlap=auto`` runs no
+background thread, so neither side overlaps):
 
 * 64 workers, model=mlp, ps_async, UPDATES updates, in-process (target: auto >= 1.5x faster than off);
 * the default experiment (the thesis CNN), the same updates (target: auto no slower than off).
@@ -42,7 +43,7 @@ def main() -> None:
               f"off {off['wall_time_s']:.2f} s (loop {off['wall_barrier_s']:.2f} s), auto "
               f"{auto['wall_time_s']:.2f} s (loop {auto['wall_barrier_s']:.2f} s): auto is "
               f"{off['wall_time_s'] / auto['wall_time_s']:.2f}x faster (window loop "
-              f"{off['wall_barrier_s'] / auto['wall_barrier_s']:.2f}x); loop (deferred, overlapped, no vmap) "
+              f"{off['wall_barrier_s'] / auto['wall_barrier_s']:.2f}x); loop (deferred, no vmap) "
               f"{loop['wall_time_s']:.2f} s: {off['wall_time_s'] / loop['wall_time_s']:.2f}x; least CPU: off "
               f"{min(s['cpu_s'] for s in res['off']):.1f} s, loop {min(s['cpu_s'] for s in res['loop']):.1f} s, "
               f"auto {min(s['cpu_s'] for s in res['auto']):.1f} s; auto's batches: mean "

@@ -146,7 +146,7 @@ class Environment:
     def __init__(self, kernel: Kernel, names: list[str], network: NetworkSpec, compute: ComputeSpec,
                  recorder: Recorder | None = None, workload: Any = None, seed: int = 0,
                  settings: dict[str, Any] | None = None, tracer: Any = None, statelog: Any = None,
-                 threads: int = 1, faults: FaultSpec | None = None):
+                 threads: int = 1, faults: FaultSpec | None = None, waits_for_peers: bool = False):
         self.kernel = kernel
         self.names = names
         self.ids = {n: i for i, n in enumerate(names)}
@@ -164,8 +164,13 @@ class Environment:
         self.executor: Executor | None = None
         if compute.batch != "off" and compute.model != "measured":
             overlap = compute.overlap
-            if overlap == "auto":  # a background thread only pays with a core to run on
-                overlap = usable_cpus() >= 2
+            if overlap == "auto":
+                # A background thread pays only where the agent's own thread would otherwise wait: an agent
+                # process beside other agents waits for their windows. Alone (in-process, or one agent) that
+                # thread never waits, and a second thread computing beside it contends for the GIL: measured on
+                # 2 cores, 3 000 updates, in one process: +7 % wall on the default CNN, +16 % on the MLP
+                # (docs/benchmarks.md, issue 11). And it needs a core to run on.
+                overlap = waits_for_peers and usable_cpus() >= 2
             self.executor = Executor(ExecutorSpec(compute.batch, compute.max_batch, bool(overlap)),
                                      threads=threads)
         self.network: Any

@@ -406,7 +406,8 @@ class ComputeConfig:
                                            "size)")
     max_batch: int = doc(64, "the most deferred calls run together in one batch", lo=1)
     overlap: Any = doc("auto", "run deferred calls early on a background thread while the vworkers and windows "
-                               "go on: auto (when the agent may use at least 2 CPUs) | true | false")
+                               "go on: auto (in an agent process beside other agents, with at least 2 usable "
+                               "CPUs) | true | false")
     layerwise: bool = doc(False, "layer-wise overlap (wait-free backprop): each layer's gradient leaves when its "
                                  "backward pass ends and a layer's forward pass waits only for its own parameters "
                                  "(PS and ring strategies; docs/predict.md)")

@@ -830,7 +830,8 @@ def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -
         p.bad("compute.kinds", c.kinds, "a list of " + " | ".join(KINDS))
     straggle = c.straggle
     if not (isinstance(c.overlap, bool) or c.overlap == "auto"):
-        p.bad("compute.overlap", c.overlap, "auto (on with at least 2 usable CPUs) | true | false")
+        p.bad("compute.overlap", c.overlap,
+              "auto (on in an agent process beside other agents, with at least 2 usable CPUs) | true | false")
     return ComputeSettings(
         model=model, constant_s=constant_s, dist=c.distribution.value, dist_params=tuple(c.params),
         dist_kinds=tuple(c.kinds), peak_flops=c.peak_flops, profile_db=c.db or "", profile_runs=c.runs,

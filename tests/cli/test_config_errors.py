@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ("compute.stragglers={w1:-2}", r"compute.stragglers=\{w1:-2\} is not valid; accepted: a mapping"),
     ("compute.batch=fast", r"compute.batch=fast is not valid; accepted: off \| loop \| vmap \| auto"),
     ("compute.max_batch=0", r"compute.max_batch=0 is not valid; accepted: an integer >= 1"),
-    ("compute.overlap=sometimes", r"compute.overlap=sometimes is not valid; accepted: auto \(on with at least 2"),
+    ("compute.overlap=sometimes", r"compute.overlap=sometimes is not valid; accepted: auto \(on in an agent process "
+                                  r"beside other agents"),
     ("controller.windows=ring", r"controller.windows=ring is not valid; accepted: direct \| hub"),
     ("workers=70000", r"workers=70000 is not valid; accepted: at most the 60000 training samples, or set "
                       r"data.per_client"),

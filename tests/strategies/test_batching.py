@@ -60,6 +60,24 @@ def test_loop_over_two_agent_processes_with_overlap_matches_off_in_one_process(t
     assert_same_outputs(tmp_path / "off", tmp_path / "local")
 
 
+def test_overlap_auto_runs_a_background_thread_only_in_agent_processes_beside_others(tmp_path):
+    """In one process the vworkers' own thread never waits, so a background thread only contends for the GIL
+    (measured +7 % wall on the default CNN, +16 % on the MLP): overlap=auto leaves it off there. An agent
+    process waits for its peers' windows, and there (with two usable CPUs) the thread computes meanwhile."""
+    from agents.sim.env import usable_cpus
+
+    base = ["strategy=ps_async", "workers=4", "stop.updates=6", "eval.every=0", "compute.batch=loop"]
+    one = run_dist(tmp_path / "one", base)
+    two_inprocess = run_dist(tmp_path / "two_inprocess", base + ["agents=2"])
+    two_local = run_dist(tmp_path / "two_local", base + ["agents=2"], local=True)
+    forced = run_dist(tmp_path / "forced", base + ["compute.overlap=true"])
+    assert one.summary["compute_batch"]["overlap"] is False
+    assert two_inprocess.summary["compute_batch"]["overlap"] is False
+    assert two_local.summary["compute_batch"]["overlap"] is (usable_cpus() >= 2)
+    assert forced.summary["compute_batch"]["overlap"] is True
+    assert_same_outputs(tmp_path / "one", tmp_path / "two_local")  # the thread never changes what is computed
+
+
 VMAP = ["workers=8", "stop.updates=100", "eval.every=0", "network.latency=100us", "batch_size=8"]
 
 
