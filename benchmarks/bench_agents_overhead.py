@@ -5,7 +5,8 @@ Variants, each a fresh process per run, interleaved, best of REPEATS kept (the m
 * ``inprocess``: ``launcher=inprocess agents=1`` — the baseline (``inprocess off``: with eager compute, as
   before deferred compute);
 * ``agents=2`` and ``agents=4``: local agent processes with the defaults (direct windows between the
-  agents, deferred compute overlapped on a background thread in each agent process) — targets <= 1.3 and <= 1.5 x inprocess;
+  agents, deferred compute overlapped on a background thread in each agent process) — targets <= 1.3 and
+  <= 1.5 x inprocess;
 * ``agents=2 hub``: the same with ``controller.windows=hub`` (every window through the controller over
   gRPC) and ``compute.batch=off`` (eager compute): the protocol before direct windows, for comparison.
 

@@ -157,7 +157,7 @@ class ComputeSpec:
     seed: int = 0
     batch: str = "loop"  # off | loop | vmap | auto: deferred, batched execution (agents.sim.executor)
     max_batch: int = 64
-    overlap: bool | str = "auto"  # run deferred tasks early on a background thread (auto: with >= 2 CPUs)
+    overlap: bool | str = "auto"  # deferred tasks early on a background thread (auto: agent processes, >= 2 CPUs)
     # profiled with a named device profile (conf/profiles/<name>.json): the emulated machine's durations by
     # signature, carried by the plan so every agent and host uses the same ones ("" / {}: time this host)
     profile_name: str = ""
