@@ -160,3 +160,91 @@ def test_read_idx_handles_wider_big_endian_types(tmp_path):
     path.write_bytes(struct.pack(">BBBB", 0, 0, 0x0C, 2) + struct.pack(">2I", 2, 2) + values.tobytes())
     out = read_idx(path)
     assert out.dtype == np.dtype("int32") and out.tolist() == [[1, -2], [300, 70000]]
+
+
+# ---------------------------------------------------------------- the decoded cache
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private cache directory, and files small enough for tests counted as worth caching."""
+    monkeypatch.setenv("LOCKSTEP_DATA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(data, "CACHE_FROM_BYTES", 0)
+    return tmp_path / "cache"
+
+
+def _mapped_from(t: torch.Tensor, path: Path) -> bool:
+    """Whether the tensor's memory is a mapping of ``path`` (/proc/self/maps)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(str(path)):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= t.data_ptr() < hi:
+                return True
+    return False
+
+
+def _assert_pixels(x: torch.Tensor, raw: np.ndarray) -> None:
+    torch.testing.assert_close(x, expected_pixels(raw), rtol=0, atol=1e-6)
+
+
+def _fresh_load(root: Path):
+    data._load_files.cache_clear()  # as a new process would: the per-process cache forgotten
+    return load_fashion_mnist(root)
+
+
+def test_a_second_process_maps_the_decoded_images_bit_for_bit(tmp_path, cache):
+    arrays = write_dataset(tmp_path / "d", gz=True, n_train=30, n_test=7)
+    first = _fresh_load(tmp_path / "d")
+    assert sorted(p.name.split("-")[0] for p in cache.glob("*.npy")) == ["t10k", "train"]
+    second = _fresh_load(tmp_path / "d")
+    (entry,) = cache.glob("train*.npy")
+    assert _mapped_from(second.train_x, entry) and not _mapped_from(first.train_x, entry)
+    for a, b in ((first.train_x, second.train_x), (first.test_x, second.test_x)):
+        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b)
+    torch.testing.assert_close(second.train_x, expected_pixels(arrays[NAMES[0]]), rtol=0, atol=1e-6)
+    assert torch.equal(second.train_y, first.train_y)
+
+
+def test_a_changed_file_is_decoded_again_and_replaces_its_old_entry(tmp_path, cache):
+    write_dataset(tmp_path / "d", gz=False, n_train=30, tag=1)
+    _fresh_load(tmp_path / "d")
+    before = {p.name for p in cache.glob("train*.npy")}
+    arrays = write_dataset(tmp_path / "d", gz=False, n_train=40, tag=2)  # new contents, size and mtime
+    again = _fresh_load(tmp_path / "d")
+    torch.testing.assert_close(again.train_x, expected_pixels(arrays[NAMES[0]]), rtol=0, atol=1e-6)  # not stale
+    after = {p.name for p in cache.glob("train*.npy")}
+    assert len(after) == 1 and after != before
+
+
+def test_labels_are_checked_against_cached_images_too(tmp_path, cache):
+    write_dataset(tmp_path / "d", gz=False, n_train=30)
+    _fresh_load(tmp_path / "d")
+    (tmp_path / "d" / NAMES[1]).write_bytes(idx_bytes(np.zeros(29, dtype=np.uint8)))  # one label short
+    with pytest.raises(IDXFormatError, match="expected 30 labels"):
+        _fresh_load(tmp_path / "d")
+
+
+def test_an_unusable_cache_only_costs_time(tmp_path, monkeypatch):
+    arrays = write_dataset(tmp_path / "d", gz=False, n_train=30)
+    monkeypatch.setattr(data, "CACHE_FROM_BYTES", 0)
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the cache directory would go")
+    monkeypatch.setenv("LOCKSTEP_DATA_CACHE", str(blocker / "cache"))
+    _assert_pixels(_fresh_load(tmp_path / "d").train_x, arrays[NAMES[0]])
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LOCKSTEP_DATA_CACHE", str(cache))
+    _fresh_load(tmp_path / "d")
+    (entry,) = cache.glob("train*.npy")
+    entry.write_bytes(entry.read_bytes()[:100])  # cut short (a crash while another process wrote it)
+    _assert_pixels(_fresh_load(tmp_path / "d").train_x, arrays[NAMES[0]])
+    monkeypatch.setenv("LOCKSTEP_DATA_CACHE", "off")
+    _fresh_load(tmp_path / "d")
+
+
+def test_small_files_and_off_write_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCKSTEP_DATA_CACHE", str(tmp_path / "cache"))
+    write_dataset(tmp_path / "d", gz=False)  # far below CACHE_FROM_BYTES
+    _fresh_load(tmp_path / "d")
+    assert not (tmp_path / "cache").exists()
+    monkeypatch.setattr(data, "CACHE_FROM_BYTES", 0)
+    monkeypatch.setenv("LOCKSTEP_DATA_CACHE", "off")
+    _fresh_load(tmp_path / "d")
+    assert not (tmp_path / "cache").exists()
