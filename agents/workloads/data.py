@@ -159,7 +159,10 @@ def data_cache_dir() -> Path | None:
     env = os.environ.get("LOCKSTEP_DATA_CACHE")
     if env:
         return None if env == "off" else Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lockstep" / "data"
+    try:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lockstep" / "data"
+    except (RuntimeError, KeyError):  # no HOME and no passwd entry (a container's arbitrary user): no cache
+        return None
 
 
 def _cache_path(images_path: Path, mean: float, std: float) -> Path | None:

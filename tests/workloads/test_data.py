@@ -248,3 +248,18 @@ def test_small_files_and_off_write_no_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCKSTEP_DATA_CACHE", "off")
     _fresh_load(tmp_path / "d")
     assert not (tmp_path / "cache").exists()
+
+
+def test_no_home_directory_means_no_cache(tmp_path, monkeypatch):
+    """A container's arbitrary user may have neither HOME nor a passwd entry: the data still loads."""
+    monkeypatch.delenv("LOCKSTEP_DATA_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert data.data_cache_dir() is None
+    arrays = write_dataset(tmp_path / "d", gz=False, n_train=30)
+    monkeypatch.setattr(data, "CACHE_FROM_BYTES", 0)
+    _assert_pixels(_fresh_load(tmp_path / "d").train_x, arrays[NAMES[0]])
