@@ -136,6 +136,8 @@ app.kubernetes.io/managed-by: lockstep
   value: /tmp/.cache
 - name: MPLCONFIGDIR
   value: /tmp/.cache/matplotlib
+- name: LOCKSTEP_DATA_CACHE  # every pod starts afresh: a decoded-data cache would be written, never read
+  value: "off"
 - name: LOCKSTEP_PROFILE_DB
   value: /tmp/lockstep-profile.db
 - name: PYTHONDONTWRITEBYTECODE

@@ -51,6 +51,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: /tmp/.cache
 - name: MPLCONFIGDIR
   value: /tmp/.cache/matplotlib
+- name: LOCKSTEP_DATA_CACHE  # every pod starts afresh: a decoded-data cache would be written, never read
+  value: "off"
 - name: LOCKSTEP_PROFILE_DB
   value: /tmp/lockstep-profile.db
 - name: PYTHONDONTWRITEBYTECODE
