@@ -115,12 +115,14 @@ RUN set -eux; \
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app /app
 # Everything lockstep, torch and matplotlib write goes to /tmp (the chart mounts an emptyDir there
-# and makes the root filesystem read-only; with docker run: --read-only --tmpfs /tmp).
+# and makes the root filesystem read-only; with docker run: --read-only --tmpfs /tmp). A container
+# starts afresh, so the decoded data set (219 MB, docs/workloads.md) is not cached there.
 ENV PATH=/opt/venv/bin:$PATH \
     HOME=/tmp \
     XDG_CACHE_HOME=/tmp/.cache \
     MPLCONFIGDIR=/tmp/.cache/matplotlib \
-    LOCKSTEP_PROFILE_DB=/tmp/lockstep-profile.db
+    LOCKSTEP_PROFILE_DB=/tmp/lockstep-profile.db \
+    LOCKSTEP_DATA_CACHE=off
 # Runs write under the working directory: mount a volume here that uid 10001 can write.
 WORKDIR /results
 VOLUME /results
