@@ -198,11 +198,7 @@ class ParameterServer(TrainingWorker):
         for w in ready:
             self.held.remove(w)
             self.max_gap = max(self.max_gap, self.clocks[w] - slowest)
-            if self.p2p is not None:
-                self.p2p.send(w, (params, self.version), tag="params")
-                self.p2p.post_recv(w, "grad")
-            else:
-                self.send(w, (params, self.version), tag="params")
+            await self._send_params([w], params, (self.version,))
 
     async def _run_sync(self) -> None:
         order = {w: i for i, w in enumerate(self.workers)}

@@ -48,3 +48,13 @@ def test_layerwise_overlap_shortens_the_step_and_keeps_the_gradients(tmp_path):
     layered = run(tmp_path / "b", [*ov, "compute.layerwise=true"])
     assert layered.summary["virtual_time_ns"] < whole.summary["virtual_time_ns"]
     assert layered.params.equal(whole.params)
+
+
+def test_ssp_releases_held_workers_layer_by_layer(tmp_path):
+    """SSP's PS releases a held worker with the per-layer messages a layer-wise worker waits for (it sent
+    one whole-model message, which the worker never took: the run ended after 4 of its 40 updates)."""
+    ov = ["strategy=ssp", "strategy.staleness_bound=0", "workers=4", "stop.updates=40", "compute.gradient=0.01"]
+    whole = run(tmp_path / "a", ov)
+    layered = run(tmp_path / "b", [*ov, "compute.layerwise=true"])
+    assert whole.summary["updates"] == layered.summary["updates"] == 40
+    assert layered.summary["stopped_by"] == whole.summary["stopped_by"]
