@@ -41,33 +41,14 @@ def measure(kinds: tuple[str, ...], shapes: int, repeats: int, seed: int, passes
     the protocol before, hid it: docs/benchmarks.md)."""
     import torch
 
-    from agents.sim import keyed
-    from agents.workloads.layers import time_nm
-    from controller.estimate import _random_op
+    from controller.estimate import time_random_ops
 
     torch.set_num_threads(1)
     rows = []
-    for kind in kinds:
+    for kind in kinds:  # the same keyed shapes as fit_estimators(seed)
         t0 = time.perf_counter()
-        ops = []
-        for i in range(shapes):  # the same keyed shapes as fit_estimators(seed)
-            mod, x, feats = _random_op(kind, keyed.generator(seed, "estimator", kind, i))
-            xg = x.clone().requires_grad_(True)
-            y = mod(xg)
-            ops.append((mod, x, y, torch.ones_like(y), [*mod.parameters(), xg]))
-            rows.append({"kind": kind, "features": feats, "forward": [], "backward": []})
-        mine = rows[-shapes:]
-        for _ in range(passes):
-            for row, (mod, x, y, go, wrt) in zip(mine, ops):
-                def forward(mod=mod, x=x):
-                    with torch.no_grad():
-                        return mod(x)
-
-                def backward(y=y, wrt=wrt, go=go):
-                    return torch.autograd.grad(y, wrt, go, retain_graph=True)
-
-                row["forward"].append(time_nm(forward, repeats=repeats))
-                row["backward"].append(time_nm(backward, repeats=repeats))
+        rows += [{"kind": kind, "features": feats, **got}
+                 for feats, got in time_random_ops(kind, shapes, seed, repeats, passes)]
         print(f"measured {shapes} {kind} shapes ({passes} passes) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return rows
 

@@ -71,6 +71,15 @@ def random_samples(kind: str, count: int, seed: int, repeats: int,
     """
     import statistics
 
+    timed = time_random_ops(kind, count, seed, repeats, passes)
+    return {phase: [(feats, statistics.median(got[phase])) for feats, got in timed]
+            for phase in ("forward", "backward")}
+
+
+def time_random_ops(kind: str, count: int, seed: int, repeats: int,
+                    passes: int) -> list[tuple[dict[str, float], dict[str, list[float]]]]:
+    """The features of ``count`` keyed random operations of ``kind`` and every pass's forward and backward
+    seconds of each, the passes round-robin over all shapes (:func:`random_samples` keeps their medians)."""
     import torch
 
     from agents.sim import keyed
@@ -94,8 +103,7 @@ def random_samples(kind: str, count: int, seed: int, repeats: int,
 
             got["forward"].append(time_nm(forward, repeats=repeats))
             got["backward"].append(time_nm(backward, repeats=repeats))
-    return {phase: [(op[0], statistics.median(got[phase])) for op, got in zip(ops, times)]
-            for phase in ("forward", "backward")}
+    return [(op[0], got) for op, got in zip(ops, times)]
 
 
 def host_blocks() -> tuple[int, int]:

@@ -81,6 +81,23 @@ def trace_stop(out: str) -> None:
     os.rmdir(INSTANCE)
 
 
+
+def _await_listening(proc: subprocess.Popen, host: int, timeout_s: float = 30.0) -> None:
+    """Wait until tcpdump says it is capturing ("tcpdump: listening on eth0, ..." on its stderr)."""
+    import select
+
+    deadline, seen = time.monotonic() + timeout_s, b""
+    fd = proc.stderr.fileno()
+    while b"listening on" not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise RuntimeError(f"tcpdump on host {host} did not start capturing in {timeout_s:.0f} s")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise RuntimeError(f"tcpdump on host {host} exited ({proc.wait()}): {seen.decode(errors='replace')}")
+        seen += chunk
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", choices=["ring", "ps_sync", "ps_async"], required=True)
@@ -130,7 +147,8 @@ def main() -> int:
                     ["ip", "netns", "exec", topo.host_ns(h), "tcpdump", "-i", "eth0", "-s", "128", "-n",
                      "-j", "adapter_unsynced", "--time-stamp-precision=nano", "-w",
                      os.path.join(out_dir, f"h{h}.pcap")],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=realrun._pdeathsig))
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=realrun._pdeathsig))
+                _await_listening(helpers[-1], h)
             for h in (sample_hosts if a.sample_us > 0 else []):
                 sp = subprocess.Popen(["ip", "netns", "exec", topo.host_ns(h), sampler, "--interval-us",
                                        str(a.sample_us), "--prefix", "10.77.0.", "--out",
@@ -140,13 +158,14 @@ def main() -> int:
                 helpers.append(sp)
             if not a.no_trace:
                 trace_start(a.trace_buffer_kb)
-            time.sleep(0.5)  # tcpdump opens its socket
             offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             try:
                 out = realrun._run_workers(topo, rr_args, world, timeout, run_dir)
             finally:
                 if not a.no_trace:
                     trace_stop(os.path.join(out_dir, "probe.txt"))
+                # the workers have exited, but their last ACKs may still be crossing the delay daemon (one-way
+                # latency <= 10 ms here) and nothing says when they have arrived: give them a bounded moment
                 time.sleep(0.3)
                 for hp in helpers:  # by pid: SIGTERM makes tcpsample write its samples and tcpdump flush
                     hp.terminate()
