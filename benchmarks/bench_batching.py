@@ -11,7 +11,9 @@ It prints each side's best wall time and window-loop time, their ratios, each si
 (mean and largest batch, share of tasks run by vmap) and the load average. ``auto`` probes loop against
 vmap at start-up and keeps the figures in the profile database; the script warms that database first,
 so both sides measure the run, not the probe.
-usage: python benchmarks/bench_batching.py [UPDATES] [REPEATS] [--point mlp|cnn]
+``--thread`` adds ``loop`` with ``compute.overlap=true`` (a background thread in one process, which
+``compute.overlap=auto`` no longer starts there: docs/benchmarks.md, issue 11).
+usage: python benchmarks/bench_batching.py [UPDATES] [REPEATS] [--point mlp|cnn] [--thread]
 """
 from __future__ import annotations
 
@@ -31,9 +33,12 @@ def main() -> None:
     common = ["launcher=inprocess", "agents=1", f"stop.updates={updates}", "trace.mode=off"]
     for name, over in points.items():
         fresh_runs({"warm": common + over + ["compute.batch=auto", "stop.updates=2"]}, 1)  # the probe, once
-        res = fresh_runs({"off": common + over + ["compute.batch=off"],
-                          "loop": common + over + ["compute.batch=loop"],
-                          "auto": common + over + ["compute.batch=auto"]}, repeats)
+        variants = {"off": common + over + ["compute.batch=off"],
+                    "loop": common + over + ["compute.batch=loop"],
+                    "auto": common + over + ["compute.batch=auto"]}
+        if "--thread" in sys.argv:
+            variants["loop+thread"] = common + over + ["compute.batch=loop", "compute.overlap=true"]
+        res = fresh_runs(variants, repeats)
         off = min(res["off"], key=lambda s: s["wall_time_s"])
         loop = min(res["loop"], key=lambda s: s["wall_time_s"])
         auto = min(res["auto"], key=lambda s: s["wall_time_s"])
@@ -50,6 +55,11 @@ def main() -> None:
               f"{cb['mean_batch']:.2f}, "
               f"largest {cb['largest_batch']}, {share:.0%} of tasks by vmap, overlap {cb['overlap']}; "
               f"load average {load_average()}")
+        if "loop+thread" in res:
+            th = min(res["loop+thread"], key=lambda s: s["wall_time_s"])
+            print(f"  loop with a background thread (compute.overlap=true) {th['wall_time_s']:.2f} s: "
+                  f"{off['wall_time_s'] / th['wall_time_s']:.2f}x off, {loop['wall_time_s'] / th['wall_time_s']:.2f}x "
+                  f"loop without it; least CPU {min(s['cpu_s'] for s in res['loop+thread']):.1f} s")
 
 
 if __name__ == "__main__":

@@ -168,8 +168,8 @@ class Environment:
                 # A background thread pays only where the agent's own thread would otherwise wait: an agent
                 # process beside other agents waits for their windows. Alone (in-process, or one agent) that
                 # thread never waits, and a second thread computing beside it contends for the GIL: measured on
-                # 2 cores, 3 000 updates, in one process: +7 % wall on the default CNN, +16 % on the MLP
-                # (docs/benchmarks.md, issue 11). And it needs a core to run on.
+                # 2 cores, 3 000 updates, in one process: +15 % wall on the MLP, no gain on the default CNN
+                # (bench_batching.py --thread; docs/benchmarks.md, issue 11). And it needs a core to run on.
                 overlap = waits_for_peers and usable_cpus() >= 2
             self.executor = Executor(ExecutorSpec(compute.batch, compute.max_batch, bool(overlap)),
                                      threads=threads)

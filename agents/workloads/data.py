@@ -3,10 +3,11 @@
 Search order: ``data.root`` when set (and then only it), else Debian's
 ``dataset-fashion-mnist`` package, else the torchvision layout under ``./data``.
 
-Decoding the gzip'd images and normalising them takes ~0.6 s, paid by every process that reads them (the
-controller's validation, the agents' forkserver, every ``python -m agents``). So the normalised images
-are kept, once per machine, in :func:`data_cache_dir` (one ``.npy`` per images file, named by the file's
-path, size and modification time) and later processes map that file instead (~15 ms). The values are
+Decoding the gzip'd images and normalising them takes ~0.3 s (more on a busy machine), paid by every
+process that reads them (the controller's validation, the agents' forkserver, every ``python -m agents``).
+So the normalised images are kept, once per machine, in :func:`data_cache_dir` (one ``.npy`` per images
+file, named by the file's path, size and modification time) and later processes map that file instead
+(~3 ms; ``benchmarks/bench_data.py``). The values are
 the decoded ones, bit for bit; a file that changes gets a new entry; an unwritable cache is skipped.
 """
 from __future__ import annotations

@@ -62,7 +62,7 @@ def test_loop_over_two_agent_processes_with_overlap_matches_off_in_one_process(t
 
 def test_overlap_auto_runs_a_background_thread_only_in_agent_processes_beside_others(tmp_path):
     """In one process the vworkers' own thread never waits, so a background thread only contends for the GIL
-    (measured +7 % wall on the default CNN, +16 % on the MLP): overlap=auto leaves it off there. An agent
+    (measured +15 % wall on the MLP, no gain on the CNN): overlap=auto leaves it off there. An agent
     process waits for its peers' windows, and there (with two usable CPUs) the thread computes meanwhile."""
     from agents.sim.env import usable_cpus
 
