@@ -20,7 +20,7 @@ from agents.observe.trace import tracer_for
 from agents.workloads.training import Training
 from agents.sim.types import INFINITY, VirtualTime
 
-__all__ = ["AgentCore", "Reached", "peak_memory"]
+__all__ = ["AgentCore", "Reached", "peak_memory", "process_cpu_s"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,14 @@ def peak_memory(device: str | None = None) -> dict[str, int]:
     if device is not None and device.startswith("cuda") and torch.cuda.is_available():
         out["gpu_peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(torch.device(device)))
     return out
+
+
+def process_cpu_s() -> float:
+    """CPU seconds this process has used so far, user and system, every thread."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 COMPACT_FROM_VWORKERS = 1000
@@ -180,7 +188,7 @@ class AgentCore:
         return {"profile_misses": c.profile_misses, "profile_fallbacks": c.profile_fallbacks,
                 "reproducible": c.reproducible, "device": device,
                 "executor": ex.info() if ex is not None else None,
-                "memory": {**peak_memory(device), "compact": self.compact_memory}}
+                "memory": {**peak_memory(device), "compact": self.compact_memory, "cpu_s": process_cpu_s()}}
 
     def close(self) -> None:
         """Stop the executor's background thread (the vworkers are done)."""

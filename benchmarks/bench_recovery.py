@@ -33,7 +33,7 @@ from pathlib import Path
 
 from _common import ROOT, load_average
 
-WALL = ("wall_time_s", "wall_compute_s", "wall_barrier_s", "speed_ratio", "peak_memory", "recovery", "run_id")
+WALL = ("wall_time_s", "wall_compute_s", "wall_barrier_s", "wall_cpu_s", "speed_ratio", "peak_memory", "recovery", "run_id")
 
 
 def lockstep(*args: str) -> subprocess.Popen:

@@ -402,6 +402,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "wall_barrier_s": col.barrier_s,
         "compute_batch": compute_batch_summary(rc.compute, info.get("executors", [])),
         "peak_memory": memory_summary(info.get("memory", [])),
+        "wall_cpu_s": cpu_summary(info.get("memory", [])),
         "recovery": recovery.summary(),
     }
     if stopped is not None:
@@ -454,6 +455,14 @@ def memory_summary(per_process: list[dict[str, int]]) -> dict[str, Any]:
         out["gpu_peak_allocated_bytes"] = gpu
     out["max_rss_bytes"] = max([out["controller_rss_bytes"], *agents])
     return out
+
+
+def cpu_summary(per_process: list[dict[str, Any]]) -> dict[str, Any]:
+    """CPU seconds of the controller process and of each agent process (in-process: the same process),
+    counted when the agents reported their last window: where the run's work went, agent by agent."""
+    from agents.core import process_cpu_s
+
+    return {"controller": round(process_cpu_s(), 3), "agents": [round(m.get("cpu_s", 0.0), 3) for m in per_process]}
 
 
 def plan_model_bytes(plan: Plan, training: Any) -> int:

@@ -21,6 +21,11 @@ def test_results_do_not_depend_on_agents_or_placement(tmp_path, strategy):
         r = run(d, COMMON + [f"strategy={strategy}", f"agents={agents}", f"placement={placement}"], local=local)
         assert r.summary["messages_remote"] > 0, "vworkers should really be spread over agents"
         assert_same_outputs(base, d)
+        cpu = r.summary["wall_cpu_s"]  # where the work went: each agent's process reports its own CPU time
+        assert len(cpu["agents"]) == agents and cpu["controller"] > 0
+        assert all(s > 0 for s in cpu["agents"])
+        if local:  # separate processes: no agent counts the controller's CPU or another agent's
+            assert len(set(cpu["agents"] + [cpu["controller"]])) == agents + 1
 
 
 TCP = ["workers=4", "eval.every=4", "eval.samples=200", "network=tcp", "network.latency=1ms",

@@ -26,7 +26,7 @@ from tests.helpers import agent_pids, alive
 RUN = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=1500", "eval.every=500",
        "progress=false", "launcher=local", "controller.heartbeat_s=0.5", "network.latency=1ms"]
 # summary.json fields that depend on the wall clock or on the history of the run, not on its result
-WALL = ("wall_time_s", "wall_compute_s", "wall_barrier_s", "speed_ratio", "peak_memory", "recovery", "run_id")
+WALL = ("wall_time_s", "wall_compute_s", "wall_barrier_s", "wall_cpu_s", "speed_ratio", "peak_memory", "recovery", "run_id")
 
 
 def _cli(*args: str) -> subprocess.Popen:
