@@ -22,7 +22,7 @@ def run(run_dir: Path, overrides: list[str], local: bool, **settings):
 
 
 def fresh_runs(variants: dict[str, list[str]], repeats: int, keys: tuple[str, ...] = (
-        "wall_time_s", "wall_barrier_s", "windows", "compute_batch", "peak_memory")) -> dict[str, list[dict]]:
+        "wall_time_s", "wall_barrier_s", "windows", "compute_batch", "peak_memory", "wall_cpu_s")) -> dict[str, list[dict]]:
     """Run every variant ``repeats`` times, interleaved (A B C A B C ...), each in a fresh Python process
     (a second run in one process would find torch imported and the data loaded); the summaries' ``keys``.
 

@@ -11,9 +11,11 @@ Variants, each a fresh process per run, interleaved, best of REPEATS kept (the m
   gRPC) and ``compute.batch=off`` (eager compute): the protocol before direct windows, for comparison.
 
 It prints whole-run wall times (``execute`` from the plan to summary.json: agent start-up included) and
-window-loop times, their ratios to inprocess, the windows, and the load average. With ``--cores N`` it
+window-loop times, their ratios to inprocess, the windows, the CPU seconds of every process (summary.json's
+``wall_cpu_s``: the busiest agent bounds the window loop), and the load average. With ``--cores N`` it
 also runs agents=1 (one local agent process) to show scale-out on a machine with N cores: agents=4
-against agents=1 (target there: >= 2x faster with 16 cores), and agents=8.
+against agents=1 (target there: >= 2x faster with 16 cores), agents=8, and agents=4 and 5 with
+``placement=ps_alone`` (the PS alone on agent 0).
 ``--set k=v,k=v`` adds overrides to every variant (e.g. ``strategy=ring_allreduce``: another experiment).
 usage: python benchmarks/bench_agents_overhead.py [UPDATES] [REPEATS] [--no-hub] [--only inprocess,agents=2,...]
        [--cores N] [--set k=v,...]
@@ -43,6 +45,9 @@ def main() -> None:
     if "--cores" in sys.argv:
         variants["agents=1 local"] = common + ["launcher=local", "agents=1"]
         variants["agents=8"] = common + ["launcher=local", "agents=8"]
+        # the PS alone on agent 0 (its agent is the busiest with round_robin), workers on the others
+        variants["agents=4 ps_alone"] = common + ["launcher=local", "agents=4", "placement=ps_alone"]
+        variants["agents=5 ps_alone"] = common + ["launcher=local", "agents=5", "placement=ps_alone"]
     if "--only" in sys.argv:
         keep = sys.argv[sys.argv.index("--only") + 1].split(",")
         variants = {k: v for k, v in variants.items() if k in keep}
@@ -53,13 +58,16 @@ def main() -> None:
     for name, s in best.items():
         line = (f"{name}: whole run {s['wall_time_s']:.2f} s, window loop {s['wall_barrier_s']:.2f} s, "
                 f"{s['windows']} windows, CPU {s['cpu_s']:.1f} s")
+        cpu = s.get("wall_cpu_s") or {}
+        if "launcher=local" in variants[name] and cpu.get("agents"):  # each process's CPU seconds
+            line += f" (controller {cpu['controller']:.1f}, agents {' '.join(f'{c:.1f}' for c in cpu['agents'])})"
         if base is not None and name != "inprocess":
             line += (f"; ratio to inprocess: whole run {s['wall_time_s'] / base['wall_time_s']:.2f}, "
                      f"loop {s['wall_barrier_s'] / base['wall_barrier_s']:.2f}")
         lines.append(line)
     if "agents=1 local" in best:
         one = best["agents=1 local"]
-        for n in (2, 4, 8):
+        for n in ("2", "4", "8", "4 ps_alone", "5 ps_alone"):
             if f"agents={n}" in best:
                 s = best[f"agents={n}"]
                 lines.append(f"scale-out: agents={n} is {one['wall_time_s'] / s['wall_time_s']:.2f}x faster than "
