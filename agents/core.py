@@ -57,6 +57,9 @@ def process_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+PARKED_SHOWN = 8
+"""A run that ends with no event left names this many of its parked vworkers (the lowest ids)."""
+
 COMPACT_FROM_VWORKERS = 1000
 """``memory=auto`` makes an agent's allocator compact from this many vworkers on (docs/engine.md, *Scale*)."""
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
@@ -187,8 +190,16 @@ class AgentCore:
         ex = self.env.executor
         return {"profile_misses": c.profile_misses, "profile_fallbacks": c.profile_fallbacks,
                 "reproducible": c.reproducible, "device": device,
-                "executor": ex.info() if ex is not None else None,
+                "executor": ex.info() if ex is not None else None, "parked": self.parked(),
                 "memory": {**peak_memory(device), "compact": self.compact_memory, "cpu_s": process_cpu_s()}}
+
+    def parked(self, first: int = PARKED_SHOWN) -> dict[str, Any]:
+        """How many of this agent's vworkers are parked (in ``recv`` or ``wait``), and the ``first`` of them
+        by vworker id with what each waits for: the controller merges them by id, so the names it shows
+        do not depend on the placement."""
+        parked = [(w.id, f"{w.name} in {on}") for w in sorted(self.workers.values(), key=lambda w: w.id)
+                  if (on := w.parked_on()) is not None]
+        return {"count": len(parked), "first": parked[:first]}
 
     def close(self) -> None:
         """Stop the executor's background thread (the vworkers are done)."""

@@ -299,6 +299,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                 info.setdefault("devices", set()).add(i["device"])
             info.setdefault("executors", []).append(i.get("executor"))
             info.setdefault("memory", []).append(i.get("memory") or {})
+            info.setdefault("parked", []).append(i.get("parked") or {})
             if observer is not None and getattr(h, "metrics_address", ""):
                 observer.add_agent_exposition(h.agent_id, h.metrics_text())
         return stop, end_ns, params, info
@@ -407,6 +408,11 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     }
     if stopped is not None:
         summary["signal"] = stopped.name
+    if summary["stopped_by"] == "no_more_events":
+        parked = parked_summary(info.get("parked", []))
+        if parked["vworkers"]:
+            summary["parked"] = parked
+            log.warning(stall_sentence(rc, summary))
     if remote_data:  # sim4DistrDL's data on the network: what the caches saved, what the wait cost
         summary.update({"data_cache_hits": col.data["data_hits"], "data_cache_misses": col.data["data_misses"],
                         "data_bytes_moved": col.data["data_bytes"], "data_wait_s": col.data["data_wait_ns"] / NS_PER_S,
@@ -455,6 +461,30 @@ def memory_summary(per_process: list[dict[str, int]]) -> dict[str, Any]:
         out["gpu_peak_allocated_bytes"] = gpu
     out["max_rss_bytes"] = max([out["controller_rss_bytes"], *agents])
     return out
+
+
+def parked_summary(per_agent: list[dict[str, Any]]) -> dict[str, Any]:
+    """The vworkers still parked (in ``recv`` or ``wait``) when no event was left: how many, and the first
+    few by vworker id with what each waits for — the same whatever the placement."""
+    from agents.core import PARKED_SHOWN
+
+    first = sorted((tuple(p) for a in per_agent for p in a.get("first", ())), key=lambda p: p[0])
+    return {"vworkers": sum(a.get("count", 0) for a in per_agent), "first": [p[1] for p in first[:PARKED_SHOWN]]}
+
+
+def stall_sentence(rc: RunConfig, summary: dict[str, Any]) -> str:
+    """One sentence for a run that ran out of events with vworkers still waiting (a strategy that deadlocked,
+    or messages lost for good): where it ended, what it had been asked for, who waits for what."""
+    asked = [f"stop.updates={rc.stop_updates}"] if rc.stop_updates is not None else []
+    if rc.stop_virtual_time_ns is not None:
+        asked.append(f"stop.virtual_time={rc.stop_virtual_time_ns / NS_PER_S:g}s")
+    p, n = summary["parked"], summary["updates"]
+    more = p["vworkers"] - len(p["first"])
+    return (f"the run ran out of events at virtual time {summary['virtual_time_s']:.6f} s after {n} "
+            f"update{'' if n == 1 else 's'}{', before ' + ' or '.join(asked) if asked else ''}: {p['vworkers']} "
+            f"vworker{'' if p['vworkers'] == 1 else 's'} wait for what nothing will send — {', '.join(p['first'])}"
+            f"{f' and {more} more' if more > 0 else ''} (summary.json: parked; a message never sent, or lost "
+            f"for good).")
 
 
 def cpu_summary(per_process: list[dict[str, Any]]) -> dict[str, Any]:

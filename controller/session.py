@@ -83,6 +83,10 @@ def run_session(rc: RunConfig, run_dir: Path, resume: bool = False) -> RunResult
     print(f"lockstep: {s['updates']} updates in {s['virtual_time_s']:.3f} virtual s "
           f"({s['wall_time_s']:.1f} wall s, speed ratio {s['speed_ratio']:.2f}); test accuracy {acc}\n"
           f"lockstep: outputs in {run_dir}", file=sys.stderr)
+    if "parked" in s:  # the log has it too, but a stalled run must not pass for a finished one
+        from controller.run import stall_sentence
+
+        print(f"lockstep: warning: {stall_sentence(rc, s)}", file=sys.stderr)
     observer.finish(s)
     url = rc.outputs.upload
     if url:

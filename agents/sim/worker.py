@@ -137,6 +137,20 @@ class Worker:
     def mark_finished(self) -> None:
         self.finished = True
 
+    def parked_on(self) -> str | None:
+        """What this vworker's coroutine is parked on — ``recv(...)`` or ``wait(...)`` — or None (finished,
+        crashed, or waiting for a time). A run that ends with no event left and vworkers parked names them."""
+        from agents.sim.kernel import HALTED
+
+        if self.finished or self.coro is None or self.coro is HALTED:
+            return None
+        f = self._recv_filter
+        if f is not None:
+            return f"recv(src={'any' if f[0] is None else f[0]}, tag={'any' if f[1] is None else repr(f[1])})"
+        if self._waiting_on is not None:
+            return f"wait({self._waiting_on})"
+        return None
+
     async def run(self) -> None:  # pragma: no cover - subclasses implement it
         raise KernelError(f"{type(self).__name__} must implement async def run(self)")
 
