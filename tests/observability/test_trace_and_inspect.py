@@ -194,3 +194,22 @@ def test_trace_sample_window_and_cap_shrink_the_trace(tmp_path):
     window = Tracer(window_ns=(2000, 4000))
     assert [window._take(a, b) for a, b in ((0, 1999), (1500, 2500), (3000, 3500), (4001, 5000))] == [
         False, True, True, False]
+
+
+@pytest.mark.parametrize("n_events", [0, 1, 5, 10_001])
+def test_trace_json_is_written_byte_for_byte_as_json_dump_would(n_events):
+    import io
+
+    from agents.observe.trace import write_compact_json
+
+    events = [{"ph": "X", "name": f"grädient {i}", "pid": i % 3, "tid": i, "ts": i * 0.001 + 1e-7,
+               "dur": 12.5, "args": {"bytes": 2**40 + i, "ok": i % 2 == 0, "none": None, "tag": ["a", 1]}}
+              for i in range(n_events)]
+    doc = {"displayTimeUnit": "ns", "otherData": {"clock": "virtual", "truncated": False, "max_events": None},
+           "traceEvents": events}
+    expected = io.StringIO()
+    json.dump(doc, expected, separators=(",", ":"))
+    expected.write("\n")
+    got = io.StringIO()
+    write_compact_json(doc, got, chunk=4096)
+    assert got.getvalue() == expected.getvalue()
