@@ -177,12 +177,13 @@ class ParameterServer(TrainingWorker):
             await self.apply(grad)
             self.version += 1
             self.clocks[m.src] += 1
-            log_version(self, self.version, self.params)
+            params = self.params()  # one copy: the state log's checksum and the message (a new tensor)
+            log_version(self, self.version, params)
             log_result(self, m, version, loss, staleness, self.version)
             if self.record(loss, staleness, samples, m.nbytes):
                 return
             if self.bound is None:
-                await self._send_params([m.src], self.params(), (self.version,))
+                await self._send_params([m.src], params, (self.version,))
                 continue
             self.held.append(m.src)
             await self._release()
@@ -210,13 +211,14 @@ class ParameterServer(TrainingWorker):
             self.version += 1
             loss = sum(m.payload[2] for m in msgs) / len(msgs)
             samples = sum(m.payload[3] for m in msgs)
-            log_version(self, self.version, self.params)
+            params = self.params()
+            log_version(self, self.version, params)
             for m in msgs:
                 log_result(self, m, m.payload[1], m.payload[2], self.version - 1 - m.payload[1], self.version)
             nbytes = sum(m.nbytes for m in msgs)
             if self.record(loss, 0, samples, nbytes):
                 return
-            await self._send_params(self.workers, self.params(), (self.version, loss, samples, nbytes))
+            await self._send_params(self.workers, params, (self.version, loss, samples, nbytes))
 
     async def _gather(self) -> list:
         """One gradient of the current version from every worker. A gradient of another version or a second
