@@ -32,7 +32,9 @@ window protocol go on; a demand waits for a batch that is running.
 **Arguments are snapshots.** A task may only read what its vworker owns or was
 sent, and nothing may change its tensors before it runs: the version counter of
 every tensor argument is recorded at issue and checked before the task runs; a
-change fails the owner with :class:`TaskArgumentMutated`, naming it.
+change fails the owner with :class:`TaskArgumentMutated`, naming it. With overlap, the first call of each
+function runs on the kernel's thread, which shows whether the function changes its own arguments; for
+one that does not, a change made while a later call runs on the background thread is an error too.
 """
 from __future__ import annotations
 
@@ -113,11 +115,13 @@ def _describe(a: Any) -> str:
 
 
 class _Batch:
-    __slots__ = ("tasks", "state", "rule")
+    __slots__ = ("tasks", "state", "rule", "offered", "background")
 
     def __init__(self, tasks: list["Task"], rule: Callable[[list[tuple]], list[Any]] | None):
         self.tasks, self.rule = tasks, rule
         self.state = 0  # 0 waiting, 1 running, 2 done
+        self.offered = False  # in the background thread's queue
+        self.background = False  # run by the background thread
 
 
 class Task:
@@ -139,16 +143,22 @@ class Task:
         self.value: Any = None
         self.error: BaseException | None = None
 
-    def check(self) -> None:
+    def check(self, versions: list | None = None, when: str = "before the vworker resumed") -> None:
         """Raise :class:`TaskArgumentMutated` when a tensor argument changed since issue (before the task
         ran) or since the task ran (after it ran; what the task itself changed does not count)."""
-        for i, (t, v) in enumerate(self.versions):
+        for i, (t, v) in enumerate(self.versions if versions is None else versions):
             if t._version != v:
                 raise TaskArgumentMutated(
                     f"vworker {self.owner.name}: a tensor argument ({_describe(t)}, #{i}) of its {self.kind} task "
-                    f"issued at {self.issued_at} ns was changed in place before the vworker resumed; with deferred "
+                    f"issued at {self.issued_at} ns was changed in place {when}; with deferred "
                     f"compute (compute.batch) a compute call's arguments must stay unchanged until its vworker "
                     f"resumes — pass a copy (tensor.clone()), or run with compute.batch=off")
+
+
+def _code(fn: Callable[..., Any]) -> Any:
+    """What identifies a task's function across calls: its code (a lambda made anew each call has the same)."""
+    f = getattr(fn, "__func__", fn)
+    return getattr(f, "__code__", f)
 
 
 class Executor:
@@ -176,6 +186,11 @@ class Executor:
         self.tasks = self.batches = self.ruled_batches = self.ruled_tasks = 0
         self.largest = 0
         self.waited_s = 0.0  # wall time demands spent waiting for the background thread
+        # overlap: whether each task function (by code) changes its own tensor arguments, from its first run,
+        # which is on the kernel's thread (nothing else runs then); closed batches of functions not run yet
+        # wait here for that run instead of going to the background thread
+        self._changes_args: dict[Any, bool] = {}
+        self._unknown: list[_Batch] = []
         self._threads = threads
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -226,9 +241,16 @@ class Executor:
         if key is not None:
             self._learn(key, b)
         if self._thread is not None:
-            self._ready.append(b)
-            self._cv.notify_all()
+            if _code(tasks[0].fn) in self._changes_args:
+                self._offer(b)
+            else:
+                self._unknown.append(b)
         return b
+
+    def _offer(self, b: _Batch) -> None:
+        b.offered = True
+        self._ready.append(b)
+        self._cv.notify_all()
 
     # --------------------------------------------------------------- values
     def result(self, task: Task) -> Any:
@@ -242,8 +264,10 @@ class Executor:
                 b = task.batch
                 if b.state == 0:
                     b.state = 1
-                    if self._thread is not None:
+                    if b.offered:
                         self._ready.remove(b)
+                    elif self._thread is not None:
+                        self._unknown.remove(b)
                     run_here = True
                 elif b.state == 1:
                     t0 = time.perf_counter()
@@ -304,8 +328,7 @@ class Executor:
                     t.value = t.fn(*t.args, **t.kwargs)
                 except BaseException as e:  # noqa: BLE001 - the owner sees it when it resumes
                     t.error = e
-        for t in ok:  # what the task changed itself is no one else's change
-            t.versions = [(x, x._version) for x, _ in t.versions]
+        self._after_run(b, ok)
         wall = time.perf_counter() - t0
         with self._cv:
             share = wall / len(tasks)
@@ -318,6 +341,32 @@ class Executor:
                 self.ruled_tasks += len(ok)
             b.state = 2
             self._cv.notify_all()
+
+    def _after_run(self, b: _Batch, ok: list[Task]) -> None:
+        """What the task changed itself is no one else's change: its versions now are the reference for the
+        check when its vworker resumes. With overlap, a change *while* a task ran on the background thread
+        is told apart from the task's own by its function: one that left its arguments alone on its first
+        run (on the kernel's thread, nothing else running) must leave them alone on every run."""
+        code = _code(b.tasks[0].fn)
+        known = self._changes_args.get(code)
+        changed = False
+        for t in ok:
+            now = [(x, x._version) for x, _ in t.versions]
+            if known is False and b.background and t.error is None and now != t.versions:
+                try:
+                    t.check(when="by someone else while the task ran on the agent's compute thread "
+                                 "(compute.overlap)")
+                except TaskArgumentMutated as e:
+                    t.error = e
+            changed = changed or now != t.versions
+            t.versions = now
+        if known is None and self._thread is not None and not b.background:
+            with self._cv:
+                self._changes_args[code] = changed
+                waiting = [x for x in self._unknown if _code(x.tasks[0].fn) == code]
+                for x in waiting:
+                    self._unknown.remove(x)
+                    self._offer(x)
 
     def _background(self) -> None:
         try:
@@ -334,6 +383,7 @@ class Executor:
                     return
                 b = self._ready.pop(0)
                 b.state = 1
+                b.background = True
             self._run(b)
 
     def drain_wall(self) -> dict[str, float]:

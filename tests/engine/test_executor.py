@@ -1,6 +1,8 @@
 """The executor of deferred compute (DESIGN §4.2, agents/sim/executor.py) on hand-built kernels."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -46,11 +48,10 @@ class Mutator(Worker):
         m.payload.add_(1.0)
 
 
-@pytest.mark.parametrize("overlap", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=False, reason="a change made while the task runs on the background thread looks like the task's own "
-                         "change and goes undetected (docs/batching.md, 'A known gap with overlap')"))])
+@pytest.mark.parametrize("overlap", [False, True])
 def test_a_task_whose_argument_is_changed_after_issue_fails_naming_its_vworker(overlap):
-    # with overlap the task may have run before the change: the check when the vworker resumes finds it
+    # with overlap, the first call of a function runs on the kernel's thread when its vworker resumes (that
+    # run tells whether the function changes its own arguments), so the check before it finds the change
     k, env, objs = build({"a": (Sharer, {}), "b": (Mutator, {})}, overlap=overlap)
     with pytest.raises(WorkerCrashed) as err:
         k.run_until()
@@ -60,6 +61,61 @@ def test_a_task_whose_argument_is_changed_after_issue_fails_naming_its_vworker(o
     msg = str(err.value)
     assert "vworker a" in msg and "changed in place before the vworker resumed" in msg and "float32[4]" in msg
     assert "compute.batch=off" in msg  # how to get the old, eager behaviour
+
+
+class Gate:
+    """Lets a test change a tensor exactly while a task runs on the executor's background thread."""
+
+    def __init__(self):
+        self.running, self.proceed = threading.Event(), threading.Event()
+
+
+def gated_sum(x, gate=None):
+    if gate is not None:  # on the background thread: say so, then wait until the other vworker changed x
+        gate.running.set()
+        assert gate.proceed.wait(30)
+    return x.sum()
+
+
+class RacingSharer(Worker):
+    """Calls ``gated_sum`` once alone (its first run: it leaves its arguments alone), then on a tensor it
+    also sends to ``b``, which changes it while that call runs on the background thread."""
+
+    def __init__(self, name, vid, env, gate):
+        super().__init__(name, vid, env)
+        self.gate = gate
+
+    async def run(self):
+        await self.compute(gated_sum, torch.ones(2))
+        t = torch.ones(4)
+        self.send("b", t)
+        self.result = await self.compute(gated_sum, t, self.gate)
+
+
+class RacingMutator(Worker):
+    def __init__(self, name, vid, env, gate):
+        super().__init__(name, vid, env)
+        self.gate = gate
+
+    async def run(self):
+        m = await self.recv()
+        assert self.gate.running.wait(30), "the task should be running on the background thread"
+        m.payload.add_(1.0)
+        self.gate.proceed.set()
+
+
+def test_a_change_made_while_the_task_runs_on_the_background_thread_fails_naming_its_vworker():
+    gate = Gate()
+    k, env, objs = build({"a": (RacingSharer, {"gate": gate}), "b": (RacingMutator, {"gate": gate})}, overlap=True)
+    with pytest.raises(WorkerCrashed) as err:
+        k.run_until()
+    env.executor.close()
+    assert err.value.name == "a"
+    assert isinstance(err.value.__cause__, TaskArgumentMutated)
+    msg = str(err.value)
+    assert "vworker a" in msg and "float32[4]" in msg
+    assert "by someone else while the task ran on the agent's compute thread (compute.overlap)" in msg
+    assert not hasattr(objs["a"], "result")  # nothing was computed on the wrong value
 
 
 class SelfChanging(Worker):
@@ -207,8 +263,12 @@ def test_a_change_after_the_task_ran_early_is_found_when_its_vworker_resumes():
         name = "w7"
 
     ex = Executor(ExecutorSpec("loop", overlap=True))
+    first = ex.issue(Owner(), "gradient", torch.sum, (torch.ones(2),), {}, 1)
+    assert not first.batch.offered  # a function's first call waits for its demand (and shows it changes nothing)
+    assert ex.result(first) == 2.0
     t = torch.ones(4)
     task = ex.issue(Owner(), "gradient", torch.sum, (t,), {}, 5)
+    assert task.batch.offered
     wait_until(lambda: task.batch.state == 2, timeout=30, what="the background thread to run the task")
     t.mul_(2.0)  # someone else changes the argument after it ran, before its vworker resumed
     with pytest.raises(TaskArgumentMutated, match="vworker w7: a tensor argument .* issued at 5 ns"):
