@@ -143,10 +143,10 @@ class Task:
         self.value: Any = None
         self.error: BaseException | None = None
 
-    def check(self, versions: list | None = None, when: str = "before the vworker resumed") -> None:
+    def check(self, when: str = "before the vworker resumed") -> None:
         """Raise :class:`TaskArgumentMutated` when a tensor argument changed since issue (before the task
         ran) or since the task ran (after it ran; what the task itself changed does not count)."""
-        for i, (t, v) in enumerate(self.versions if versions is None else versions):
+        for i, (t, v) in enumerate(self.versions):
             if t._version != v:
                 raise TaskArgumentMutated(
                     f"vworker {self.owner.name}: a tensor argument ({_describe(t)}, #{i}) of its {self.kind} task "
@@ -351,15 +351,15 @@ class Executor:
         known = self._changes_args.get(code)
         changed = False
         for t in ok:
-            now = [(x, x._version) for x, _ in t.versions]
-            if known is False and b.background and t.error is None and now != t.versions:
+            moved = any(x._version != v for x, v in t.versions)
+            if moved and known is False and b.background and t.error is None:
                 try:
                     t.check(when="by someone else while the task ran on the agent's compute thread "
                                  "(compute.overlap)")
                 except TaskArgumentMutated as e:
                     t.error = e
-            changed = changed or now != t.versions
-            t.versions = now
+            changed = changed or moved
+            t.versions = [(x, x._version) for x, _ in t.versions]
         if known is None and self._thread is not None and not b.background:
             with self._cv:
                 self._changes_args[code] = changed

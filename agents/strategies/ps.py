@@ -177,7 +177,8 @@ class ParameterServer(TrainingWorker):
             await self.apply(grad)
             self.version += 1
             self.clocks[m.src] += 1
-            params = self.params()  # one copy: the state log's checksum and the message (a new tensor)
+            # one copy for the state log's checksum and the message (a new tensor); SSP sends from _release
+            params = self.params() if self.bound is None else self.params
             log_version(self, self.version, params)
             log_result(self, m, version, loss, staleness, self.version)
             if self.record(loss, staleness, samples, m.nbytes):

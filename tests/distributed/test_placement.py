@@ -24,8 +24,8 @@ def test_results_do_not_depend_on_agents_or_placement(tmp_path, strategy):
         cpu = r.summary["wall_cpu_s"]  # where the work went: each agent's process reports its own CPU time
         assert len(cpu["agents"]) == agents and cpu["controller"] > 0
         assert all(s > 0 for s in cpu["agents"])
-        if local:  # separate processes: no agent counts the controller's CPU or another agent's
-            assert len(set(cpu["agents"] + [cpu["controller"]])) == agents + 1
+        if local:  # separate processes, started fresh: no agent counts the controller's CPU (this test process)
+            assert max(cpu["agents"]) < cpu["controller"]
 
 
 TCP = ["workers=4", "eval.every=4", "eval.samples=200", "network=tcp", "network.latency=1ms",
