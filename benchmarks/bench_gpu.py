@@ -6,9 +6,11 @@ the GPU's utilisation (``nvidia-smi``, every 0.1 s) to estimate its busy share o
 Targets: updates/s with auto >= 10x off; GPU busy >= 70 % of the wall time. It also prints vworkers per
 GPU (256 here) beside the published anchors: FedScale runs about 20 clients per GPU; Flower places
 fractional-GPU actors (e.g. ``num_gpus=0.1``: 10 per GPU).
-usage: python benchmarks/bench_gpu.py [UPDATES] [REPEATS] [WORKERS] [--cpu] [--strategy=NAME]
+usage: python benchmarks/bench_gpu.py [UPDATES] [REPEATS] [WORKERS] [--cpu] [--strategy=NAME] [--set k=v,...]
 (``--cpu``: the same runs with ``device=cpu``, to check the benchmark itself on a machine without a GPU;
-``--strategy=ps_sync``: another strategy than ps_async, e.g. one whose gradients coincide in virtual time.)
+``--strategy=ps_sync``: another strategy than ps_async, e.g. one whose gradients coincide in virtual time;
+``--set network=datacenter_25g``: overrides for both sides, e.g. a network on which ps_async's gradients
+coincide too.)
 """
 from __future__ import annotations
 
@@ -58,12 +60,13 @@ def main() -> None:
     if device == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA GPU on this machine; nothing measured (run it on a machine with one)")
         return
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    extra = sys.argv[sys.argv.index("--set") + 1].split(",") if "--set" in sys.argv else []
+    args = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--") and sys.argv[i] != "--set"]
     updates = int(args[0]) if args else 3000
     repeats = int(args[1]) if len(args) > 1 else 2
     workers = int(args[2]) if len(args) > 2 else 256
     common = ["launcher=inprocess", "agents=1", f"device={device}", f"workers={workers}", f"strategy={strategy}",
-              f"stop.updates={updates}", "trace.mode=off", "eval.every=0"]
+              f"stop.updates={updates}", "trace.mode=off", "eval.every=0", *extra]
     fresh_runs({"warm": common + ["compute.batch=auto", "stop.updates=2"]}, 1)  # profile and probe, once
     best: dict[str, tuple[dict, float]] = {}
     for i in range(repeats):
@@ -80,7 +83,7 @@ def main() -> None:
     cb = auto["compute_batch"]
     rate = {k: (updates / v[0]["wall_time_s"], updates / v[0]["wall_barrier_s"]) for k, v in best.items()}
     where = torch.cuda.get_device_name(0) if device == "cuda" else "the CPU"
-    print(f"bench_gpu: {workers} vworkers (thesis CNN, {strategy}) on {where}, {updates} "
+    print(f"bench_gpu: {workers} vworkers (thesis CNN, {strategy}{', ' + ','.join(extra) if extra else ''}) on {where}, {updates} "
           f"updates, best of {repeats}\n"
           f"  off:  {rate['off'][0]:.1f} updates/s whole run, {rate['off'][1]:.1f} in the window loop; GPU busy "
           f"{busy_off[0]:.0%} of the loop, {busy_off[1]:.0%} of execute\n"
