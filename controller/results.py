@@ -20,6 +20,10 @@ Optional: ``N`` (measured steps, default 10), ``warmup`` (steps before them, def
 ``ps_average_s_median`` (the PS's averaging time per step; validate uses it as the
 emulation's aggregate time), ``p2p`` (``rtt_small_s``: a tiny ping-pong's round trip, used by
 calibrate). Everything else (realrun records much more) is ignored.
+
+A configuration measured more than once (the same scenario, K, L, B, M, C, N and warmup on several lines:
+one measurement is one draw of a noisy testbed) is one point for ``validate`` unless it is asked for
+every run: :func:`group_repeats` gives it the median of its runs and keeps them (``Point.runs``).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ResultsError", "Point", "SCENARIOS", "load_results"]
+__all__ = ["ResultsError", "Point", "SCENARIOS", "load_results", "group_repeats"]
 
 SCENARIOS = ("ring", "ps_sync", "ps_async", "p2p", "fanin")
 
@@ -54,6 +58,7 @@ class Point:
     rtt_small_s: float | None = None
     aggregate_s: float = 0.0  # the PS's averaging time per step, when the run measured it
     line: int = 0
+    runs: tuple[float, ...] = ()  # group_repeats: the measured value of each run, in file order
 
     @property
     def metric(self) -> str:
@@ -62,6 +67,30 @@ class Point:
     def describe(self) -> str:
         return (f"{self.scenario} K={self.K} L={self.L_s * 1e3:g}ms B={self.B_bps / 1e6:g}Mbit/s "
                 f"M={self.M_bytes / 1e6:g}MB C={self.C_s * 1e3:g}ms")
+
+    @property
+    def setup(self) -> tuple:
+        """What the emulation of this point depends on, but the PS's measured averaging time."""
+        return (self.scenario, self.K, self.L_s, self.B_bps, self.M_bytes, self.C_s, self.N, self.warmup)
+
+
+def group_repeats(points: list[Point]) -> list[Point]:
+    """One point per configuration, in the order of first appearance: the median of its runs' measured
+    values (and of their averaging times and small round trips), with every run's value in ``runs``."""
+    import statistics
+
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        groups.setdefault(p.setup, []).append(p)
+    out = []
+    for runs in groups.values():
+        first = runs[0]
+        rtts = [r.rtt_small_s for r in runs if r.rtt_small_s is not None]
+        out.append(Point(first.scenario, first.K, first.L_s, first.B_bps, first.M_bytes, first.C_s,
+                         statistics.median(r.measured for r in runs), first.N, first.warmup,
+                         statistics.median(rtts) if rtts else None, statistics.median(r.aggregate_s for r in runs),
+                         first.line, tuple(r.measured for r in runs)))
+    return out
 
 
 def _number(rec: dict[str, Any], key: str, where: str, lo: float, lo_open: bool = False, integer: bool = False,

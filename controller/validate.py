@@ -7,7 +7,9 @@ it) and the optimizer step nothing (the benchmarks have none) — under the run
 configuration plus the given overrides, and the
 emulated step time (ring, ps_sync), updates/s (ps_async) or transfer time (p2p, fanin)
 is set beside the measured one: a table, the mean and max error per scenario, and
-``validate.png`` (emulated against measured, and the error of each point).
+``validate.png`` (emulated against measured, and the error of each point). A configuration
+measured several times is one point, compared by the median of its runs (their spread is
+shown beside it); ``--each`` compares every run instead.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.results import Point, ResultsError, load_results
+from controller.results import Point, ResultsError, group_repeats, load_results
 
 __all__ = ["main", "emulate", "Row", "validate_points", "summarize"]
 
@@ -103,13 +105,22 @@ def validate_points(points: list[Point], overrides: list[str], log: Any = None) 
         rows.append(Row(p, emulate(p, overrides)))
         if log is not None:
             r = rows[-1]
-            log(f"[{i}/{len(points)}] {p.describe()}: measured {_fmt(p, p.measured)}, emulated "
+            log(f"[{i}/{len(points)}] {p.describe()}: measured {_fmt(p, p.measured)}{_spread(p)}, emulated "
                 f"{_fmt(p, r.emulated)} ({100 * r.error:+.1f} %)")
     return rows
 
 
 def _fmt(p: Point, v: float) -> str:
     return f"{v:.2f} updates/s" if p.scenario == "ps_async" else f"{v * 1e3:.1f} ms"
+
+
+def _spread(p: Point) -> str:
+    """`` (median of n runs, lo–hi)`` for a point measured more than once, else nothing."""
+    if len(p.runs) < 2:
+        return ""
+    lo, hi = min(p.runs), max(p.runs)
+    unit = (lambda v: f"{v:.2f}") if p.scenario == "ps_async" else (lambda v: f"{v * 1e3:.1f}")
+    return f" (median of {len(p.runs)} runs, {unit(lo)}–{unit(hi)})"
 
 
 def summarize(rows: list[Row]) -> dict[str, dict[str, float]]:
@@ -124,12 +135,12 @@ def summarize(rows: list[Row]) -> dict[str, dict[str, float]]:
 
 def table(rows: list[Row]) -> str:
     lines = [f"{'scenario':9s} {'K':>3s} {'L ms':>6s} {'B Mbit/s':>9s} {'M MB':>6s} {'C ms':>5s} "
-             f"{'measured':>16s} {'emulated':>16s} {'error':>8s}"]
+             f"{'measured':>16s} {'emulated':>16s} {'error':>8s} {'runs':>5s}"]
     for r in rows:
         p = r.point
         lines.append(f"{p.scenario:9s} {p.K:3d} {p.L_s * 1e3:6g} {p.B_bps / 1e6:9g} {p.M_bytes / 1e6:6g} "
                      f"{p.C_s * 1e3:5g} {_fmt(p, p.measured):>16s} {_fmt(p, r.emulated):>16s} "
-                     f"{100 * r.error:+7.1f}%")
+                     f"{100 * r.error:+7.1f}% {max(1, len(p.runs)):5d}")
     lines.append("")
     for scen, s in summarize(rows).items():
         lines.append(f"{scen:9s} {int(s['points']):3d} points: mean |error| {100 * s['mean_abs_error']:.1f} %, "
@@ -177,6 +188,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true", help="print the rows and summary as JSON instead of a table")
     ap.add_argument("--out", default=".", help="directory for validate.png (default: the current one)")
     ap.add_argument("--only", default=None, help="comma-separated scenarios to emulate (default: all)")
+    ap.add_argument("--each", action="store_true",
+                    help="compare every run of a configuration measured several times (default: their median)")
     a = ap.parse_args(argv)
     bad = [o for o in a.overrides if "=" not in o]
     if bad:
@@ -186,6 +199,8 @@ def main(argv: list[str]) -> int:
     try:
         scen = tuple(a.only.split(",")) if a.only else None
         points = load_results(a.results, scen) if scen else load_results(a.results)
+        if not a.each:
+            points = group_repeats(points)
     except ResultsError as e:
         print(f"lockstep validate: {e}", file=sys.stderr)
         return 2
@@ -211,7 +226,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"rows": [{"scenario": r.point.scenario, "K": r.point.K, "L_ms": r.point.L_s * 1e3,
                                     "B_mbit": r.point.B_bps / 1e6, "M_bytes": r.point.M_bytes,
                                     "C_ms": r.point.C_s * 1e3, "measured": r.point.measured,
-                                    "emulated": r.emulated, "error": r.error, "line": r.point.line}
+                                    "emulated": r.emulated, "error": r.error, "line": r.point.line,
+                                    "runs": list(r.point.runs) or [r.point.measured]}
                                    for r in rows],
                           "summary": summarize(rows), "overrides": a.overrides, "plot": str(png)}, indent=1))
     else:

@@ -7,7 +7,7 @@ import pytest
 
 from controller.calibrate import main as calibrate_main
 from controller.measure import main as measure_main
-from controller.results import load_results
+from controller.results import group_repeats, load_results
 from controller.validate import main as validate_main
 
 GOOD = {"scenario": "ring", "K": 2, "L_ms": 1.0, "B_mbit": 1000, "M_bytes": 1000000, "C_ms": 20, "median_s": 0.033}
@@ -72,3 +72,26 @@ def test_the_minimal_format_is_realrun_s_required_subset(tmp_path):
 def test_measure_refuses_bad_options_in_one_sentence(tmp_path, capsys, argv, sentence):
     assert measure_main(["--out", str(tmp_path / "m.jsonl"), *argv]) == 2
     assert sentence in capsys.readouterr().err
+
+
+def test_a_configuration_measured_several_times_is_compared_by_its_median(tmp_path, capsys):
+    small = {"scenario": "ring", "K": 2, "L_ms": 1.0, "B_mbit": 1000, "M_bytes": 1000, "C_ms": 1, "N": 3,
+             "warmup": 1}
+    p = write(tmp_path, {**small, "median_s": 0.0040}, {**small, "median_s": 0.0050, "L_ms": 2.0},
+              {**small, "median_s": 0.0046}, {**small, "median_s": 0.0044})
+    grouped = group_repeats(load_results(p))
+    assert [(g.L_s, g.measured, g.runs, g.line) for g in grouped] == [(0.001, 0.0044, (0.004, 0.0046, 0.0044), 1),
+                                                                       (0.002, 0.005, (0.005,), 2)]
+    assert validate_main([str(p), "--json", "--out", str(tmp_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["L_ms"], r["measured"], r["runs"]) for r in rows] == [(1.0, 0.0044, [0.004, 0.0046, 0.0044]),
+                                                                     (2.0, 0.005, [0.005])]
+    # the emulation is deterministic: the repeats share one, compared with their median
+    assert rows[0]["error"] == rows[0]["emulated"] / 0.0044 - 1
+    assert validate_main([str(p), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert "measured 4.4 ms (median of 3 runs, 4.0–4.6)" in out.err
+    assert validate_main([str(p), "--each", "--json", "--out", str(tmp_path)]) == 0
+    each = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["measured"] for r in each] == [0.004, 0.005, 0.0046, 0.0044]
+    assert len({r["emulated"] for r in each if r["L_ms"] == 1.0}) == 1
