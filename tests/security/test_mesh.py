@@ -74,6 +74,8 @@ def test_a_spoofed_direct_window_hello_cannot_speak_for_another_agent():
         got = listener.accept({1}, timeout_s=20.0)
         assert listener.refused["wrong hello or key"] == 1
         got[1].sendall(b"x")  # the genuine agent 1's stream, not the spoofer's
+        t.join(10)  # the listener can accept before the dialing thread's connect() has returned
+        assert "s" in real, "the genuine agent 1 did not finish connecting"
         real["s"].settimeout(5)
         assert real["s"].recv(1) == b"x"
         spoof.settimeout(5)
