@@ -191,7 +191,7 @@ class AgentCore:
         return {"profile_misses": c.profile_misses, "profile_fallbacks": c.profile_fallbacks,
                 "reproducible": c.reproducible, "device": device,
                 "executor": ex.info() if ex is not None else None, "parked": self.parked(),
-                "memory": {**peak_memory(device), "compact": self.compact_memory, "cpu_s": process_cpu_s()}}
+                "memory": {**peak_memory(device), "compact": self.compact_memory}, "cpu_s": process_cpu_s()}
 
     def parked(self, first: int = PARKED_SHOWN) -> dict[str, Any]:
         """How many of this agent's vworkers are parked (in ``recv`` or ``wait``), and the ``first`` of them

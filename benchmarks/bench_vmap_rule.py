@@ -15,14 +15,10 @@ usage: python benchmarks/bench_vmap_rule.py [REPEATS] [--models mlp,cnn] [--size
 """
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
 from _common import load_average
-
-
-def _opt(name: str, default: str) -> str:
-    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
 
 def main() -> None:
@@ -34,13 +30,19 @@ def main() -> None:
     from controller.config import load
     from controller.plan import make_plan
 
-    args = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--") and not sys.argv[i].startswith("--")]
-    repeats = int(args[0]) if args else 7
-    torch.set_num_threads(int(_opt("--threads", "1")))
-    sizes = [int(s) for s in _opt("--sizes", "4,8,16,64").split(",")]
+    ap = argparse.ArgumentParser(description="the gradient batch rule against a loop")
+    ap.add_argument("repeats", nargs="?", type=int, default=7)
+    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--sizes", default="4,8,16,64")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    a = ap.parse_args()
+    repeats = a.repeats
+    torch.set_num_threads(a.threads)
+    sizes = [int(s) for s in a.sizes.split(",")]
     lines = []
-    for model_name in _opt("--models", "mlp,cnn").split(","):
-        over = ([] if model_name == "cnn" else [f"model={model_name}"]) + [f"device={_opt('--device', 'cpu')}"]
+    for model_name in a.models.split(","):
+        over = ([] if model_name == "cnn" else [f"model={model_name}"]) + [f"device={a.device}"]
         plan = make_plan(load(over))
         tr = Training(plan.workload, plan.seed)
         model = tr.scratch

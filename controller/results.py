@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,6 @@ class Point:
 def group_repeats(points: list[Point]) -> list[Point]:
     """One point per configuration, in the order of first appearance: the median of its runs' measured
     values (and of their averaging times and small round trips), with every run's value in ``runs``."""
-    import statistics
-
     groups: dict[tuple, list[Point]] = {}
     for p in points:
         groups.setdefault(p.setup, []).append(p)

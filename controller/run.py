@@ -300,6 +300,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             info.setdefault("executors", []).append(i.get("executor"))
             info.setdefault("memory", []).append(i.get("memory") or {})
             info.setdefault("parked", []).append(i.get("parked") or {})
+            info.setdefault("cpu_s", []).append(i.get("cpu_s", 0.0))
             if observer is not None and getattr(h, "metrics_address", ""):
                 observer.add_agent_exposition(h.agent_id, h.metrics_text())
         return stop, end_ns, params, info
@@ -403,7 +404,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "wall_barrier_s": col.barrier_s,
         "compute_batch": compute_batch_summary(rc.compute, info.get("executors", [])),
         "peak_memory": memory_summary(info.get("memory", [])),
-        "wall_cpu_s": cpu_summary(info.get("memory", [])),
+        "wall_cpu_s": cpu_summary(info.get("cpu_s", [])),
         "recovery": recovery.summary(),
     }
     if stopped is not None:
@@ -487,12 +488,12 @@ def stall_sentence(rc: RunConfig, summary: dict[str, Any]) -> str:
             f"for good).")
 
 
-def cpu_summary(per_process: list[dict[str, Any]]) -> dict[str, Any]:
+def cpu_summary(agents_cpu_s: list[float]) -> dict[str, Any]:
     """CPU seconds of the controller process and of each agent process (in-process: the same process),
     counted when the agents reported their last window: where the run's work went, agent by agent."""
     from agents.core import process_cpu_s
 
-    return {"controller": round(process_cpu_s(), 3), "agents": [round(m.get("cpu_s", 0.0), 3) for m in per_process]}
+    return {"controller": round(process_cpu_s(), 3), "agents": [round(c, 3) for c in agents_cpu_s]}
 
 
 def plan_model_bytes(plan: Plan, training: Any) -> int:
