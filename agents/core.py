@@ -125,7 +125,7 @@ class AgentCore:
             spec = plan.vworkers[vid]
             w = classes[vid](spec.name, vid, self.env, **spec.kwargs)
             self.workers[spec.name] = w
-            self.kernel.add_worker(w)
+            self.kernel.add_worker(w, self.env.compute.start_at(vid))
             if self.env.faults:
                 self.env.faults.install(self.kernel, w, spec.kwargs, self.env.network)
         if plan.stop_virtual_time_ns is not None:

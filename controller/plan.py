@@ -8,7 +8,7 @@ from agents.common.plan import Plan
 from agents.sim import keyed
 from agents.sim.compute import ComputeSpec
 from agents.sim.faults import Fault, FaultSpec
-from agents.sim.types import INFINITY
+from agents.sim.types import INFINITY, seconds_to_ns
 from agents.sim.network import ConstantLatency, DistributionLatency, LatencyModel, MatrixLatency, NetworkSpec
 from agents.strategies import load_strategy
 from agents.strategies.base import VWorkerSpec
@@ -108,7 +108,8 @@ def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str
                        profile_name=comp.profile_name, profile=dict(comp.profile),
                        estimators=dict(comp.estimators), layerwise=comp.layerwise,
                        forward_fraction=comp.forward_fraction, allreduce_share=comp.allreduce_share,
-                       batch=comp.batch, max_batch=comp.max_batch, overlap=comp.overlap)
+                       batch=comp.batch, max_batch=comp.max_batch, overlap=comp.overlap,
+                       start_spread_ns=seconds_to_ns(comp.start_spread_s))
 
 
 SAMPLE_BYTES = 28 * 28 + 1

@@ -1,4 +1,4 @@
-"""``lockstep validate RESULTS.jsonl [overrides...] [--json] [--out DIR]``: emulate measured runs, compare.
+"""``lockstep validate RESULTS.jsonl [overrides...] [--json] [--out DIR] [--seeds N]``: emulate measured runs.
 
 Every point of the results file (controller/results.py) is emulated with the same K, L,
 B, model bytes M and compute C — ``model=flat model.bytes=M``, ``compute=constant`` with
@@ -9,7 +9,9 @@ emulated step time (ring, ps_sync), updates/s (ps_async) or transfer time (p2p, 
 is set beside the measured one: a table, the mean and max error per scenario, and
 ``validate.png`` (emulated against measured, and the error of each point). A configuration
 measured several times is one point, compared by the median of its runs (their spread is
-shown beside it); ``--each`` compares every run instead.
+shown beside it); ``--each`` compares every run instead. ``--seeds N`` emulates every point with N
+seeds and compares the median of their values, for models with keyed random parts (compute jitter,
+host jitter, start spread) whose single run is one draw, as one measured run is.
 """
 from __future__ import annotations
 
@@ -31,10 +33,20 @@ STRATEGY = {"ring": "ring_allreduce", "ps_sync": "ps_sync", "ps_async": "ps_asyn
             "fanin": "microbench"}
 
 
+# The measured programs' hosts (docs/engine.md, "What validate emulates"; measured in the testbed's packet
+# captures, docs/benchmarks.md): processes leave their start-up barrier up to 1.7 ms apart, time.sleep(C)
+# spreads by about 1 %, and realrun's asynchronous PS reads its counters before its first send, so its
+# parameters leave ~5 ms after the workers posted their receives. A user's overrides win over these.
+TESTBED_START_SPREAD = "1.7ms"
+TESTBED_TIMER_JITTER = 0.01
+TESTBED_PS_START = "5ms"
+
+
 @dataclass
 class Row:
     point: Point
-    emulated: float
+    emulated: float  # the median of ``runs`` when the point was emulated with several seeds
+    runs: tuple[float, ...] = ()
 
     @property
     def error(self) -> float:
@@ -50,8 +62,9 @@ def _overrides_for(p: Point) -> list[str]:
           f"compute.aggregate={p.aggregate_s!r}", "batch_size=1", "eval.every=0",
           "eval.samples=10", "progress=false", "launcher=inprocess", "trace.mode=off", "statelog.enabled=false",
           "agents=1", "metrics.port=null"]
+    ov += [f"compute.start_spread={TESTBED_START_SPREAD}", f"compute.jitter={TESTBED_TIMER_JITTER}"]
     if p.scenario == "ps_async":
-        ov.append(f"stop.updates={p.K * steps}")
+        ov += [f"stop.updates={p.K * steps}", f"strategy.start_after={TESTBED_PS_START}"]
     elif p.scenario in ("p2p", "fanin"):
         ov += [f"strategy.kind={p.scenario}", f"stop.updates={steps}"]
     else:
@@ -99,14 +112,21 @@ def emulate(p: Point, overrides: list[str], workdir: Path | None = None) -> floa
     return statistics.median(steps[: p.N])
 
 
-def validate_points(points: list[Point], overrides: list[str], log: Any = None) -> list[Row]:
+def validate_points(points: list[Point], overrides: list[str], log: Any = None, seeds: int = 1) -> list[Row]:
+    """Emulate every point; with ``seeds`` > 1, once per seed (``seed=`` from the overrides' or 0 up) and
+    compare the median."""
+    first = int(next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == "seed"), 0))
     rows = []
     for i, p in enumerate(points, 1):
-        rows.append(Row(p, emulate(p, overrides)))
+        if seeds == 1:
+            rows.append(Row(p, emulate(p, overrides)))
+        else:
+            runs = tuple(emulate(p, overrides + [f"seed={first + s}"]) for s in range(seeds))
+            rows.append(Row(p, statistics.median(runs), runs))
         if log is not None:
             r = rows[-1]
             log(f"[{i}/{len(points)}] {p.describe()}: measured {_fmt(p, p.measured)}{_spread(p)}, emulated "
-                f"{_fmt(p, r.emulated)} ({100 * r.error:+.1f} %)")
+                f"{_fmt(p, r.emulated)}{_seeds(r)} ({100 * r.error:+.1f} %)")
     return rows
 
 
@@ -121,6 +141,14 @@ def _spread(p: Point) -> str:
     lo, hi = min(p.runs), max(p.runs)
     unit = (lambda v: f"{v:.2f}") if p.scenario == "ps_async" else (lambda v: f"{v * 1e3:.1f}")
     return f" (median of {len(p.runs)} runs, {unit(lo)}–{unit(hi)})"
+
+
+def _seeds(r: Row) -> str:
+    """`` (median of n seeds, lo–hi)`` for a point emulated with several seeds, else nothing."""
+    if len(r.runs) < 2:
+        return ""
+    unit = (lambda v: f"{v:.2f}") if r.point.scenario == "ps_async" else (lambda v: f"{v * 1e3:.1f}")
+    return f" (median of {len(r.runs)} seeds, {unit(min(r.runs))}–{unit(max(r.runs))})"
 
 
 def summarize(rows: list[Row]) -> dict[str, dict[str, float]]:
@@ -190,7 +218,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--only", default=None, help="comma-separated scenarios to emulate (default: all)")
     ap.add_argument("--each", action="store_true",
                     help="compare every run of a configuration measured several times (default: their median)")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="emulate every point with this many seeds and compare their median (default: 1)")
     a = ap.parse_args(argv)
+    if a.seeds < 1:
+        print(f"lockstep validate: --seeds={a.seeds} is not valid; accepted: an integer >= 1.", file=sys.stderr)
+        return 2
     bad = [o for o in a.overrides if "=" not in o]
     if bad:
         print(f"lockstep validate: {bad[0]!r} is not an override; accepted: key=value (e.g. network=tcp).",
@@ -210,7 +243,8 @@ def main(argv: list[str]) -> int:
     try:
         for p in points:  # a bad override fails before any emulation
             load(_overrides_for(p) + _applicable(p, a.overrides), check_data=False)
-        rows = validate_points(points, a.overrides, log=None if a.json else lambda s: print(s, file=sys.stderr))
+        rows = validate_points(points, a.overrides, log=None if a.json else lambda s: print(s, file=sys.stderr),
+                               seeds=a.seeds)
     except ConfigError as e:
         print("lockstep validate: invalid configuration:\n  " + "\n  ".join(e.problems), file=sys.stderr)
         return 2
@@ -227,9 +261,11 @@ def main(argv: list[str]) -> int:
                                     "B_mbit": r.point.B_bps / 1e6, "M_bytes": r.point.M_bytes,
                                     "C_ms": r.point.C_s * 1e3, "measured": r.point.measured,
                                     "emulated": r.emulated, "error": r.error, "line": r.point.line,
-                                    "runs": list(r.point.runs) or [r.point.measured]}
+                                    "runs": list(r.point.runs) or [r.point.measured],
+                                    "emulated_runs": list(r.runs) or [r.emulated]}
                                    for r in rows],
-                          "summary": summarize(rows), "overrides": a.overrides, "plot": str(png)}, indent=1))
+                          "summary": summarize(rows), "overrides": a.overrides, "seeds": a.seeds,
+                          "plot": str(png)}, indent=1))
     else:
         print(table(rows))
         print(f"\nplot: {png}")

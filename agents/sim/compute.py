@@ -150,6 +150,7 @@ class ComputeSpec:
     profile_runs: int = 5
     speed: tuple[float, ...] = ()  # per vworker id; empty = all 1.0
     jitter: float = 0.0  # σ of a keyed log-normal multiplier per call (0 = none)
+    start_spread_ns: int = 0  # each vworker starts after a keyed uniform delay in [0, start_spread_ns)
     stragglers: dict[int, float] = field(default_factory=dict)  # vworker id -> extra factor
     straggle_p: float = 0.0  # probability that a call straggles (keyed per vworker and call)
     straggle_factor: float = 1.0  # slowdown of a straggling call
@@ -198,6 +199,11 @@ class ComputeModel:
         self.profile_fallbacks = 0  # calls a named device profile lacked, timed on this host instead
         self.reproducible = spec.model != "measured"
         self.faults = None  # agents.sim.faults.Faults with stragglers, set by the environment
+
+    def start_at(self, vid: int) -> VirtualTime:
+        """When vworker ``vid`` starts: a keyed uniform delay in [0, start_spread), 0 without a spread."""
+        spread = self.spec.start_spread_ns
+        return int(keyed.uniform(self.spec.seed, "start", vid) * spread) if spread else 0
 
     @property
     def device(self) -> str:

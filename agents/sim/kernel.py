@@ -171,15 +171,15 @@ class Kernel:
         self._cap: VirtualTime = INFINITY
 
     # ----------------------------------------------------------------- setup
-    def add_worker(self, worker: "Worker") -> None:
-        """Host ``worker`` here and schedule the start of its ``run()`` at time 0."""
+    def add_worker(self, worker: "Worker", start: VirtualTime = 0) -> None:
+        """Host ``worker`` here and schedule the start of its ``run()`` at ``start`` (``compute.start_spread``)."""
         if worker.id in self.workers:
             raise KernelError(f"vworker id {worker.id} ({worker.name}) added twice")
         if not 0 <= worker.id < MAX_VWORKERS:
             raise KernelError(f"vworker id {worker.id} outside [0, {MAX_VWORKERS})")
         self.workers[worker.id] = worker
         worker.attach(self)
-        self.schedule(0, PRIO_RESUME, worker, self._start, worker)
+        self.schedule(start, PRIO_RESUME, worker, self._start, worker)
 
     def is_local(self, vworker_id: int) -> bool:
         return vworker_id in self.workers

@@ -204,6 +204,8 @@ class GlooP2P:
         self.ready: dict[tuple[str, Any], int] = {}  # announced receives of (peer, tag) not yet used
         self.pending: dict[tuple[str, Any], deque] = {}  # sends of (peer, tag) waiting for an announcement
         w.handle(self.TAG, self._on_note)
+        while (m := w.recv_nowait(tag=self.TAG)) is not None:  # announced before this vworker started
+            self._on_note(m)
 
     def post_recv(self, src: str, tag: Any) -> None:
         """A receive of ``tag`` from ``src`` is posted: announce it."""

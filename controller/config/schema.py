@@ -399,6 +399,9 @@ class ComputeConfig:
     straggle: StraggleConfig = doc(help="injected stragglers, e.g. {probability: 0.05, factor: 5.0} (a keyed draw "
                                         "per call); probability 0 = none", factory=StraggleConfig)
     jitter: float = doc(0.0, "sigma of a keyed log-normal factor per call (0 = none)", lo=0)
+    start_spread: Any = doc(0.0, "each vworker starts after a keyed uniform delay in [0, start_spread): processes "
+                                 "that leave their start-up barrier at different times (0 = all at t = 0)",
+                            unit="duration", lo=0)
     batch: BatchMode = doc(BatchMode.loop, "deferred compute (docs/batching.md): off (eager) | loop (deferred, "
                                            "bit-identical to off) | vmap (same-shaped gradients as one "
                                            "torch.func.vmap call; floats differ in the last bits) | auto (vmap "
@@ -473,6 +476,10 @@ class ShardedPSConfig(StrategyConfig):
                                                    "recv (each receive announced to its sender by a 48-byte "
                                                    "notification, a send that finds none announced by one and "
                                                    "started when it comes, a 48-byte preamble per message)")
+    start_after: Any = doc(0.0, "the PS sends its first parameters this long after the run starts, so the "
+                                "workers' receives are posted first (a PS that loads or sets up before it "
+                                "serves; lockstep validate's asynchronous PS, like realrun's)", unit="duration",
+                           lo=0)
 
 
 @dataclass

@@ -114,6 +114,7 @@ class ComputeSettings:
     layerwise: bool = False
     forward_fraction: float = 1 / 3
     allreduce_share: float = 0.0
+    start_spread_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -840,7 +841,8 @@ def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -
         straggle_p=straggle.probability, straggle_factor=straggle.factor if straggle.probability > 0 else 1.0,
         jitter=c.jitter, batch=c.batch.value, max_batch=c.max_batch,
         overlap=c.overlap if isinstance(c.overlap, bool) else "auto", layerwise=c.layerwise,
-        forward_fraction=c.forward_fraction, allreduce_share=c.allreduce_share)
+        forward_fraction=c.forward_fraction, allreduce_share=c.allreduce_share,
+        start_spread_s=_seconds(c.start_spread) or 0.0)
 
 
 def _device_profile(p: _Problems, name: str | None) -> dict[str, Any]:

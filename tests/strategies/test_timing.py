@@ -1,6 +1,8 @@
 """Virtual times of the strategies against closed forms, and heterogeneity applied exactly as configured."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from controller import closed_forms as cf
@@ -49,6 +51,7 @@ def test_speed_classes_fill_workers_in_order(run):
 
 
 KEYED = ["strategy=ps_async", "workers=4", "stop.updates=12", "network=wan", "compute.jitter=0.3",
+         "compute.start_spread=20ms",
          "compute.speed={distribution:lognormal,mu:0.0,sigma:0.5}", "compute.straggle={probability:0.3,factor:4.0}"]
 
 
@@ -66,3 +69,35 @@ def test_keyed_distributions_give_identical_draws_whatever_the_placement(run):
     # the stagglers and jitter moved the times: the async PS's updates are not evenly spaced
     t = [int(r["virtual_time_ns"]) for r in one.rows()]
     assert len({b - a for a, b in zip(t, t[1:])}) > 3
+
+
+def test_start_spread_starts_each_vworker_at_its_keyed_offset(run):
+    # ps_sync on a fast network: the PS sends at its start o_ps, the parameters reach worker i at
+    # o_ps + L + x (x: 1 ns of transfer at 1e15 B/s), worker i computes from max(o_i, o_ps + L + x), and the
+    # round closes C + L after the last of them; later rounds keep that shift
+    from agents.sim import keyed
+
+    spread_ns, arrive_ns = 2 * 10**9, 1 * MS + math.ceil(M * 1e9 / 1e15)  # L + x
+    base = times(run(FAST_NET))
+    ran = run([*FAST_NET, "compute.start_spread=2s"])
+    starts = [int(keyed.uniform(0, "start", vid) * spread_ns) for vid in range(5)]  # w0..w3, ps0 (id 4)
+    assert len(set(starts)) == 5 and all(0 <= s < spread_ns for s in starts)
+    assert [ran.handles[0].core.env.compute.start_at(vid) for vid in range(5)] == starts
+    shift = max(max(starts[:4]), starts[4] + arrive_ns) - arrive_ns
+    assert shift > 0 and times(ran) == [t + shift for t in base]
+
+
+def test_start_after_delays_the_first_parameters_and_so_every_update(run):
+    cfg = ["strategy=ps_async", "workers=3", "stop.updates=9", "compute.gradient=0.01", "compute.update=0.001"]
+    base = times(run(cfg))
+    assert times(run([*cfg, "strategy.start_after=250ms"])) == [t + 250 * MS for t in base]
+
+
+def test_a_vworker_that_starts_late_still_gets_gloo_announcements_made_before_it_started(run):
+    # with gloo's send/recv the PS announces its parameters to workers that have not started yet: the
+    # announcement waits in their mailbox until their transport exists (it was lost before: the run stalled)
+    cfg = [*FAST_NET, "strategy.collective=gloo", "compute.start_spread=50ms"]
+    one = run(cfg)
+    assert len(one.rows()) == 3
+    two = run([*cfg, "agents=2"])
+    assert times(two) == times(one) and two.params.equal(one.params)

@@ -39,18 +39,20 @@ def test_validate_on_the_calibration_runs(capsys):
     """The issue's targets (ring and ps_sync: mean <= 2 %, max <= 5 %; ps_async: mean <= 5 %) are not met
     by every scenario yet (docs/benchmarks.md): this asserts what the model reaches, then marks the gap.
     At the PS points that miss them the testbed itself is not reproducible to 5 %: repeated runs of one
-    point spread by 9-58 % (benchmarks/data/realrun-spread.jsonl)."""
+    point spread by 9-58 % (benchmarks/data/realrun-spread.jsonl). validate's hosts have keyed random
+    parts (start spread, timer jitter), so each point is the median of three seeds."""
     points = load_results(CALIBRATION)
-    rows = validate_points(points, ["network=tcp", "strategy.collective=gloo"])
+    rows = validate_points(points, ["network=tcp", "strategy.collective=gloo"], seeds=3)
     s = summarize(rows)
-    assert len(rows) == 40
-    # measured 2026-11-26 with tcp_cwnd_test's half-window packets, CUBIC's minimum RTT from small messages
-    # and gloo's send/recv for the PS (strategy.collective=gloo): ring 1.5 % / 7.5 %, ps_sync 3.7 % /
-    # 17.2 %, ps_async 8.2 % / 20.1 % (mean / max); before them ring 1.6 % / 7.5 %, ps_sync 3.9 % / 19.2 %,
-    # ps_async 9.2 % / 26.4 %
-    assert s["ring"]["mean_abs_error"] <= 0.02 and s["ring"]["max_abs_error"] <= 0.08
-    assert s["ps_sync"]["mean_abs_error"] <= 0.04 and s["ps_sync"]["max_abs_error"] <= 0.18
-    assert s["ps_async"]["mean_abs_error"] <= 0.09
+    assert len(rows) == 40 and all(len(r.runs) == 3 for r in rows)
+    # measured 2026-11-26 with the hosts' start spread, timer jitter and realrun's late asynchronous PS
+    # (docs/engine.md, "What validate emulates"), 3 seeds: ring 1.3 % / 6.1 %, ps_sync 4.1 % / 14.8 %,
+    # ps_async 11.0 % / 19.6 % (mean / max); before them, one deterministic run: ring 1.5 % / 7.5 %,
+    # ps_sync 3.7 % / 17.2 %, ps_async 8.2 % / 20.1 % (the asynchronous PS's first transfer then took a
+    # HyStart exit the testbed's captures do not show)
+    assert s["ring"]["mean_abs_error"] <= 0.02 and s["ring"]["max_abs_error"] <= 0.07
+    assert s["ps_sync"]["mean_abs_error"] <= 0.045 and s["ps_sync"]["max_abs_error"] <= 0.16
+    assert s["ps_async"]["mean_abs_error"] <= 0.12 and s["ps_async"]["max_abs_error"] <= 0.21
     met = (s["ring"]["max_abs_error"] <= 0.05 and s["ps_sync"]["mean_abs_error"] <= 0.02
            and s["ps_sync"]["max_abs_error"] <= 0.05 and s["ps_async"]["mean_abs_error"] <= 0.05)
     if not met:
@@ -116,6 +118,6 @@ def test_a_real_ring_point_on_a_namespace_testbed_is_emulated_closely(tmp_path):
         pytest.skip("another realrun holds the testbed lock")
     assert r.returncode == 0, r.stderr[-2000:]
     rows = validate_points(load_results(out), ["network=tcp", "strategy.collective=gloo"])
-    # the calibration point measured the same configuration at 33.0 ms; the model gives 33.3 ms; a busy
+    # the calibration point measured the same configuration at 33.0 ms; the model gives 33.5 ms; a busy
     # machine adds host latency: allow the ground truth's day-to-day spread (docs/benchmarks.md)
     assert abs(rows[0].error) < 0.08, (rows[0].point.measured, rows[0].emulated)

@@ -95,3 +95,21 @@ def test_a_configuration_measured_several_times_is_compared_by_its_median(tmp_pa
     each = json.loads(capsys.readouterr().out)["rows"]
     assert [r["measured"] for r in each] == [0.004, 0.005, 0.0046, 0.0044]
     assert len({r["emulated"] for r in each if r["L_ms"] == 1.0}) == 1
+
+
+def test_seeds_emulate_each_point_with_several_seeds_and_compare_their_median(tmp_path, capsys):
+    small = {"scenario": "ring", "K": 2, "L_ms": 1.0, "B_mbit": 1000, "M_bytes": 1000, "C_ms": 1, "N": 3,
+             "warmup": 1, "median_s": 0.0044}
+    p = write(tmp_path, small)
+    # validate's hosts have keyed random parts (start spread, timer jitter): each seed is one draw
+    assert validate_main([str(p), "seed=5", "--seeds", "3", "--json", "--out", str(tmp_path)]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    runs = row["emulated_runs"]
+    assert len(runs) == 3 and len(set(runs)) == 3 and row["emulated"] == sorted(runs)[1]
+    for i, seed in enumerate((5, 6, 7)):  # the seeds count up from the run's own
+        assert validate_main([str(p), f"seed={seed}", "--json", "--out", str(tmp_path)]) == 0
+        assert json.loads(capsys.readouterr().out)["rows"][0]["emulated_runs"] == [runs[i]]
+    assert validate_main([str(p), "--seeds", "3", "--out", str(tmp_path)]) == 0
+    assert "(median of 3 seeds, " in capsys.readouterr().err
+    assert validate_main([str(p), "--seeds", "0", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "lockstep validate: --seeds=0 is not valid; accepted: an integer >= 1."
