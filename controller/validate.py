@@ -268,5 +268,8 @@ def main(argv: list[str]) -> int:
                           "plot": str(png)}, indent=1))
     else:
         print(table(rows))
+        if a.seeds == 1:
+            print("\none seed per point: where the emulation has keyed random parts (validate's start spread "
+                  "and timer jitter), --seeds 5 compares the median of five draws")
         print(f"\nplot: {png}")
     return 0

@@ -110,6 +110,9 @@ def test_seeds_emulate_each_point_with_several_seeds_and_compare_their_median(tm
         assert validate_main([str(p), f"seed={seed}", "--json", "--out", str(tmp_path)]) == 0
         assert json.loads(capsys.readouterr().out)["rows"][0]["emulated_runs"] == [runs[i]]
     assert validate_main([str(p), "--seeds", "3", "--out", str(tmp_path)]) == 0
-    assert "(median of 3 seeds, " in capsys.readouterr().err
+    out = capsys.readouterr()
+    assert "(median of 3 seeds, " in out.err and "one seed per point" not in out.out
+    assert validate_main([str(p), "--out", str(tmp_path)]) == 0
+    assert "one seed per point: where the emulation has keyed random parts" in capsys.readouterr().out
     assert validate_main([str(p), "--seeds", "0", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == "lockstep validate: --seeds=0 is not valid; accepted: an integer >= 1."
