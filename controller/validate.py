@@ -1,4 +1,4 @@
-"""``lockstep validate RESULTS.jsonl [overrides...] [--json] [--out DIR] [--seeds N]``: emulate measured runs.
+"""``lockstep validate RESULTS.jsonl [overrides...] [--seeds N] [--jobs J] [--json] [--out DIR]``: emulate runs.
 
 Every point of the results file (controller/results.py) is emulated with the same K, L,
 B, model bytes M and compute C — ``model=flat model.bytes=M``, ``compute=constant`` with
@@ -112,22 +112,54 @@ def emulate(p: Point, overrides: list[str], workdir: Path | None = None) -> floa
     return statistics.median(steps[: p.N])
 
 
-def validate_points(points: list[Point], overrides: list[str], log: Any = None, seeds: int = 1) -> list[Row]:
+def validate_points(points: list[Point], overrides: list[str], log: Any = None, seeds: int = 1,
+                    jobs: int = 1) -> list[Row]:
     """Emulate every point; with ``seeds`` > 1, once per seed (``seed=`` from the overrides' or 0 up) and
-    compare the median."""
+    compare the median. ``jobs`` > 1 runs the emulations in that many processes: every emulation is a
+    deterministic function of its point and config, so the rows are the same, only sooner."""
     first = int(next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == "seed"), 0))
-    rows = []
-    for i, p in enumerate(points, 1):
-        if seeds == 1:
-            rows.append(Row(p, emulate(p, overrides)))
-        else:
-            runs = tuple(emulate(p, overrides + [f"seed={first + s}"]) for s in range(seeds))
-            rows.append(Row(p, statistics.median(runs), runs))
+    per_point = [overrides] if seeds == 1 else [overrides + [f"seed={first + s}"] for s in range(seeds)]
+    tasks = [(p, ov) for p in points for ov in per_point]
+    values: list[float | None] = [None] * len(tasks)
+    rows: list[Row | None] = [None] * len(points)
+    done = [0] * len(points)
+
+    def finished(k: int, v: float) -> None:
+        values[k] = v
+        i = k // len(per_point)
+        done[i] += 1
+        if done[i] < len(per_point):
+            return
+        runs = tuple(values[i * len(per_point):(i + 1) * len(per_point)])
+        r = rows[i] = Row(points[i], runs[0]) if seeds == 1 else Row(points[i], statistics.median(runs), runs)
         if log is not None:
-            r = rows[-1]
-            log(f"[{i}/{len(points)}] {p.describe()}: measured {_fmt(p, p.measured)}{_spread(p)}, emulated "
-                f"{_fmt(p, r.emulated)}{_seeds(r)} ({100 * r.error:+.1f} %)")
-    return rows
+            p = r.point
+            log(f"[{sum(x is not None for x in rows)}/{len(points)}] {p.describe()}: measured "
+                f"{_fmt(p, p.measured)}{_spread(p)}, emulated {_fmt(p, r.emulated)}{_seeds(r)} "
+                f"({100 * r.error:+.1f} %)")
+
+    if jobs == 1 or len(tasks) == 1:
+        for k, (p, ov) in enumerate(tasks):
+            finished(k, emulate(p, ov))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # spawn, not fork: the parent may hold torch's and gRPC's threads
+        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_one_thread,
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(emulate, p, ov): k for k, (p, ov) in enumerate(tasks)}
+            for f in as_completed(futures):
+                finished(futures[f], f.result())
+    return [r for r in rows if r is not None]
+
+
+def _one_thread() -> None:
+    """A validate worker process: one torch thread each (the emulations, not their tensors, take the time)."""
+    import torch
+
+    torch.set_num_threads(1)
+    logging.getLogger().setLevel(logging.WARNING)
 
 
 def _fmt(p: Point, v: float) -> str:
@@ -220,10 +252,13 @@ def main(argv: list[str]) -> int:
                     help="compare every run of a configuration measured several times (default: their median)")
     ap.add_argument("--seeds", type=int, default=1,
                     help="emulate every point with this many seeds and compare their median (default: 1)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="emulations run at once, in that many processes (default: 1); the rows are the same")
     a = ap.parse_args(argv)
-    if a.seeds < 1:
-        print(f"lockstep validate: --seeds={a.seeds} is not valid; accepted: an integer >= 1.", file=sys.stderr)
-        return 2
+    for opt, v in (("--seeds", a.seeds), ("--jobs", a.jobs)):
+        if v < 1:
+            print(f"lockstep validate: {opt}={v} is not valid; accepted: an integer >= 1.", file=sys.stderr)
+            return 2
     bad = [o for o in a.overrides if "=" not in o]
     if bad:
         print(f"lockstep validate: {bad[0]!r} is not an override; accepted: key=value (e.g. network=tcp).",
@@ -244,7 +279,7 @@ def main(argv: list[str]) -> int:
         for p in points:  # a bad override fails before any emulation
             load(_overrides_for(p) + _applicable(p, a.overrides), check_data=False)
         rows = validate_points(points, a.overrides, log=None if a.json else lambda s: print(s, file=sys.stderr),
-                               seeds=a.seeds)
+                               seeds=a.seeds, jobs=a.jobs)
     except ConfigError as e:
         print("lockstep validate: invalid configuration:\n  " + "\n  ".join(e.problems), file=sys.stderr)
         return 2

@@ -116,3 +116,17 @@ def test_seeds_emulate_each_point_with_several_seeds_and_compare_their_median(tm
     assert "one seed per point: where the emulation has keyed random parts" in capsys.readouterr().out
     assert validate_main([str(p), "--seeds", "0", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == "lockstep validate: --seeds=0 is not valid; accepted: an integer >= 1."
+
+
+def test_jobs_run_the_emulations_in_processes_and_give_the_same_rows(tmp_path, capsys):
+    small = {"scenario": "ring", "K": 2, "L_ms": 1.0, "B_mbit": 1000, "M_bytes": 1000, "C_ms": 1, "N": 3,
+             "warmup": 1}
+    p = write(tmp_path, {**small, "median_s": 0.0044}, {**small, "L_ms": 2.0, "median_s": 0.0064},
+              {**small, "scenario": "ps_async", "updates_per_s": 300.0})
+    reports = []
+    for jobs in ("1", "2"):
+        assert validate_main([str(p), "--seeds", "2", "--jobs", jobs, "--json", "--out", str(tmp_path)]) == 0
+        reports.append(json.loads(capsys.readouterr().out)["rows"])
+    assert reports[0] == reports[1] and [r["scenario"] for r in reports[1]] == ["ring", "ring", "ps_async"]
+    assert validate_main([str(p), "--jobs", "0", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "lockstep validate: --jobs=0 is not valid; accepted: an integer >= 1."
