@@ -42,7 +42,7 @@ def test_validate_on_the_calibration_runs(capsys):
     point spread by 9-58 % (benchmarks/data/realrun-spread.jsonl). validate's hosts have keyed random
     parts (start spread, timer jitter), so each point is the median of three seeds."""
     points = load_results(CALIBRATION)
-    rows = validate_points(points, ["network=tcp", "strategy.collective=gloo"], seeds=3)
+    rows = validate_points(points, ["network=tcp", "strategy.collective=gloo"], seeds=3, jobs=2)
     s = summarize(rows)
     assert len(rows) == 40 and all(len(r.runs) == 3 for r in rows)
     # measured 2026-11-26 with the hosts' start spread, timer jitter and realrun's late asynchronous PS
