@@ -34,7 +34,8 @@ STRATEGY = {"ring": "ring_allreduce", "ps_sync": "ps_sync", "ps_async": "ps_asyn
 
 
 # The measured programs' hosts (docs/engine.md, "What validate emulates"; measured in the testbed's packet
-# captures, docs/benchmarks.md): processes leave their start-up barrier up to 1.7 ms apart, time.sleep(C)
+# captures, docs/benchmarks.md): in the K = 2 captures the processes posted their first receives up to 1.7 ms
+# apart (the K = 4 ones: 2.2-3.5 ms; 3 ms fitted worse, docs/benchmarks.md), time.sleep(C)
 # spreads by about 1 %, and realrun's asynchronous PS reads its counters before its first send, so its
 # parameters leave ~5 ms after the workers posted their receives. A user's overrides win over these.
 TESTBED_START_SPREAD = "1.7ms"
@@ -120,38 +121,29 @@ def validate_points(points: list[Point], overrides: list[str], log: Any = None, 
     first = int(next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == "seed"), 0))
     per_point = [overrides] if seeds == 1 else [overrides + [f"seed={first + s}"] for s in range(seeds)]
     tasks = [(p, ov) for p in points for ov in per_point]
-    values: list[float | None] = [None] * len(tasks)
-    rows: list[Row | None] = [None] * len(points)
-    done = [0] * len(points)
-
-    def finished(k: int, v: float) -> None:
-        values[k] = v
-        i = k // len(per_point)
-        done[i] += 1
-        if done[i] < len(per_point):
-            return
-        runs = tuple(values[i * len(per_point):(i + 1) * len(per_point)])
-        r = rows[i] = Row(points[i], runs[0]) if seeds == 1 else Row(points[i], statistics.median(runs), runs)
-        if log is not None:
-            p = r.point
-            log(f"[{sum(x is not None for x in rows)}/{len(points)}] {p.describe()}: measured "
-                f"{_fmt(p, p.measured)}{_spread(p)}, emulated {_fmt(p, r.emulated)}{_seeds(r)} "
-                f"({100 * r.error:+.1f} %)")
-
-    if jobs == 1 or len(tasks) == 1:
-        for k, (p, ov) in enumerate(tasks):
-            finished(k, emulate(p, ov))
-    else:
+    pool = None
+    if jobs > 1 and len(tasks) > 1:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import ProcessPoolExecutor
 
         # spawn, not fork: the parent may hold torch's and gRPC's threads
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_one_thread,
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(emulate, p, ov): k for k, (p, ov) in enumerate(tasks)}
-            for f in as_completed(futures):
-                finished(futures[f], f.result())
-    return [r for r in rows if r is not None]
+        pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_one_thread,
+                                   mp_context=multiprocessing.get_context("spawn"))
+    try:
+        # in task order either way: a point is logged once all its seeds are in
+        values = iter(pool.map(emulate, *zip(*tasks)) if pool else (emulate(p, ov) for p, ov in tasks))
+        rows = []
+        for i, p in enumerate(points, 1):
+            runs = tuple(next(values) for _ in per_point)
+            rows.append(Row(p, runs[0]) if seeds == 1 else Row(p, statistics.median(runs), runs))
+            if log is not None:
+                r = rows[-1]
+                log(f"[{i}/{len(points)}] {p.describe()}: measured {_fmt(p, p.measured)}{_spread(p)}, emulated "
+                    f"{_fmt(p, r.emulated)}{_seeds(r)} ({100 * r.error:+.1f} %)")
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return rows
 
 
 def _one_thread() -> None:
