@@ -66,6 +66,8 @@ def _overrides_for(p: Point) -> list[str]:
     ov += [f"compute.start_spread={TESTBED_START_SPREAD}", f"compute.jitter={TESTBED_TIMER_JITTER}"]
     if p.scenario == "ps_async":
         ov += [f"stop.updates={p.K * steps}", f"strategy.start_after={TESTBED_PS_START}"]
+    elif p.scenario == "ring":  # rank 0 leaves init_process_group one one-way latency after the others
+        ov += [f"stop.updates={steps}", f"strategy.start_after={p.L_s!r}"]
     elif p.scenario in ("p2p", "fanin"):
         ov += [f"strategy.kind={p.scenario}", f"stop.updates={steps}"]
     else:

@@ -238,8 +238,12 @@ class Worker:
 
     def handle(self, tag: Any, fn) -> None:
         """Call ``fn(msg)`` for every message of ``tag`` as it is delivered, instead of keeping it for ``recv``:
-        what a transport's own thread does with its control messages whatever the application awaits."""
-        self._handlers[tag] = fn
+        what a transport's own thread does with its control messages whatever the application awaits.
+        ``fn=None`` stops it: later messages of ``tag`` are kept for ``recv`` again."""
+        if fn is None:
+            self._handlers.pop(tag, None)
+        else:
+            self._handlers[tag] = fn
 
     def condition(self, name: str) -> Condition:
         """A doorbell owned by this vworker (see :class:`Condition`)."""

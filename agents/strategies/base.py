@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.common.units import parse_duration
+from agents.sim.types import seconds_to_ns
 from agents.sim.worker import Worker
 
 __all__ = ["VWorkerSpec", "Strategy", "TrainingWorker"]
@@ -80,6 +82,12 @@ class TrainingWorker(Worker):
         """Mean of flat tensors (kind ``aggregate``), summed in the given order."""
         return await self.compute(self.training.aggregate, grads, weights, kind="aggregate",
                                   cost=float(len(grads) * grads[0].numel()))
+
+    async def start_late(self, first: str) -> None:
+        """``strategy.start_after``: the first member (rank 0) starts that long after the others."""
+        start_after = self.setting("start_after")
+        if start_after and self.name == first:
+            await self.sleep(seconds_to_ns(parse_duration(start_after, "strategy.start_after")))
 
     def make_model(self) -> None:
         self.model, self.opt = self.training.new_model()

@@ -79,8 +79,13 @@ async def gloo_ring_allreduce(w: Worker, vec: torch.Tensor, ring: list[str], tag
     and the send of segment ``i`` and first waits for those of ``i − 2``. Each transfer is a
     rendezvous of the tcp transport's unbound buffers: the receiver announces its posted receive
     (``NOTIFY_RECV_READY``, 48 bytes), the sender announces its send (``NOTIFY_SEND_READY``) and sends
-    the data (48-byte preamble + segment) once it has the receiver's announcement — from its
-    device thread, which here is the waiting member handling the collective's messages as they come.
+    the data (48-byte preamble + segment) once it has the receiver's announcement — from its device
+    thread, which handles the notifications as they arrive, whatever the member is doing (here a
+    delivery handler of the vworker, as in :class:`GlooP2P`). So a segment whose announcement arrives
+    while the member reduces the previous one goes out before the member posts its next receive, and
+    that receive's announcement queues behind the segment on the pair's connection (gloo, and the
+    ring2-10-1000-10 capture). Iteration ``i`` waits for the receive of ``i − 2`` (``waitRecv``) and
+    for the send of ``i − 2`` to have been handed to the connection (``waitSend``).
     ``extras`` ride along the reduce-scatter like reduced elements. Every member ends with
     bit-identical results: each segment is reduced along one path, then copied.
     """
@@ -116,6 +121,8 @@ async def gloo_ring_allreduce(w: Worker, vec: torch.Tensor, ring: list[str], tag
                     seg_extras[j] = [a + b for a, b in zip(their, own)] if their is not None else list(own)
                 else:
                     parts[j] = data
+            if i >= 2:
+                await state.wait_sent(phase, i - 2)
             if i < n - p:
                 base_send, base_recv = (r + 1, r + 2) if phase == "rs" else (r, r + 1)
                 js, jr = (base_send * p + i) % n, (base_recv * p + i) % n
@@ -132,7 +139,13 @@ async def gloo_ring_allreduce(w: Worker, vec: torch.Tensor, ring: list[str], tag
 
 
 class _GlooPair:
-    """The rendezvous of one member with its two ring neighbours during one all-reduce."""
+    """The rendezvous of one member with its two ring neighbours during one all-reduce.
+
+    The collective's messages are handled on delivery (gloo's device thread): an announced receive
+    releases the send waiting for it at once; data is kept until the member asks for it. The member
+    waits on a doorbell rung by every delivery."""
+
+    BELL = "gloo.ring"
 
     def __init__(self, w: Worker, ctag: Any, send_to: str, recv_from: str):
         self.w, self.ctag, self.send_to, self.recv_from = w, ctag, send_to, recv_from
@@ -140,6 +153,10 @@ class _GlooPair:
         self.pending: dict[tuple[str, int], tuple] = {}  # sends waiting for send_to's announcement
         self.data: dict[tuple[str, int], tuple] = {}
         self.sent = 0
+        self.bell = w.condition(self.BELL)
+        while (m := w.recv_nowait(tag=ctag)) is not None:  # what came before this member started the call
+            self._handle(m.payload)
+        w.handle(ctag, self._on_message)
 
     def post_recv(self, phase: str, i: int) -> None:
         self.w.send(self.recv_from, ("rr", phase, i), nbytes=GLOO_OP_BYTES, tag=self.ctag)
@@ -159,6 +176,10 @@ class _GlooPair:
                     tag=self.ctag)
         self.sent += nbytes
 
+    def _on_message(self, m: Any) -> None:
+        self._handle(m.payload)
+        self.w.ring(self.BELL)
+
     def _handle(self, payload: tuple) -> None:
         kind = payload[0]
         if kind == "rr":
@@ -172,18 +193,23 @@ class _GlooPair:
             self.data[(payload[1], payload[2])] = (payload[3], payload[4])
         # "sr": the sender's announcement; nothing to do until its data comes
 
-    async def flush(self) -> None:
-        """Handle the collective's messages until no send waits for its receiver's announcement."""
-        while self.pending:
-            m = await self.w.recv(tag=self.ctag)
-            self._handle(m.payload)
-
     async def wait_data(self, phase: str, i: int) -> tuple[torch.Tensor, list[float] | None]:
+        """gloo's ``waitRecv``: segment ``i`` of ``phase`` has arrived."""
         key = (phase, i)
         while key not in self.data:
-            m = await self.w.recv(tag=self.ctag)
-            self._handle(m.payload)
+            await self.w.wait(self.bell)
         return self.data.pop(key)
+
+    async def wait_sent(self, phase: str, i: int) -> None:
+        """gloo's ``waitSend``: segment ``i`` of ``phase`` went to the connection (its receiver had announced it)."""
+        while (phase, i) in self.pending:
+            await self.w.wait(self.bell)
+
+    async def flush(self) -> None:
+        """Like gloo, return only once every send has gone out; then stop handling this call's messages."""
+        while self.pending:
+            await self.w.wait(self.bell)
+        self.w.handle(self.ctag, None)
 
 
 class GlooP2P:

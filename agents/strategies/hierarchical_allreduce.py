@@ -29,6 +29,7 @@ class HierarchicalWorker(TrainingWorker):
     async def run(self) -> None:
         self.make_model()
         leader, version = self.group[0], 0
+        await self.start_late(self.leaders[0])
         segment = self.setting("segment")
         gloo = self.setting("collective", "ideal") == "gloo"
         while True:

@@ -21,7 +21,8 @@ class LocalWorker(RingWorker):
 
     async def run(self) -> None:
         self.make_model()
-        k, version = len(self.ring), 0
+        k, version = len(self.members), 0
+        await self.start_late(self.members[0])
         steps = int(self.setting("local_steps", 4))
         while True:
             loss_sum, n = 0.0, 0
@@ -32,7 +33,7 @@ class LocalWorker(RingWorker):
             total, (loss_all, n_all), sent = await self.allreduce(self.flat(), f"l{version}", [loss_sum / steps, n])
             self.load(total / k)
             version += 1
-            if self.name == self.ring[0] and self.updated(version, loss_all / k, 0, int(n_all), sent):
+            if self.name == self.members[0] and self.updated(version, loss_all / k, 0, int(n_all), sent):
                 return
 
 

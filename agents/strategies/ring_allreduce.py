@@ -27,17 +27,18 @@ __all__ = ["RingAllReduce", "RingWorker"]
 class RingWorker(TrainingWorker):
     def __init__(self, name: str, vid: int, env: Any, ring: list[str]):
         super().__init__(name, vid, env)
-        self.ring = list(ring)
+        self.members = list(ring)
 
     async def allreduce(self, vec, tag: str, extras: list[float]):
         """The ring's sum of ``vec`` (and ``extras``) with the configured collective: ideal or gloo."""
         if self.setting("collective", "ideal") == "gloo":
-            return await gloo_ring_allreduce(self, vec, self.ring, tag, extras)
-        return await ring_allreduce(self, vec, self.ring, tag, extras, self.setting("segment"))
+            return await gloo_ring_allreduce(self, vec, self.members, tag, extras)
+        return await ring_allreduce(self, vec, self.members, tag, extras, self.setting("segment"))
 
     async def run(self) -> None:
         self.make_model()
-        k, version = len(self.ring), 0
+        k, version = len(self.members), 0
+        await self.start_late(self.members[0])
         if self.env.compute.spec.layerwise:  # an all-reduce per layer as its gradient is ready (DDP's buckets)
             while True:
                 sent = 0
@@ -51,14 +52,14 @@ class RingWorker(TrainingWorker):
                 (loss_sum, n), total, _ = await layerwise.ring_step(self, allreduce_layer)
                 await self.apply(total / k)
                 version += 1
-                if self.name == self.ring[0] and self.updated(version, loss_sum / k, 0, int(n), sent):
+                if self.name == self.members[0] and self.updated(version, loss_sum / k, 0, int(n), sent):
                     return
         while True:
             loss, grad, samples = await self.gradient(self.flat())
             total, (loss_sum, n), sent = await self.allreduce(grad, f"r{version}", [loss, samples])
             await self.apply(total / k)
             version += 1
-            if self.name == self.ring[0] and self.updated(version, loss_sum / k, 0, int(n), sent):
+            if self.name == self.members[0] and self.updated(version, loss_sum / k, 0, int(n), sent):
                 return
 
 

@@ -493,6 +493,9 @@ class RingConfig(StrategyConfig):
                              "whole chunks")
     collective: Collective = doc(Collective.ideal, "ideal: whole chunks (Eq. 11 exactly) | gloo: gloo's ring (1 MiB "
                                                    "segments, two in flight, receiver-ready notifications)")
+    start_after: Any = doc(0.0, "the ring's first member starts this long after the others (a rank 0 that leaves "
+                                "its set-up last: lockstep validate's ring, like realrun's, where rank 0 leaves "
+                                "init_process_group one one-way latency after the others)", unit="duration", lo=0)
 
 
 @dataclass

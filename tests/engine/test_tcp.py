@@ -16,7 +16,7 @@ import pytest
 
 from agents.sim.tcp import TcpSpec, goodput_fraction, wire_bytes
 from agents.sim.worker import Worker
-from agents.strategies.collective import GlooP2P, gloo_ring_allreduce
+from agents.strategies.collective import GlooP2P, _GlooPair, gloo_ring_allreduce
 
 MS = 1_000_000
 SEG = 1448
@@ -219,13 +219,13 @@ def test_host_latency_and_its_keyed_jitter_delay_every_delivered_message(build_k
 class GlooMember(Worker):
     def __init__(self, name, vid, env, ring=(), nbytes=0, max_segment=0):
         super().__init__(name, vid, env)
-        self.ring, self.nbytes, self.max_segment = list(ring), nbytes, max_segment
+        self.members, self.nbytes, self.max_segment = list(ring), nbytes, max_segment
 
     async def run(self):
         import torch
 
         vec = torch.full((self.nbytes // 4,), float(self.id + 1))
-        self.out, _, _ = await gloo_ring_allreduce(self, vec, self.ring, "t", max_segment=self.max_segment)
+        self.out, _, _ = await gloo_ring_allreduce(self, vec, self.members, "t", max_segment=self.max_segment)
         self.done = self.now
 
 
@@ -247,6 +247,40 @@ def test_one_gloo_ring_all_reduce_keeps_two_segments_in_flight(build_kernel, seg
     k.run_until()
     assert o["a"].done == o["b"].done == expected
     assert o["a"].out.tolist() == o["b"].out.tolist() == [3.0] * (segments * 500)
+
+
+class _PairMember(Worker):
+    """One side of a gloo ring pair: ``a`` posts a send, then is busy (reducing) for ``busy`` ns; ``b`` posts
+    the matching receive at 0 and waits for the data."""
+
+    def __init__(self, name, vid, env, busy=0):
+        super().__init__(name, vid, env)
+        self.busy, self.got = busy, None
+
+    async def run(self):
+        import torch
+
+        pair = _GlooPair(self, "t", "b" if self.name == "a" else "a", "b" if self.name == "a" else "a")
+        if self.name == "a":
+            pair.post_send("rs", 0, torch.zeros(250), None)  # 1000 bytes, not yet announced by b
+            await self.sleep(self.busy)
+            await pair.flush()
+        else:
+            pair.post_recv("rs", 0)
+            await pair.wait_data("rs", 0)
+            self.got = self.now
+            await pair.flush()
+
+
+def test_a_gloo_send_leaves_when_its_announcement_arrives_even_while_the_member_is_busy(build_kernel):
+    """gloo's device thread answers a NOTIFY_RECV_READY whatever the member does (here: reducing a segment
+    for 10 ms). L = 5 ms, 1 us per byte, FIFO links: b's 48-byte announcement reaches a at 48 us + L; the
+    data (1000 + 48 bytes) leaves then, behind nothing (a's own 48-byte NOTIFY_SEND_READY left at 0), and
+    reaches b 1048 us + L later: 2 L + 1096 us — not after a's 10 ms of work (that would be 16.048 ms)."""
+    k, _, o = build_kernel({"a": (_PairMember, {"busy": 10 * MS}), "b": (_PairMember, {})},
+                           latency_ns=5 * MS, bw=1e6)
+    k.run_until()
+    assert o["b"].got == 2 * 5 * MS + 1096 * 1000 == 11_096_000
 
 
 class _StartsAt(Worker):

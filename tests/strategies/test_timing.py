@@ -101,3 +101,16 @@ def test_a_vworker_that_starts_late_still_gets_gloo_announcements_made_before_it
     assert len(one.rows()) == 3
     two = run([*cfg, "agents=2"])
     assert times(two) == times(one) and two.params.equal(one.params)
+
+
+@pytest.mark.parametrize("strategy", ["strategy=ring_allreduce", "strategy=local_sgd",
+                                      "strategy=hierarchical_allreduce strategy.group_size=1"])
+def test_start_after_starts_the_first_ring_member_late_and_so_the_first_all_reduce(run, strategy):
+    # K = 2, links without sharing: w1 computes and sends its chunk at once; w0 (rank 0, which records the
+    # updates) starts 250 ms late, finds w1's chunk waiting and ends its all-reduce after its own chunk's
+    # round trip: w0's first all-reduce ends exactly the delay later (after it, w1 runs ahead of w0)
+    cfg = [*strategy.split(), "workers=2", "stop.updates=2", "network.discipline=unlimited",
+           "compute.gradient=0.01", "compute.update=0.001", "compute.aggregate=0"]
+    base = times(run(cfg))
+    late = times(run([*cfg, "strategy.start_after=250ms"]))
+    assert late[0] == base[0] + 250 * MS

@@ -36,8 +36,8 @@ def test_calibrate_recovers_host_latency_and_framing_from_results_the_model_gene
 
 @pytest.mark.slow
 def test_validate_on_the_calibration_runs(capsys):
-    """The issue's targets (ring and ps_sync: mean <= 2 %, max <= 5 %; ps_async: mean <= 5 %) are not met
-    by every scenario yet (docs/benchmarks.md): this asserts what the model reaches, then marks the gap.
+    """The issue's targets (ring and ps_sync: mean <= 2 %, max <= 5 %; ps_async: mean <= 5 %): the ring meets
+    them; the PS scenarios do not yet (docs/benchmarks.md): this asserts what the model reaches, then marks the gap.
     At the PS points that miss them the testbed itself is not reproducible to 5 %: repeated runs of one
     point spread by 9-58 % (benchmarks/data/realrun-spread.jsonl). validate's hosts have keyed random
     parts (start spread, timer jitter), so each point is the median of three seeds."""
@@ -49,8 +49,9 @@ def test_validate_on_the_calibration_runs(capsys):
     # (docs/engine.md, "What validate emulates"), 3 seeds: ring 1.3 % / 6.1 %, ps_sync 4.1 % / 14.8 %,
     # ps_async 11.0 % / 19.6 % (mean / max); before them, one deterministic run: ring 1.5 % / 7.5 %,
     # ps_sync 3.7 % / 17.2 %, ps_async 8.2 % / 20.1 % (the asynchronous PS's first transfer then took a
-    # HyStart exit the testbed's captures do not show)
-    assert s["ring"]["mean_abs_error"] <= 0.02 and s["ring"]["max_abs_error"] <= 0.07
+    # HyStart exit the testbed's captures do not show). With gloo's device thread answering announcements
+    # while the member reduces, and realrun's rank 0 starting one latency late: ring 0.7 % / 3.7 %
+    assert s["ring"]["mean_abs_error"] <= 0.02 and s["ring"]["max_abs_error"] <= 0.05
     assert s["ps_sync"]["mean_abs_error"] <= 0.045 and s["ps_sync"]["max_abs_error"] <= 0.16
     assert s["ps_async"]["mean_abs_error"] <= 0.12 and s["ps_async"]["max_abs_error"] <= 0.21
     met = (s["ring"]["max_abs_error"] <= 0.05 and s["ps_sync"]["mean_abs_error"] <= 0.02

@@ -130,3 +130,18 @@ def test_jobs_run_the_emulations_in_processes_and_give_the_same_rows(tmp_path, c
     assert reports[0] == reports[1] and [r["scenario"] for r in reports[1]] == ["ring", "ring", "ps_async"]
     assert validate_main([str(p), "--jobs", "0", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == "lockstep validate: --jobs=0 is not valid; accepted: an integer >= 1."
+
+
+def test_validate_emulates_the_measured_programs_rank_0_lag_and_late_asynchronous_ps():
+    # realrun's rank 0 leaves init_process_group one one-way latency after the others (its ring captures:
+    # 10.8 ms at L = 10 ms, 0.84 ms at L = 1 ms), and its asynchronous PS reads its counters before its
+    # first send (docs/engine.md, "What validate emulates"); a user's override comes after and wins
+    from controller.results import Point
+    from controller.validate import TESTBED_PS_START, _overrides_for
+
+    def point(scenario):
+        return Point(scenario, 2, 0.01, 1e9, 1_000_000, 0.02, 0.2)
+
+    assert "strategy.start_after=0.01" in _overrides_for(point("ring"))
+    assert f"strategy.start_after={TESTBED_PS_START}" in _overrides_for(point("ps_async"))
+    assert not any(o.startswith("strategy.start_after=") for o in _overrides_for(point("ps_sync")))
