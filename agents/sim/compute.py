@@ -23,6 +23,7 @@ import os
 import platform
 import statistics
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -76,15 +77,21 @@ def device_kind(device: str = "cpu") -> str:
     return f"cpu:{cpu}:threads={torch.get_num_threads()}"
 
 
+_MODULES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()  # a module's description
+
+
 def _describe(a: Any) -> str:
     shape = getattr(a, "shape", None)
     dtype = getattr(a, "dtype", None)
     if shape is not None and dtype is not None:
         return f"{str(dtype).replace('torch.', '')}{tuple(shape)}"
     params = getattr(a, "parameters", None)
-    if callable(params):  # an nn.Module: its class and parameter shapes
-        shapes = ",".join("x".join(map(str, p.shape)) for p in params())
-        return f"{type(a).__name__}[{shapes}]"
+    if callable(params):  # an nn.Module: its class and parameter shapes (kept: a vworker's model keeps its shapes)
+        desc = _MODULES.get(a)
+        if desc is None:
+            shapes = ",".join("x".join(map(str, p.shape)) for p in params())
+            desc = _MODULES[a] = f"{type(a).__name__}[{shapes}]"
+        return desc
     if isinstance(a, (list, tuple)):
         return "[" + ",".join(_describe(x) for x in a) + "]"
     if isinstance(a, (int, float, str, bool)) or a is None:

@@ -188,7 +188,8 @@ class Training:
         offset = 0
         for p in model.parameters():
             n = p.numel()
-            p.grad = grad[offset:offset + n].view_as(p).to(p.device, copy=True)
+            g = grad[offset:offset + n].view_as(p)  # a view, no copy: the optimizers only read p.grad
+            p.grad = g if g.device == p.device else g.to(p.device)
             offset += n
         opt.step()
 
