@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 import secrets
 import selectors
 import socket
@@ -78,21 +77,6 @@ class PeerAddress:
     uds: str  # abstract Unix socket name (without the leading NUL); "" = none
     tcp: str  # HOST:PORT; "" = none
     key: bytes  # pair_key(its secret, this agent, it); only the controller knows the secrets
-
-
-SPIN_S = 200e-6  # controller.window_spin=on: how long exchange polls before it sleeps
-
-
-def spin_seconds(setting: str, local_agents: int, cores: int | None = None) -> float:
-    """``controller.window_spin`` on this host: ``on`` polls ``SPIN_S``; ``auto`` only where polling takes no
-    core another process needs (2 usable cores per local agent, and 2 more for the controller and the rest)."""
-    if setting == "on":
-        return SPIN_S
-    if setting == "off":
-        return 0.0
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return SPIN_S if cores >= 2 * local_agents + 2 else 0.0
 
 
 # ------------------------------------------------------------- connections
@@ -410,11 +394,6 @@ class MeshLinks:
             self._watch(a, selectors.EVENT_READ)
         self._writing: set[int] = set()
         self.closed = False
-        self.spin_s = 0.0  # exchange: poll this long before sleeping on the streams (spin_seconds)
-
-    def local_agents(self) -> int:
-        """Agents on this host: this one and every peer reached over a Unix socket."""
-        return 1 + sum(1 for s in self.socks.values() if s.family == socket.AF_UNIX)
 
     def _watch(self, a: int, events: int) -> None:
         """Watch stream ``a`` for ``events`` (0: not at all)."""
@@ -476,7 +455,6 @@ class MeshLinks:
                 got[a] = self._take(a, pending)
         for a in pending:
             self._watch(a, self._want(a, pending))
-        spin_until = time.perf_counter() + self.spin_s if self.spin_s else 0.0
         while pending or len(got) < len(expect):
             if self.closed or (should_stop is not None and should_stop()):
                 raise MeshError("direct windows stopped")
@@ -484,7 +462,7 @@ class MeshLinks:
                 r = self.readers[a]
                 if a not in got and r.eof is not None and not r.frames:
                     raise MeshError(r.eof)
-            for key, events in self.sel.select(0 if spin_until and time.perf_counter() < spin_until else 1.0):
+            for key, events in self.sel.select(1.0):
                 a = key.data
                 if events & selectors.EVENT_READ:
                     r = self.readers[a]
@@ -741,7 +719,7 @@ class MeshSession:
             loop.call_soon_threadsafe(queue.put_nowait, frames)
 
         def work() -> tuple[VirtualTime | None, int]:
-            peers_raw, next_times, horizons, report_s, spin = args
+            peers_raw, next_times, horizons, report_s = args
             peers = [PeerAddress(int(a), str(u), str(t), bytes(s)) for a, u, t, s in peers_raw]
             core, plan = self.core, self.core.plan
             if self.listener is None:
@@ -749,10 +727,8 @@ class MeshSession:
             self.links = MeshLinks.open(core.agent_id, self.listener,
                                         [p for p in peers if p.agent != core.agent_id], timeout_s, host_buffer(core),
                                         self.client_ssl, plan.limits)
-            self.links.spin_s = spin_seconds(str(spin), self.links.local_agents())
-            log.info("direct windows: streams to agents %s open%s%s", sorted(self.links.socks),
-                     " (mutual TLS)" if self.client_ssl is not None else "",
-                     f", polling {self.links.spin_s * 1e6:.0f} us before sleeping" if self.links.spin_s else "")
+            log.info("direct windows: streams to agents %s open%s", sorted(self.links.socks),
+                     " (mutual TLS)" if self.client_ssl is not None else "")
             if self._stopping:
                 raise MeshError("direct windows stopped")
             loop_ = MeshLoop(core, self.links, plan.placement, plan.n_agents, plan.lookahead(), list(next_times),

@@ -30,7 +30,7 @@ _POLL_S = 0.02
 
 
 def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s: float = 0.05,
-               should_abort: Callable[[], None] | None = None, spin: str = "auto") -> tuple[VirtualTime | None, int]:
+               should_abort: Callable[[], None] | None = None) -> tuple[VirtualTime | None, int]:
     """Run the windows over the agents' direct streams; return (stop time, windows)."""
     n = len(handles)
     opened = []
@@ -48,7 +48,7 @@ def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s
         # each agent gets the key for each agent it dials, never a secret: no agent can speak for another
         me = h.agent_id
         peers = [(a, uds, tcp, pair_key(secret, me, a) if a > me else b"") for a, uds, tcp, secret in opened]
-        wire.encode_value((peers, next_times, horizons, report_s, spin), f.call.args)
+        wire.encode_value((peers, next_times, horizons, report_s), f.call.args)
         h.session.send(f)
     frontier = [0] * n
     stop: VirtualTime | None = None

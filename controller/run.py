@@ -268,8 +268,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
 
             t_loop = time.perf_counter()
-            stop, n_windows = run_direct(handles, on_window, should_abort=should_abort,
-                                         spin=rc.controller.window_spin.value)
+            stop, n_windows = run_direct(handles, on_window, should_abort=should_abort)
             col.barrier_s = time.perf_counter() - t_loop
         else:
             stop = run_windows(handles, plan.placement, plan.lookahead(), on_window, should_abort=should_abort)

@@ -27,7 +27,7 @@ from agents.common.net import DEFAULT_MAX_MESSAGE_BYTES
 __all__ = [
     "LOOPBACK", "Placement", "Optimizer", "Partition", "Discipline", "NetworkModel", "Collective",
     "ComputeModelName", "Distribution", "TcpConfig", "MicrobenchConfig", "FlatConfig",
-    "Windows", "WindowSpin", "BatchMode", "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig",
+    "Windows", "BatchMode", "TraceMode", "LogLevel", "PullPolicy", "StopConfig", "EvalConfig", "DataConfig",
     "ControllerConfig", "TLSConfig",
     "MetricsConfig", "TraceConfig", "StatelogConfig", "OutputsConfig", "PredictorConfig", "TopologyLinksConfig",
     "NetworkConfig", "ComputeConfig", "StraggleConfig",
@@ -112,12 +112,6 @@ class Distribution(str, Enum):
 class Windows(str, Enum):
     direct = "direct"
     hub = "hub"
-
-
-class WindowSpin(str, Enum):
-    auto = "auto"
-    on = "on"
-    off = "off"
 
 
 class RecoveryAgents(str, Enum):
@@ -239,10 +233,6 @@ class ControllerConfig:
     windows: Windows = doc(Windows.direct, "who carries the windows between agent processes: direct (the agents "
                                            "exchange each window's events among themselves, docs/distributed.md) | "
                                            "hub (every window through the controller)")
-    window_spin: WindowSpin = doc(WindowSpin.auto, "direct windows: an agent that waits for its peers' reports "
-                                                   "polls their streams for 200 us before it sleeps (a report that "
-                                                   "comes in that time skips a wake-up): on | off | auto (on where "
-                                                   "the host has at least 2 usable cores per local agent and 2 more)")
 
 
 @dataclass

@@ -30,10 +30,7 @@ def test_direct_windows_are_the_controllers_windows(tmp_path, agents):
     one = run(tmp_path / "one", COMMON + ["strategy=ps_async", "agents=1"])
     hub = run(tmp_path / "hub", base + ["controller.windows=hub"], local=True)
     direct = run(tmp_path / "direct", base + ["controller.windows=direct"], local=True)
-    # agents that poll their peers' streams before sleeping (controller.window_spin) make the same windows
-    spin = run(tmp_path / "spin", base + ["controller.windows=direct", "controller.window_spin=on"], local=True)
-    assert direct.summary["windows"] == hub.summary["windows"] == spin.summary["windows"] > 1
-    assert_same_outputs(tmp_path / "spin", tmp_path / "direct")
+    assert direct.summary["windows"] == hub.summary["windows"] > 1
     assert direct.summary["messages_remote"] == hub.summary["messages_remote"] > 0
     assert_same_outputs(tmp_path / "one", tmp_path / "direct")
     assert_same_outputs(tmp_path / "hub", tmp_path / "direct")
@@ -181,33 +178,3 @@ def test_a_gpu_agent_receives_tensors_in_pinned_memory():
 
     buf = host_buffer(Core())(1024)
     assert torch.frombuffer(buf, dtype=torch.uint8).is_pinned()
-
-
-def test_window_spin_polls_only_where_the_host_has_cores_to_spare():
-    from agents.mesh import SPIN_S, spin_seconds
-
-    assert spin_seconds("on", 4, cores=2) == SPIN_S == 200e-6
-    assert spin_seconds("off", 1, cores=64) == 0.0
-    # auto: 2 usable cores per agent on this host, and 2 more (the controller, the forkserver)
-    assert spin_seconds("auto", 4, cores=10) == SPIN_S and spin_seconds("auto", 4, cores=9) == 0.0
-    assert spin_seconds("auto", 2, cores=2) == 0.0  # the 2-core development VM never polls
-    x, y = _pair()
-    assert x.local_agents() == 2  # a peer over a Unix socket is on this host
-
-
-def test_a_polling_exchange_gets_the_same_frames_as_a_sleeping_one():
-    x, y = _pair()
-    x.spin_s = y.spin_s = 0.05  # long enough that the reply comes while the other side polls
-    out: dict = {}
-
-    def side(links, me, other):
-        rep = mpb.MeshReport(window=3, next_time=10 + me, horizon=20 + me)
-        out[me] = links.exchange({other: _frame(rep)}, {other})
-
-    ts = [threading.Thread(target=side, args=(x, 0, 1)), threading.Thread(target=side, args=(y, 1, 0))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    assert (out[0][1][0].next_time, out[0][1][0].horizon) == (11, 21)
-    assert (out[1][0][0].next_time, out[1][0][0].horizon) == (10, 20)
