@@ -17,7 +17,8 @@ stations, this model moves what a Linux host really hands to its NIC: TSO/GSO pa
   on ACKs while cwnd-limited, HyStart, CUBIC's growth without a loss (at most 5 % per RTT),
   the RTT estimator and retransmission timeout (min 200 ms), restart after idle (cwnd halved
   per RTO of idle, ``tcp_slow_start_after_idle``), the application-limited decay, TSO
-  autosizing and TSQ. One ACK per received packet.
+  autosizing and TSQ. One ACK per received packet; with ``delayed_ack``, Linux's receiver policy
+  instead (quick ACKs, ACK on read for short packets, the delayed-ACK timer, ACKs riding data).
 * **Host software**: a message reaches its application ``host_latency`` after its last
   byte (system calls, a thread wake-up), plus a keyed exponential jitter of mean
   ``host_jitter`` drawn per message — what makes real workers drift apart.
@@ -69,6 +70,8 @@ class TcpSpec:
     host_latency_ns: int = 257_000  # application-visible delay of a delivered message (calibrated)
     host_jitter_ns: int = 0         # mean of a keyed exponential extra delay per message
     small_messages_first: bool = True  # CUBIC's minimum RTT starts at a small message's round trip
+    delayed_ack: bool = False  # the receiver's ACK policy of Linux (quick ACKs, ACK on read, delayed ACK)
+    delack_ns: int = 40_000_000  # TCP_DELACK_MIN / TCP_ATO_MIN: the delayed-ACK timer
 
     @property
     def mss(self) -> int:
@@ -145,12 +148,23 @@ class _Host:
         self.rate_out, self.rate_in, self.burst_ns = rate_out, rate_in, burst_ns
 
 
+QUICKACKS = 16  # TCP_MAX_QUICKACKS
+
+
 class _Receiver:
-    __slots__ = ("rcv_nxt", "last_release")
+    __slots__ = ("rcv_nxt", "last_release", "wup", "quick", "lrcv", "timer", "timer_at", "tsent")
 
     def __init__(self) -> None:
         self.rcv_nxt = 0
         self.last_release: VirtualTime = 0
+        # delayed_ack: rcv_nxt when the last ACK left (rcv_wup), quick ACKs left, the last data's arrival,
+        # the pending ACK's timer and time, and the send time the next ACK echoes (its first unacked packet)
+        self.wup = 0
+        self.quick = 0
+        self.lrcv: VirtualTime | None = None
+        self.timer: Any = None
+        self.timer_at: VirtualTime = 0
+        self.tsent: VirtualTime | None = None
 
 
 class _Sender:
@@ -282,6 +296,10 @@ class _Sender:
             sent = True
             if self.packets_out >= self.cwnd:
                 cwnd_limited = True
+            if s.delayed_ack:  # the data carries the ACK its host owes the peer
+                rcv = self.host.receivers.get(self.dst)
+                if rcv is not None and rcv.wup < rcv.rcv_nxt:
+                    net.send_ack(self.host, self.dst, rcv)
             net.enqueue(self.host, pkt)
         if sent or cwnd_limited:
             self._cwnd_validate(cwnd_limited)
@@ -561,12 +579,61 @@ class TcpNetwork:
         if ack:
             host.senders[src].on_ack(end, tsent)
             return
-        host.receivers[src].rcv_nxt = end
+        rcv = host.receivers[src]
+        start = rcv.rcv_nxt
+        rcv.rcv_nxt = end
         now = self.kernel.now
         for m in msgs:
             self.kernel.schedule(now + self._host_delay(src, dst, m[0]), PRIO_NET, host.worker,
                                  self._deliver, (src, dst, m, now))
-        self.enqueue(host, _Packet(dst, src, True, end, end, 0, tsent, self.tcp.header_bytes + self.tcp.frame_bytes))
+        if not self.tcp.delayed_ack:  # one ACK per packet
+            self.enqueue(host, _Packet(dst, src, True, end, end, 0, tsent, self.tcp.header_bytes + self.tcp.frame_bytes))
+            return
+        self._ack_policy(host, src, rcv, end - start, tsent)
+
+    # ------------------------------------------------- the receiver's ACKs
+    def _ack_policy(self, host: _Host, src: int, rcv: _Receiver, length: int, tsent: VirtualTime) -> None:
+        """When Linux's receiver acknowledges a data packet (``delayed_ack``; tcp_input.c):
+
+        * at once when more than one full segment is unacknowledged (``__tcp_ack_snd_check``), or while
+          quick ACKs last — 16 of them after the first data and after a gap longer than the RTO
+          (``tcp_event_data_recv``);
+        * a packet shorter than a segment when the application reads it, ``host_latency`` later
+          (``ICSK_ACK_PUSHED``, ``__tcp_cleanup_rbuf``);
+        * else after the delayed-ACK timer (``delack``), or with data the host sends the peer first.
+        """
+        now, s = self.kernel.now, self.tcp
+        if rcv.lrcv is None or now - rcv.lrcv > s.rto_min_ns:
+            rcv.quick = QUICKACKS
+        rcv.lrcv = now
+        if rcv.tsent is None:
+            rcv.tsent = tsent
+        if rcv.rcv_nxt - rcv.wup > s.mss or rcv.quick > 0:
+            self.send_ack(host, src, rcv)
+        elif length < s.mss:
+            self._ack_at(host, src, rcv, now + s.host_latency_ns)
+        else:
+            self._ack_at(host, src, rcv, now + s.delack_ns)
+
+    def _ack_at(self, host: _Host, src: int, rcv: _Receiver, t: VirtualTime) -> None:
+        if rcv.timer is not None:
+            if rcv.timer_at <= t:
+                return
+            rcv.timer.cancel()
+        rcv.timer_at = t
+        rcv.timer = self.kernel.timer(t, PRIO_NET, host.worker, lambda: self.send_ack(host, src, rcv))
+
+    def send_ack(self, host: _Host, src: int, rcv: _Receiver) -> None:
+        """``host`` acknowledges everything it received from ``src``."""
+        if rcv.timer is not None:
+            rcv.timer.cancel()
+            rcv.timer = None
+        if rcv.quick > 0:
+            rcv.quick -= 1
+        rcv.wup = rcv.rcv_nxt
+        tsent, rcv.tsent = rcv.tsent, None
+        self.enqueue(host, _Packet(host.worker.id, src, True, rcv.rcv_nxt, rcv.rcv_nxt, 0, tsent,
+                                   self.tcp.header_bytes + self.tcp.frame_bytes))
 
     def _host_delay(self, src: int, dst: int, seq: int) -> VirtualTime:
         s = self.tcp

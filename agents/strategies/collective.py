@@ -138,6 +138,14 @@ async def gloo_ring_allreduce(w: Worker, vec: torch.Tensor, ring: list[str], tag
     return torch.cat(parts), final, state.sent
 
 
+def _preamble_apart(w: Worker) -> bool:
+    """Whether gloo's 48-byte op preamble leaves as a write of its own before the payload: with the tcp
+    model's receiver ACK policy (``network.tcp.delayed_ack``), where a lone small packet is acknowledged
+    late, as on the testbed (docs/engine.md)."""
+    tcp = getattr(w.env.network, "tcp", None)
+    return bool(getattr(tcp, "delayed_ack", False))
+
+
 class _GlooPair:
     """The rendezvous of one member with its two ring neighbours during one all-reduce.
 
@@ -172,8 +180,12 @@ class _GlooPair:
 
     def _send(self, key: tuple[str, int], seg: torch.Tensor, ext: list[float] | None, extra: int) -> None:
         nbytes = seg.numel() * seg.element_size()
-        self.w.send(self.send_to, ("d", key[0], key[1], seg, ext), nbytes=nbytes + GLOO_OP_BYTES + extra,
-                    tag=self.ctag)
+        if _preamble_apart(self.w):
+            self.w.send(self.send_to, ("pre",), nbytes=GLOO_OP_BYTES + extra, tag=self.ctag)
+            self.w.send(self.send_to, ("d", key[0], key[1], seg, ext), nbytes=nbytes, tag=self.ctag)
+        else:
+            self.w.send(self.send_to, ("d", key[0], key[1], seg, ext), nbytes=nbytes + GLOO_OP_BYTES + extra,
+                        tag=self.ctag)
         self.sent += nbytes
 
     def _on_message(self, m: Any) -> None:
@@ -191,7 +203,7 @@ class _GlooPair:
                 self.ready.add(key)
         elif kind == "d":
             self.data[(payload[1], payload[2])] = (payload[3], payload[4])
-        # "sr": the sender's announcement; nothing to do until its data comes
+        # "sr": the sender's announcement; nothing to do until its data comes; "pre": a data op's preamble
 
     async def wait_data(self, phase: str, i: int) -> tuple[torch.Tensor, list[float] | None]:
         """gloo's ``waitRecv``: segment ``i`` of ``phase`` has arrived."""
@@ -248,7 +260,11 @@ class GlooP2P:
 
     def _data(self, dst: str, payload: Any, tag: Any, nbytes: int | None) -> None:
         size = payload_nbytes(payload) if nbytes is None else int(nbytes)
-        self.w.send(dst, payload, nbytes=size + GLOO_OP_BYTES, tag=tag)
+        if _preamble_apart(self.w):
+            self.w.send(dst, ("pre", tag), nbytes=GLOO_OP_BYTES, tag=self.TAG)
+            self.w.send(dst, payload, nbytes=size, tag=tag)
+        else:
+            self.w.send(dst, payload, nbytes=size + GLOO_OP_BYTES, tag=tag)
 
     def _on_note(self, m: Any) -> None:
         kind, tag = m.payload

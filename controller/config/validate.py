@@ -705,7 +705,7 @@ def _network(n: S.NetworkConfig, workers: int | None, p: _Problems) -> NetworkSe
 def _tcp(t: S.TcpConfig, p: _Problems) -> TcpSpec | None:
     """``network.tcp`` as the engine's TcpSpec (durations in ns); None when a value is bad (reported)."""
     ns = {}
-    for key in ("rto_min", "host_latency", "host_jitter"):
+    for key in ("rto_min", "host_latency", "host_jitter", "delack"):
         s = _duration(p, f"network.tcp.{key}", getattr(t, key))
         if s is None:
             return None
@@ -715,7 +715,8 @@ def _tcp(t: S.TcpConfig, p: _Problems) -> TcpSpec | None:
                        initial_window=t.initial_window, gso_max_bytes=t.gso_max_bytes,
                        nic_burst_bytes=t.nic_burst_bytes, clock_hz=t.clock_hz, tsq_limit_bytes=t.tsq_limit_bytes,
                        slow_start_after_idle=t.slow_start_after_idle, hystart_delay=t.hystart_delay,
-                       hystart_ack_train=t.hystart_ack_train, small_messages_first=t.small_messages_first, **ns)
+                       hystart_ack_train=t.hystart_ack_train, small_messages_first=t.small_messages_first,
+                       delayed_ack=t.delayed_ack, **ns)
     except ValueError as e:
         p.add(f"network.tcp is not valid: {e}.")
         return None

@@ -326,3 +326,42 @@ def test_a_gloo_send_starts_once_the_receivers_announcement_has_arrived(build_ke
                            latency_ns=5 * MS, bw=1e6)
     k.run_until()
     assert o["b"].got == (1048, expected)
+
+
+def test_the_receiver_acknowledges_like_linux_with_delayed_ack(build_kernel):
+    """``delayed_ack``: L = 1 ms, 1 Gbit/s, host latency 100 us. A one-segment message (1538 bytes on the
+    line: 12 304 ns) reaches b 1 012 304 ns after it is sent. The first data arms 16 quick ACKs (sent on
+    arrival); the 17th lone segment, a full one, waits for the delayed-ACK timer (40 ms); a short packet
+    is acknowledged when the application reads it (100 us after it arrives); after a gap longer than the
+    RTO (200 ms) quick ACKs are armed again."""
+    plan = [(i * 10 * MS, "b", SEG) for i in range(17)] + [(300 * MS, "b", 100), (600 * MS, "b", SEG)]
+    spec = TcpSpec(host_latency_ns=100_000, delayed_ack=True)
+    k, env, o = build_kernel({"a": (Sender, {"plan": plan}), "b": (Sink, {"expect": len(plan)})},
+                             latency_ns=MS, bw=125e6, tcp=spec)
+    acks = []
+    enqueue = env.network.enqueue
+
+    def record(host, pkt):
+        if pkt.ack:
+            acks.append((k.now, pkt.end))
+        enqueue(host, pkt)
+
+    env.network.enqueue = record
+    k.run_until()
+    arrive = [t + 1_012_304 for t, _, _ in plan[:17]]
+    assert acks[:16] == [(t, (i + 1) * SEG) for i, t in enumerate(arrive[:16])]  # quick ACKs, at once
+    assert acks[16] == (arrive[16] + 40 * MS, 17 * SEG)  # the delayed ACK
+    assert acks[17] == (300 * MS + 1520 + MS + 100_000, 17 * SEG + 100)  # 190 bytes on the line; read 100 us later
+    assert acks[18] == (600 * MS + 1_012_304, 18 * SEG + 100)  # 300 ms of silence: quick ACKs again
+    assert len(acks) == 19
+
+
+def test_without_delayed_ack_every_packet_is_acknowledged_on_arrival(build_kernel):
+    plan = [(0, "b", SEG), (300 * MS, "b", 100)]
+    k, env, o = build_kernel({"a": (Sender, {"plan": plan}), "b": (Sink, {"expect": 2})},
+                             latency_ns=MS, bw=125e6, tcp=TcpSpec(host_latency_ns=100_000))
+    acks = []
+    enqueue = env.network.enqueue
+    env.network.enqueue = lambda host, pkt: (acks.append(k.now) if pkt.ack else None, enqueue(host, pkt))
+    k.run_until()
+    assert acks == [1_012_304, 300 * MS + 1520 + MS]
