@@ -152,7 +152,8 @@ QUICKACKS = 16  # TCP_MAX_QUICKACKS
 
 
 class _Receiver:
-    __slots__ = ("rcv_nxt", "last_release", "wup", "quick", "lrcv", "timer", "timer_at", "tsent")
+    __slots__ = ("rcv_nxt", "last_release", "wup", "quick", "lrcv", "timer", "timer_at", "tsent", "pingpong",
+                 "pushed")
 
     def __init__(self) -> None:
         self.rcv_nxt = 0
@@ -165,6 +166,8 @@ class _Receiver:
         self.timer: Any = None
         self.timer_at: VirtualTime = 0
         self.tsent: VirtualTime | None = None
+        self.pingpong = False  # the host answered within delack of receiving (inet_csk_in_pingpong_mode)
+        self.pushed = 0  # short packets not yet acknowledged (ICSK_ACK_PUSHED, PUSHED2)
 
 
 class _Sender:
@@ -298,8 +301,11 @@ class _Sender:
                 cwnd_limited = True
             if s.delayed_ack:  # the data carries the ACK its host owes the peer
                 rcv = self.host.receivers.get(self.dst)
-                if rcv is not None and rcv.wup < rcv.rcv_nxt:
-                    net.send_ack(self.host, self.dst, rcv)
+                if rcv is not None:
+                    if rcv.lrcv is not None and now - rcv.lrcv < s.delack_ns:  # tcp_event_data_sent: a reply
+                        rcv.pingpong = True
+                    if rcv.wup < rcv.rcv_nxt:
+                        net.send_ack(self.host, self.dst, rcv)
             net.enqueue(self.host, pkt)
         if sent or cwnd_limited:
             self._cwnd_validate(cwnd_limited)
@@ -608,20 +614,29 @@ class TcpNetwork:
         rcv.lrcv = now
         if rcv.tsent is None:
             rcv.tsent = tsent
-        if rcv.rcv_nxt - rcv.wup > s.mss or rcv.quick > 0:
+        if rcv.rcv_nxt - rcv.wup > s.mss or (rcv.quick > 0 and not rcv.pingpong):
             self.send_ack(host, src, rcv)
-        elif length < s.mss:
+            return
+        if length < s.mss:
+            rcv.pushed += 1
+        if rcv.pushed >= 2 or (rcv.pushed and not rcv.pingpong):  # read by the application: __tcp_cleanup_rbuf
             self._ack_at(host, src, rcv, now + s.host_latency_ns)
         else:
-            self._ack_at(host, src, rcv, now + s.delack_ns)
+            self._ack_at(host, src, rcv, now + s.delack_ns, delayed=True)
 
-    def _ack_at(self, host: _Host, src: int, rcv: _Receiver, t: VirtualTime) -> None:
+    def _ack_at(self, host: _Host, src: int, rcv: _Receiver, t: VirtualTime, delayed: bool = False) -> None:
         if rcv.timer is not None:
             if rcv.timer_at <= t:
                 return
             rcv.timer.cancel()
         rcv.timer_at = t
-        rcv.timer = self.kernel.timer(t, PRIO_NET, host.worker, lambda: self.send_ack(host, src, rcv))
+
+        def fire() -> None:
+            if delayed:  # the delayed-ACK timer went off: leave pingpong mode (tcp_delack_timer_handler)
+                rcv.pingpong = False
+            self.send_ack(host, src, rcv)
+
+        rcv.timer = self.kernel.timer(t, PRIO_NET, host.worker, fire)
 
     def send_ack(self, host: _Host, src: int, rcv: _Receiver) -> None:
         """``host`` acknowledges everything it received from ``src``."""
@@ -630,6 +645,7 @@ class TcpNetwork:
             rcv.timer = None
         if rcv.quick > 0:
             rcv.quick -= 1
+        rcv.pushed = 0
         rcv.wup = rcv.rcv_nxt
         tsent, rcv.tsent = rcv.tsent, None
         self.enqueue(host, _Packet(host.worker.id, src, True, rcv.rcv_nxt, rcv.rcv_nxt, 0, tsent,

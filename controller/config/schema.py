@@ -325,9 +325,9 @@ class TcpConfig:
     host_jitter: Any = doc("0us", "mean of a keyed exponential extra delay per delivered message", unit="duration",
                            lo=0)
     delayed_ack: bool = doc(False, "the receiver acknowledges like Linux: at once when two segments are due or in "
-                                   "quick-ACK mode, a short packet when the application reads it, else after "
-                                   "delack or with its own data (gloo's op preamble then leaves as a packet of its "
-                                   "own); false: every packet at once")
+                                   "quick-ACK mode, a short packet when the application reads it (not in pingpong "
+                                   "mode), else after delack or with its own data (gloo's op preamble then leaves "
+                                   "as a packet of its own); false: every packet at once")
     delack: Any = doc("40ms", "delayed_ack: the delayed-ACK timer (TCP_DELACK_MIN)", unit="duration", lo=0)
 
 

@@ -365,3 +365,47 @@ def test_without_delayed_ack_every_packet_is_acknowledged_on_arrival(build_kerne
     env.network.enqueue = lambda host, pkt: (acks.append(k.now) if pkt.ack else None, enqueue(host, pkt))
     k.run_until()
     assert acks == [1_012_304, 300 * MS + 1520 + MS]
+
+
+class _Asks(Worker):
+    """a: one segment to b, then (once b's reply is in) 100 bytes, and 100 bytes more at 100 ms."""
+
+    async def run(self):
+        self.send("b", None, nbytes=SEG, tag="m")
+        await self.recv()
+        self.send("b", None, nbytes=100, tag="m")
+        await self.sleep(100 * MS - self.now)
+        self.send("b", None, nbytes=100, tag="m")
+
+
+class _Answers(Worker):
+    """b: answers a's first message with 100 bytes at once, then only receives."""
+
+    async def run(self):
+        await self.recv()
+        self.send("a", None, nbytes=100, tag="r")
+        await self.recv()
+        await self.recv()
+
+
+def test_a_receiver_that_answers_at_once_leaves_short_packets_to_the_delayed_ack_timer(build_kernel):
+    """Pingpong mode (``delayed_ack``): b answers a's first segment (here at 1 012 304 ns, acknowledged at
+    once: quick ACKs) when its application has it, 100 us later — within ``delack`` of receiving — so b is
+    in pingpong mode: a's next short packet (b's port at 3 215 344 ns: the reply's 190 bytes take 1 520 ns
+    and L each way, a answers 100 us after it arrives) is neither quick-ACKed nor ACKed on read, but after
+    the 40 ms timer, which ends pingpong; the next short packet, 100 ms after the start, is quick-ACKed."""
+    k, env, o = build_kernel({"a": (_Asks, {}), "b": (_Answers, {})}, latency_ns=MS, bw=125e6,
+                             tcp=TcpSpec(host_latency_ns=100_000, delayed_ack=True))
+    acks = []
+    enqueue = env.network.enqueue
+
+    def record(host, pkt):
+        if pkt.ack and pkt.src == 1:
+            acks.append((k.now, pkt.end))
+        enqueue(host, pkt)
+
+    env.network.enqueue = record
+    k.run_until()
+    second = 1_012_304 + 100_000 + 1_001_520 + 100_000 + 1_001_520
+    assert second == 3_215_344
+    assert acks == [(1_012_304, SEG), (second + 40 * MS, SEG + 100), (100 * MS + 1_001_520, SEG + 200)]
