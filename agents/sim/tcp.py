@@ -152,8 +152,8 @@ QUICKACKS = 16  # TCP_MAX_QUICKACKS
 
 
 class _Receiver:
-    __slots__ = ("rcv_nxt", "last_release", "wup", "quick", "lrcv", "timer", "timer_at", "tsent", "pingpong",
-                 "pushed")
+    __slots__ = ("rcv_nxt", "last_release", "wup", "quick", "lrcv", "timer", "timer_at", "tsent", "tlast",
+                 "pingpong", "pushed")
 
     def __init__(self) -> None:
         self.rcv_nxt = 0
@@ -166,6 +166,7 @@ class _Receiver:
         self.timer: Any = None
         self.timer_at: VirtualTime = 0
         self.tsent: VirtualTime | None = None
+        self.tlast: VirtualTime = 0  # ... and of the newest
         self.pingpong = False  # the host answered within delack of receiving (inet_csk_in_pingpong_mode)
         self.pushed = 0  # short packets not yet acknowledged (ICSK_ACK_PUSHED, PUSHED2)
 
@@ -339,7 +340,10 @@ class _Sender:
         return False
 
     # ----------------------------------------------------------------- input
-    def on_ack(self, ack_seq: int, tsent: VirtualTime) -> None:
+    def on_ack(self, ack_seq: int, tsent: VirtualTime | tuple[VirtualTime, VirtualTime]) -> None:
+        """``tsent``: when the acknowledged packet left; with ``delayed_ack`` (oldest, newest) of those an ACK
+        covers — the RTT estimator takes the oldest, CUBIC and HyStart the newest (``tcp_clean_rtx_queue``:
+        ``seq_rtt_us`` and the rate sample's ``rtt_us``)."""
         acked = 0
         while self.inflight and self.inflight[0].end <= ack_seq:
             acked += self.inflight.popleft().segs
@@ -348,8 +352,12 @@ class _Sender:
         now = self.net.kernel.now
         self.una = ack_seq
         self.packets_out -= acked
-        rtt = now - tsent
-        self._rtt_sample(rtt)
+        if isinstance(tsent, tuple):
+            self._rtt_sample(now - tsent[0])
+            rtt = now - tsent[1]
+        else:
+            rtt = now - tsent
+            self._rtt_sample(rtt)
         if self.delay_min is None or rtt < self.delay_min:
             self.delay_min = rtt
         s = self.net.tcp
@@ -614,6 +622,7 @@ class TcpNetwork:
         rcv.lrcv = now
         if rcv.tsent is None:
             rcv.tsent = tsent
+        rcv.tlast = tsent
         if rcv.rcv_nxt - rcv.wup > s.mss or (rcv.quick > 0 and not rcv.pingpong):
             self.send_ack(host, src, rcv)
             return
@@ -647,7 +656,7 @@ class TcpNetwork:
             rcv.quick -= 1
         rcv.pushed = 0
         rcv.wup = rcv.rcv_nxt
-        tsent, rcv.tsent = rcv.tsent, None
+        tsent, rcv.tsent = (rcv.tsent, rcv.tlast), None
         self.enqueue(host, _Packet(host.worker.id, src, True, rcv.rcv_nxt, rcv.rcv_nxt, 0, tsent,
                                    self.tcp.header_bytes + self.tcp.frame_bytes))
 
