@@ -33,7 +33,10 @@ TCP = ["workers=4", "eval.every=4", "eval.samples=200", "network=tcp", "network.
 
 
 @pytest.mark.parametrize("strategy", [["strategy=ring_allreduce", "strategy.collective=gloo", "stop.updates=6"],
-                                      ["strategy=ps_async", "stop.updates=16"]])
+                                      ["strategy=ps_async", "stop.updates=16"],
+                                      # the receiver's delayed ACKs: timers, pingpong, ACKs with two send times
+                                      ["strategy=ps_async", "strategy.collective=gloo", "network.tcp.delayed_ack=true",
+                                       "stop.updates=16"]])
 def test_the_tcp_transport_does_not_depend_on_agents_or_placement_and_reruns_identically(tmp_path, strategy):
     base = tmp_path / "a1"
     r1 = run(base, TCP + strategy + ["agents=1"])
