@@ -176,11 +176,11 @@ class Observer:
                     sl.add(RowKey(*key), kind, name, fields)  # (a plain tuple when it crossed the wire)
 
     def flush(self, before: int) -> None:
-        """After every window: trace records and final state-log rows go to disk (a SIGKILL loses one window)."""
-        if self.trace is not None:
-            self.trace.flush()
+        """After every window, before its rows: final state-log rows and trace records go to disk."""
         if self.statelog is not None:
             self.statelog.flush(before)
+        if self.trace is not None:
+            self.trace.flush()
 
     # ------------------------------------------------------------ end
     def close_outputs(self, stop_time: int | None) -> None:

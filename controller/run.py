@@ -107,9 +107,9 @@ class _Collector:
         self.stop_time = w.stop_time
         if self.metrics is not None:
             self.metrics.observe_window(w.start, w.barrier_wall_s, w.count)
+        if self.observer is not None:  # the state log and the trace go to disk before the rows they belong to,
+            self.observer.flush(w.next_start)  # so a SIGKILL between the two never leaves rows without them
         self.flush(w.next_start)
-        if self.observer is not None:  # the trace and the state log go to disk with the rows
-            self.observer.flush(w.next_start)
         if self.partial is not None and self.partial_every_s > 0:
             now = time.monotonic()
             if now - self._partial_at >= self.partial_every_s:
