@@ -34,10 +34,12 @@ STRATEGY = {"ring": "ring_allreduce", "ps_sync": "ps_sync", "ps_async": "ps_asyn
 
 
 # The measured programs' hosts (docs/engine.md, "What validate emulates"; measured in the testbed's packet
-# captures, docs/benchmarks.md): in the K = 2 captures the processes posted their first receives up to 1.7 ms
-# apart (the K = 4 ones: 2.2-3.5 ms; 3 ms fitted worse, docs/benchmarks.md), time.sleep(C)
-# spreads by about 1 %, and realrun's asynchronous PS reads its counters before its first send, so its
-# parameters leave ~5 ms after the workers posted their receives. A user's overrides win over these.
+# captures, docs/benchmarks.md): in the K = 2 PS captures the processes posted their first receives up to
+# 1.7 ms apart (2.2-3.5 ms in the K = 4 asynchronous ones; a 3 ms spread was tried and read worse on the
+# synchronous PS), time.sleep(C) spreads by about 1 %, realrun's asynchronous PS reads its counters before
+# its first send, so its parameters leave ~5 ms after the workers posted their receives, and the ring's
+# rank 0 leaves init_process_group one one-way latency after the others (_overrides_for). A user's
+# overrides win over these.
 TESTBED_START_SPREAD = "1.7ms"
 TESTBED_TIMER_JITTER = 0.01
 TESTBED_PS_START = "5ms"

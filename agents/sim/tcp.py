@@ -159,7 +159,7 @@ class _Receiver:
         self.rcv_nxt = 0
         self.last_release: VirtualTime = 0
         # delayed_ack: rcv_nxt when the last ACK left (rcv_wup), quick ACKs left, the last data's arrival,
-        # the pending ACK's timer and time, and the send time the next ACK echoes (its first unacked packet)
+        # the pending ACK's timer and time, and the send times of the oldest unacknowledged packet (tsent)
         self.wup = 0
         self.quick = 0
         self.lrcv: VirtualTime | None = None
@@ -613,8 +613,10 @@ class TcpNetwork:
           quick ACKs last — 16 of them after the first data and after a gap longer than the RTO
           (``tcp_event_data_recv``);
         * a packet shorter than a segment when the application reads it, ``host_latency`` later
-          (``ICSK_ACK_PUSHED``, ``__tcp_cleanup_rbuf``);
-        * else after the delayed-ACK timer (``delack``), or with data the host sends the peer first.
+          (``ICSK_ACK_PUSHED``, ``__tcp_cleanup_rbuf``); in pingpong mode (the host answered within
+          ``delack`` of receiving) only the second such packet (``ICSK_ACK_PUSHED2``);
+        * else after the delayed-ACK timer (``delack``, which also ends pingpong mode), or with data the
+          host sends the peer first.
         """
         now, s = self.kernel.now, self.tcp
         if rcv.lrcv is None or now - rcv.lrcv > s.rto_min_ns:

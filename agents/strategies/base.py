@@ -84,7 +84,8 @@ class TrainingWorker(Worker):
                                   cost=float(len(grads) * grads[0].numel()))
 
     async def start_late(self, first: str) -> None:
-        """``strategy.start_after``: the first member (rank 0) starts that long after the others."""
+        """``strategy.start_after``: ``first`` (rank 0: a ring's first member, the PS) starts that long after
+        the others."""
         start_after = self.setting("start_after")
         if start_after and self.name == first:
             await self.sleep(seconds_to_ns(parse_duration(start_after, "strategy.start_after")))

@@ -24,9 +24,7 @@ from typing import Any
 
 import torch
 
-from agents.common.units import parse_duration
 from agents.observe.statelog import log_model, log_result, log_version
-from agents.sim.types import seconds_to_ns
 from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 from agents.strategies.collective import GlooP2P
@@ -133,9 +131,7 @@ class ParameterServer(TrainingWorker):
         log_version(self, 0, params)
         self.layerwise = self.env.compute.spec.layerwise  # one message per layer (agents.strategies.layerwise)
         self.p2p = _gloo(self) if not self.layerwise else None
-        start_after = self.setting("start_after")
-        if start_after:  # a PS that starts late (realrun's asynchronous PS reads its counters first)
-            await self.sleep(seconds_to_ns(parse_duration(start_after, "strategy.start_after")))
+        await self.start_late(self.name)  # a PS that starts late (realrun's asynchronous PS reads its counters first)
         await self._send_params(self.workers, params, (0,))
         if self.sync:
             await self._run_sync()
