@@ -25,10 +25,45 @@ FAULTS = ("faults=[{kind:crash,workers:[w3],at:20ms,until:90ms},"
           "{kind:byzantine,workers:[w5],mode:noise,std:0.1}]")
 
 
+class _Spy:
+    """A vworker's coroutine that notes where it waits: (class, the code of each frame) and for how long."""
+
+    def __init__(self, w, coro, waits: dict):
+        self.w, self.coro, self.waits, self.since = w, coro, waits, None
+
+    def _waits(self, cmd):
+        self.since = (self.w._kernel.now, (type(self.w).__name__, tuple(
+            frame.f_code.co_qualname for frame, _ in checkpoint._links(self.coro))))
+        return cmd
+
+    def _resumed(self):
+        if self.since is not None:
+            t, where = self.since
+            if self.w._kernel.now > t:
+                self.waits.setdefault(where, (t + 1, self.w._kernel.now))
+            self.since = None
+
+    def send(self, value):
+        self._resumed()
+        return self._waits(self.coro.send(value))
+
+    def throw(self, *exc):
+        self._resumed()
+        return self._waits(self.coro.throw(*exc))
+
+    def close(self):
+        self.coro.close()
+
+    def __await__(self):  # (collections.abc.Coroutine)
+        return self.coro.__await__()
+
+
 def _whole(plan, data) -> tuple[AgentCore, list, list, list[int]]:
     """The run without a checkpoint: the core, its rows, and window boundaries to cut it at — at 10 %, 45 %
-    and 80 % of the run (odd ns), and in the middle of the first compute call of each kind of each vworker
-    class (a PS's aggregation and update, a worker's gradient), so that every tail is exercised."""
+    and 80 % of the run (odd ns), in the middle of the first compute call of each kind of each vworker
+    class (a PS's aggregation and update, a worker's gradient), and, for every chain of frames a vworker
+    class waits in for some time (each collective's phases, each loop's steps), a moment it waits there,
+    so that every tail is exercised."""
     core = AgentCore(plan, 0, data=data)
     firsts: dict[tuple[str, str], int] = {}
     on_compute = core.env.on_compute
@@ -39,9 +74,22 @@ def _whole(plan, data) -> tuple[AgentCore, list, list, list[int]]:
         return on_compute(w, kind, start, end, wall)
 
     core.env.on_compute = spy
+    waits: dict = {}
+    for w in core.workers.values():
+        w.run = lambda run=w.run, w=w: _Spy(w, run(), waits)
     updates, evals = _rows(core.advance(INFINITY))
     end = core.kernel.now
-    return core, updates, evals, sorted({*firsts.values(), *(end * k // 20 + 1 for k in (2, 9, 16))})
+    return core, updates, evals, sorted({*firsts.values(), *(end * k // 20 + 1 for k in (2, 9, 16)),
+                                         *_stabbing(waits.values(), end)})
+
+
+def _stabbing(intervals, end: int) -> list[int]:
+    """The fewest times that fall in every interval [a, b] (clipped to before ``end``): the earliest ends."""
+    out: list[int] = []
+    for a, b in sorted(((a, min(b, end)) for a, b in intervals if a <= min(b, end)), key=lambda ab: ab[1]):
+        if not out or out[-1] < a:
+            out.append(b)
+    return out
 
 
 def _plan(overrides: list[str]):
