@@ -357,17 +357,15 @@ class PSWorker(TrainingWorker):
 
     async def _run_layerwise(self) -> None:
         """One PS shard, the parameters and the gradient one message per layer (compute.layerwise)."""
-        ps = self.shards[0]
-
-        async def recv_layer(i: int):
-            m = await self.recv(src=ps, tag=("p", i))
-            return m.payload[0], m.payload[1]
-
-        def send_layer(i: int, g, loss: float, samples: int, version: int):
-            return self.send(ps, (g, version, loss, samples), tag=("g", i))
-
         while True:
-            await layerwise.worker_step(self, recv_layer, send_layer)
+            await layerwise.worker_step(self, self._recv_layer, self._send_layer)
+
+    async def _recv_layer(self, i: int):
+        m = await self.recv(src=self.shards[0], tag=("p", i))
+        return m.payload[0], m.payload[1]
+
+    def _send_layer(self, i: int, g, loss: float, samples: int, version: int):
+        return self.send(self.shards[0], (g, version, loss, samples), tag=("g", i))
 
 
 def _gloo(w: TrainingWorker) -> GlooP2P | None:
@@ -428,8 +426,9 @@ class PSAsync(_PS):
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame of a PS and its workers after the await it is suspended in (``below`` names the
 # awaited function), for a coroutine rebuilt from a checkpoint. Keep each in step with its method, and in
-# tail-call form (agents.checkpoint). compute.layerwise and the faults' pulls have no tails, so a checkpoint
-# of them is refused (NotCheckpointable) and recovery replays from the start.
+# tail-call form (agents.checkpoint). The faults' pulls in a synchronous round (_gather_faults) and SSP's
+# releases that wait for compute.layerwise's fair sends (_release) have none, so a checkpoint there is refused
+# (NotCheckpointable) and recovery replays from the start.
 @continues(ParameterServer.run)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     if below == "start_late":
@@ -542,3 +541,29 @@ async def _(f: dict[str, Any], m: Any, below: str) -> list:
 async def _(f: dict[str, Any], value: Any, below: str) -> bool:
     f["self"]._push(f["versions"], *value)
     return False
+
+
+# compute.layerwise: the PS's sends that wait (fair egress) and the workers' layer loop
+@continues(ParameterServer._send_params)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None
+
+
+@continues(ParameterServer._applied)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    return False
+
+
+@continues(ParameterServer._synced)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    return False
+
+
+@continues(PSWorker._run_layerwise)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return await f["self"]._run_layerwise()
+
+
+@continues(PSWorker._recv_layer)
+async def _(f: dict[str, Any], m: Any, below: str) -> Any:
+    return m.payload[0], m.payload[1]

@@ -72,20 +72,22 @@ class RingWorker(TrainingWorker):
                                                              sent)
 
     async def _loop_layerwise(self) -> None:
-        k = len(self.members)
         while True:
-            sent = 0
-
-            async def allreduce_layer(i, g, loss, samples):
-                nonlocal sent
-                total, extras, n = await self.allreduce(g, f"r{self.version}.{i}", [loss, samples])
-                sent += n
-                return total, extras
-
-            (loss_sum, n), total, _ = await layerwise.ring_step(self, allreduce_layer)
-            await self.apply(total / k)
-            if self._stepped([loss_sum, n], sent):
+            if await self._step_layerwise():
                 return
+
+    async def _step_layerwise(self) -> bool:
+        """One step with an all-reduce per layer (:func:`layerwise.ring_step`); True when the run stops."""
+        self._sent = 0
+        extras, total, _ = await layerwise.ring_step(self, self._allreduce_layer)
+        return await self._descend(total, extras, self._sent)
+
+    async def _allreduce_layer(self, i: int, g, loss: float, samples: int):
+        return self._layer_reduced(*await self.allreduce(g, f"r{self.version}.{i}", [loss, samples]))
+
+    def _layer_reduced(self, total, extras: list[float], sent: int):
+        self._sent += sent
+        return total, extras
 
 
 class RingAllReduce(Strategy):
@@ -139,3 +141,22 @@ async def _(f: dict[str, Any], value: Any, below: str) -> bool:
 @continues(RingWorker._descend)
 async def _(f: dict[str, Any], value: Any, below: str) -> bool:
     return f["self"]._stepped(f["extras"], f["sent"])
+
+
+@continues(RingWorker._loop_layerwise)
+async def _(f: dict[str, Any], stop: bool, below: str) -> None:
+    if not stop:
+        return await f["self"]._loop_layerwise()
+
+
+@continues(RingWorker._step_layerwise)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "ring_step":
+        extras, total, _ = value
+        return await f["self"]._descend(total, extras, f["self"]._sent)
+    return value
+
+
+@continues(RingWorker._allreduce_layer)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
+    return f["self"]._layer_reduced(*value)
