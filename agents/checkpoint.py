@@ -7,8 +7,9 @@ suspended — as bytes. Restoring them in a fresh process gives a core that runs
 exactly as the saved one would have (tests/engine/test_checkpoint.py).
 
 Everything but the coroutines is plain data, pickled as one graph (so an object two vworkers share is
-still shared after a restore). The loaded data set, the Prometheus metrics and the executor's thread
-are the process's own and are attached again, not saved.
+still shared after a restore; tensor storages are saved once each, ahead of the graph, so a view and its
+base share memory again too — pickle alone would copy each view). The loaded data set, the Prometheus
+metrics and the executor's thread are the process's own and are attached again, not saved.
 
 **Coroutines.** Python cannot pickle a suspended coroutine. It can read one: the chain of frames from
 ``run()`` down to the kernel awaitable it waits in (``cr_await``), each with its code and its locals.
@@ -38,6 +39,7 @@ import io
 import pickle
 import time
 import types
+import warnings
 from typing import Any, Awaitable, Callable
 
 __all__ = ["NotCheckpointable", "snapshot", "restore", "continues", "FORMAT"]
@@ -156,30 +158,72 @@ async def _rebuilt(frames: list[tuple[str, dict[str, Any] | None]]) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- pickling
+_TypedStorage: Any = None  # torch.storage.TypedStorage, imported on first use (the kernel imports this module)
+
+
+def _import_torch() -> None:
+    global _TypedStorage
+    if _TypedStorage is None:
+        with warnings.catch_warnings():  # (what a tensor's pickling hands over; deprecated, still used there)
+            warnings.simplefilter("ignore")
+            from torch.storage import TypedStorage
+        _TypedStorage = TypedStorage
+
+
 class _Pickler(pickle.Pickler):
+    """Coroutines and the process's own objects by reference; tensor storages once each, so that tensors
+    sharing one (a view and its base) still share it after a restore — pickle alone copies each view."""
+
     def __init__(self, buf: io.BytesIO, shared: dict[int, str]):
         super().__init__(buf, protocol=5)
         self.shared = shared
+        self.storages: dict[tuple, Any] = {}
 
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is types.CoroutineType:
             return ("coroutine",)  # rebuilt from the saved frames (above)
+        if isinstance(obj, _TypedStorage):
+            u = obj._untyped_storage
+            key = (u.device.type, u.device.index, u.data_ptr(), u.nbytes())
+            self.storages.setdefault(key, u)  # (kept alive until saved: no other storage reuses its address)
+            return ("storage", key, obj.dtype)
         key = self.shared.get(id(obj))
         return None if key is None else (key,)
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, buf: io.BytesIO, shared: dict[str, Any]):
+    def __init__(self, buf: io.BytesIO, shared: dict[str, Any], storages: dict[tuple, Any]):
         super().__init__(buf)
-        self.shared = shared
+        self.shared, self.storages = shared, storages
 
     def persistent_load(self, pid: Any) -> Any:
         if pid == ("coroutine",):
             return None
+        if isinstance(pid, tuple) and len(pid) == 3 and pid[0] == "storage":
+            return _TypedStorage(wrap_storage=self.storages[pid[1]], dtype=pid[2], _internal=True)
         try:
             return self.shared[pid[0]]
         except (KeyError, IndexError, TypeError):
             raise pickle.UnpicklingError(f"a checkpoint refers to {pid!r}, which this process does not have") from None
+
+
+def _storage_bytes(storages: dict[tuple, Any]) -> dict[tuple, bytes]:
+    import torch
+
+    return {k: torch.empty(0, dtype=torch.uint8, device=u.device).set_(u).cpu().numpy().tobytes()
+            for k, u in storages.items()}
+
+
+def _storages(saved: dict[tuple, bytes]) -> dict[tuple, Any]:
+    import torch
+
+    out = {}
+    for (kind, index, ptr, n), b in saved.items():
+        t = torch.frombuffer(bytearray(b), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+        if kind != "cpu":
+            t = t.to(torch.device(kind, index))
+        out[(kind, index, ptr, n)] = t.untyped_storage()
+    return out
 
 
 def _shared(core: Any) -> dict[str, Any]:
@@ -200,16 +244,19 @@ def snapshot(core: Any) -> bytes:
             continue  # not started yet (its start is a queued event), finished, or crashed (HALTED)
         positions[w.id] = frames_of(w)
     ex = core.env.executor
+    _import_torch()
     shared = {id(v): k for k, v in _shared(core).items() if v is not None}
     buf = io.BytesIO()
     state = {"format": FORMAT, "agent": core.agent_id, "run_id": core.plan.run_id, "core": core,
              "positions": positions, "wall_s": time.perf_counter() - core.env.recorder.wall_start}
     try:
         with ex.paused() if ex is not None else contextlib.nullcontext():  # no batch half-run meanwhile
-            _Pickler(buf, shared).dump(state)
+            p = _Pickler(buf, shared)
+            p.dump(state)
+            head = pickle.dumps({"format": FORMAT, "storages": _storage_bytes(p.storages)}, protocol=5)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise NotCheckpointable(f"agent {core.agent_id}'s state cannot be saved: {e}") from e
-    return buf.getvalue()
+    return len(head).to_bytes(8, "little") + head + buf.getvalue()
 
 
 def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics: Any = None,
@@ -221,6 +268,7 @@ def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics:
     from agents.sim.kernel import HALTED
     from agents.workloads.data import load_fashion_mnist
 
+    _import_torch()
     torch.set_num_threads(plan.workload.threads)
     use_memory(plan.workload.memory, len(plan.local_ids(agent_id)))  # before anything is allocated
 
@@ -235,7 +283,15 @@ def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics:
     if data is not None:
         shared["data"] = data
     try:
-        state = _Unpickler(io.BytesIO(blob), shared).load()
+        n = int.from_bytes(blob[:8], "little")
+        head = pickle.loads(blob[8:8 + n])
+        if not isinstance(head, dict) or head.get("format") != FORMAT:
+            raise NotCheckpointable(f"the checkpoint of agent {agent_id} has format "
+                                    f"{head.get('format') if isinstance(head, dict) else None!r}; this lockstep "
+                                    f"reads format {FORMAT}")
+        state = _Unpickler(io.BytesIO(blob[8 + n:]), shared, _storages(head["storages"])).load()
+    except NotCheckpointable:
+        raise
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: one sentence
         raise NotCheckpointable(f"the checkpoint of agent {agent_id} cannot be read: {type(e).__name__}: {e}") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:

@@ -79,81 +79,8 @@ def _updates(plan) -> int:
     return plan.settings["stop_updates"]
 
 
-class _Spy:
-    """A vworker's coroutine that notes where it waits: (class, the code of each frame) and for how long."""
-
-    def __init__(self, w, coro, waits: dict):
-        self.w, self.coro, self.waits, self.since = w, coro, waits, None
-
-    def _waits(self, cmd):
-        self.since = (self.w._kernel.now, (type(self.w).__name__, tuple(
-            frame.f_code.co_qualname for frame, _ in checkpoint._links(self.coro))))
-        return cmd
-
-    def _resumed(self):
-        if self.since is not None:
-            t, where = self.since
-            if self.w._kernel.now > t:
-                self.waits.setdefault(where, (t + 1, self.w._kernel.now))
-            self.since = None
-
-    def send(self, value):
-        self._resumed()
-        return self._waits(self.coro.send(value))
-
-    def throw(self, *exc):
-        self._resumed()
-        return self._waits(self.coro.throw(*exc))
-
-    def close(self):
-        self.coro.close()
-
-    def __await__(self):  # (collections.abc.Coroutine)
-        return self.coro.__await__()
-
-
-def _whole(plan, data) -> tuple[AgentCore, list, list, list[int]]:
-    """The run without a checkpoint: the core, its rows, and window boundaries to cut it at — at 10 %, 45 %
-    and 80 % of the run (odd ns), in the middle of the first compute call of each kind of each vworker
-    class (a PS's aggregation and update, a worker's gradient), and, for every chain of frames a vworker
-    class waits in for some time (each collective's phases, each loop's steps), a moment it waits there,
-    so that every tail is exercised."""
-    core = AgentCore(plan, 0, data=data)
-    firsts: dict[tuple[str, str], int] = {}
-    on_compute = core.env.on_compute
-
-    def spy(w, kind, start, end, wall):
-        if end > start:
-            firsts.setdefault((type(w).__name__, kind), (start + end) // 2)
-        return on_compute(w, kind, start, end, wall)
-
-    core.env.on_compute = spy
-    waits: dict = {}
-    for w in core.workers.values():
-        w.run = lambda run=w.run, w=w: _Spy(w, run(), waits)
-    updates, evals = _rows(core.advance(INFINITY))
-    end = core.kernel.now
-    return core, updates, evals, sorted({*firsts.values(), *(end * k // 20 + 1 for k in (2, 9, 16)),
-                                         *_stabbing(waits.values(), end)})
-
-
-def _stabbing(intervals, end: int) -> list[int]:
-    """The fewest times that fall in every interval [a, b] (clipped to before ``end``): the earliest ends."""
-    out: list[int] = []
-    for a, b in sorted(((a, min(b, end)) for a, b in intervals if a <= min(b, end)), key=lambda ab: ab[1]):
-        if not out or out[-1] < a:
-            out.append(b)
-    return out
-
-
 def _plan(overrides: list[str]):
     return make_plan(load([*BASE, "stop.updates=30", *overrides]), run_id="ckpt")
-
-
-def _rows(reached) -> tuple[list, list]:
-    """A window's update and eval rows (their order key, then every column but the wall-clock one)."""
-    return ([(key, tuple(row[:-1])) for key, row in reached.updates],
-            [(key, tuple(row[:-1])) for key, row in reached.evals])
 
 
 RAN: set[str] = set()  # the tails a restored core ran, and the cases that ran (see the last test)
@@ -185,16 +112,16 @@ def data():
 @pytest.mark.parametrize("overrides", CASES, ids=lambda o: " ".join(o)[:60])
 def test_a_core_restored_from_a_checkpoint_finishes_the_run_exactly_as_the_one_it_was_taken_from(data, overrides):
     plan = _plan(overrides)
-    whole, updates, evals, cuts = _whole(plan, data)
+    whole, updates, evals, cuts = helpers.whole_run_and_cuts(plan, data)
     assert len(updates) == _updates(plan)
     for cut in cuts:
         before = AgentCore(plan, 0, data=data)
-        u0, e0 = _rows(before.advance(cut))
+        u0, e0 = helpers.core_rows(before.advance(cut))
         assert len(u0) < _updates(plan)
         blob = checkpoint.snapshot(before)
         before.close()
         after = checkpoint.restore(plan, 0, blob, data=data)
-        u1, e1 = _rows(after.advance(INFINITY))
+        u1, e1 = helpers.core_rows(after.advance(INFINITY))
         assert u0 + u1 == updates, cut
         assert e0 + e1 == evals, cut
         assert torch.equal(after.result_params(), whole.result_params())
@@ -208,11 +135,11 @@ def test_a_core_restored_from_a_checkpoint_finishes_the_run_exactly_as_the_one_i
                          ids=lambda o: " ".join(o)[:60])
 def test_a_restored_core_can_be_checkpointed_again_and_again_and_still_ends_identically(data, overrides):
     plan = _plan(overrides)
-    whole, updates, _, cuts = _whole(plan, data)
+    whole, updates, _, cuts = helpers.whole_run_and_cuts(plan, data)
     core = AgentCore(plan, 0, data=data)
     got: list = []
     for cut in (*cuts, INFINITY):
-        got += _rows(core.advance(cut))[0]
+        got += helpers.core_rows(core.advance(cut))[0]
         if cut < INFINITY:
             core = checkpoint.restore(plan, 0, checkpoint.snapshot(core), data=data)
     assert got == updates
@@ -263,3 +190,15 @@ def test_every_tail_ran_in_a_restored_core():
         pytest.skip("runs after every case of the parametrized test")
     missing = sorted(set(checkpoint._TAILS) - RAN)
     assert missing == sorted(NEVER_RUN), f"no case ran these tails: {', '.join(missing)}"
+
+
+def test_tensors_that_share_memory_still_share_it_after_a_restore(data):
+    plan = _plan(["strategy=ps_async"])
+    core = AgentCore(plan, 0, data=data)
+    core.advance(10_000_001)
+    w = core.workers["w1"]
+    w.base = torch.arange(10.0)
+    w.view = w.base[2:5]
+    again = checkpoint.restore(plan, 0, checkpoint.snapshot(core), data=data).workers["w1"]
+    again.base[3] = -1.0
+    assert again.view.tolist() == [2.0, -1.0, 4.0]
