@@ -40,134 +40,20 @@ import pickle
 import time
 import types
 import warnings
-from typing import Any, Awaitable, Callable
+from typing import Any
+
+import torch
+
+from agents.sim.resume import NotCheckpointable, continues, frames_of, rebuilt  # noqa: F401 - re-exported
 
 __all__ = ["NotCheckpointable", "snapshot", "restore", "continues", "FORMAT"]
 
 FORMAT = 1
 """Bumped whenever what a checkpoint holds changes: a restore refuses another format."""
 
-
-class NotCheckpointable(RuntimeError):
-    """This agent cannot be checkpointed now; the message names the vworker and where it waits."""
-
-
-Tail = Callable[[dict[str, Any], Any, str], Awaitable[Any]]
-_TAILS: dict[str, Tail] = {}
-_TAIL_CODES: set[types.CodeType] = set()
-_LEAVES: set[str] = set()  # the kernel's own suspension points: resumed with the value itself
-
-
-def _name(module: str, code: types.CodeType) -> str:
-    return f"{module}:{code.co_qualname}"
-
-
-def _of(fn: Callable[..., Any]) -> str:
-    fn = getattr(fn, "__func__", fn)
-    return _name(fn.__module__, fn.__code__)
-
-
-def continues(fn: Callable[..., Any]) -> Callable[[Tail], Tail]:
-    """Register the decorated ``async def tail(f, value)`` as the rest of ``fn``'s frame after its await."""
-    name = _of(fn)
-
-    def register(tail: Tail) -> Tail:
-        _TAILS[name] = tail
-        _TAIL_CODES.add(tail.__code__)
-        return tail
-    return register
-
-
-def leaf(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark a kernel awaitable (a generator that yields to the kernel) whose result is the value sent in."""
-    _LEAVES.add(_of(fn))
-    return fn
-
-
-def _links(coro: Any) -> Any:
-    """(frame, what it awaits) of each coroutine or generator in an await chain, outermost first."""
-    c = coro
-    while c is not None:
-        if isinstance(c, types.CoroutineType):
-            frame, nxt = c.cr_frame, c.cr_await
-        elif isinstance(c, types.GeneratorType):
-            frame, nxt = c.gi_frame, c.gi_yieldfrom
-        else:
-            raise TypeError(type(c).__name__)
-        if frame is None:  # a finished coroutine
-            return
-        yield frame, nxt
-        c = nxt
-
-
-def frames_of(worker: Any) -> list[tuple[str, dict[str, Any] | None]]:
-    """Where ``worker``'s coroutine is suspended: (code name, locals) of each frame, ``run()`` first.
-
-    A coroutine rebuilt by an earlier restore is read as the frames it stands for: the frames whose tails
-    have not run yet, the one whose tail runs (locals None: its tail, in tail-call form, returns what it
-    awaits), then what that tail awaits."""
-    out: list[tuple[str, dict[str, Any] | None]] = []
-    skip_tail = False
-    try:
-        for frame, nxt in _links(worker.coro):
-            code = frame.f_code
-            if skip_tail:  # the running tail of a rebuilt coroutine (checked: a registered tail)
-                skip_tail = False
-                if code not in _TAIL_CODES:
-                    raise NotCheckpointable(f"vworker {worker.name} is suspended in {code.co_qualname}, which a "
-                                            "checkpoint cannot save")
-                continue
-            if code is _rebuilt.__code__:
-                f = frame.f_locals
-                if "i" not in f:  # still waiting where it was saved
-                    out.extend(f["frames"])
-                    break
-                out.extend(f["frames"][:f["i"]])
-                out.append((f["frames"][f["i"]][0], None))
-                skip_tail = True
-                continue
-            out.append((_name(frame.f_globals.get("__name__", "?"), code), dict(frame.f_locals)))
-    except TypeError as e:
-        raise NotCheckpointable(f"vworker {worker.name} waits in {e}, which a checkpoint cannot save") from None
-    if not out:
-        return out
-    if out[-1][0] not in _LEAVES:
-        raise NotCheckpointable(f"vworker {worker.name} is suspended in {out[-1][0].rsplit(':', 1)[1]}, which is "
-                                "not one of the kernel's awaitables")
-    for name, f in out[:-1]:
-        if f is not None and name not in _TAILS:
-            raise NotCheckpointable(f"vworker {worker.name} is suspended in {name.rsplit(':', 1)[1]}, which its "
-                                    f"strategy ({type(worker).__name__}) cannot checkpoint (docs/recovery.md)")
-    return out
-
-
-def _short(name: str) -> str:
-    return name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-
-
-async def _rebuilt(frames: list[tuple[str, dict[str, Any] | None]]) -> Any:
-    """The rest of a saved coroutine: wait where it waited, then finish each frame, innermost first."""
-    from agents.sim.kernel import park
-
-    value = await park()  # the kernel's pending event resumes it with what the original waited for
-    for i in range(len(frames) - 2, -1, -1):
-        name, f = frames[i]
-        if f is not None:  # (None: a tail that returns what it awaited, saved from a rebuilt coroutine)
-            value = await _TAILS[name](f, value, _short(frames[i + 1][0]))
-    return value
-
-
-# ------------------------------------------------------------------------------------------- pickling
-_TypedStorage: Any = None  # torch.storage.TypedStorage, imported on first use (the kernel imports this module)
-
-
-def _import_torch() -> None:
-    global _TypedStorage
-    if _TypedStorage is None:
-        with warnings.catch_warnings():  # (what a tensor's pickling hands over; deprecated, still used there)
-            warnings.simplefilter("ignore")
-            from torch.storage import TypedStorage
-        _TypedStorage = TypedStorage
+with warnings.catch_warnings():  # what a tensor's pickling hands over: deprecated, and still what it uses
+    warnings.simplefilter("ignore")
+    from torch.storage import TypedStorage as _TypedStorage
 
 
 class _Pickler(pickle.Pickler):
@@ -208,15 +94,11 @@ class _Unpickler(pickle.Unpickler):
 
 
 def _storage_bytes(storages: dict[tuple, Any]) -> dict[tuple, bytes]:
-    import torch
-
     return {k: torch.empty(0, dtype=torch.uint8, device=u.device).set_(u).cpu().numpy().tobytes()
             for k, u in storages.items()}
 
 
 def _storages(saved: dict[tuple, bytes]) -> dict[tuple, Any]:
-    import torch
-
     out = {}
     for (kind, index, ptr, n), b in saved.items():
         t = torch.frombuffer(bytearray(b), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
@@ -244,7 +126,6 @@ def snapshot(core: Any) -> bytes:
             continue  # not started yet (its start is a queued event), finished, or crashed (HALTED)
         positions[w.id] = frames_of(w)
     ex = core.env.executor
-    _import_torch()
     shared = {id(v): k for k, v in _shared(core).items() if v is not None}
     buf = io.BytesIO()
     state = {"format": FORMAT, "agent": core.agent_id, "run_id": core.plan.run_id, "core": core,
@@ -262,13 +143,10 @@ def snapshot(core: Any) -> bytes:
 def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics: Any = None,
             own_process: bool = False) -> Any:
     """An AgentCore for ``agent_id`` of ``plan`` in the state :func:`snapshot` saved in ``blob``."""
-    import torch
-
     from agents.core import use_memory
     from agents.sim.kernel import HALTED
     from agents.workloads.data import load_fashion_mnist
 
-    _import_torch()
     torch.set_num_threads(plan.workload.threads)
     use_memory(plan.workload.memory, len(plan.local_ids(agent_id)))  # before anything is allocated
 
@@ -306,7 +184,7 @@ def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics:
     for w in core.workers.values():
         frames = state["positions"].get(w.id)
         if frames is not None:
-            w.coro = _rebuilt(frames)
+            w.coro = rebuilt(frames)
             if w.coro.send(None) is not _parked():
                 raise NotCheckpointable(f"vworker {w.name} did not wait where it was saved")
     if core.env.executor is not None:
