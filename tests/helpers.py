@@ -111,7 +111,8 @@ def whole_run_and_cuts(plan: Any, data: Any = None) -> tuple[Any, list, list, li
     window boundaries for checkpoint tests: at 10 %, 45 % and 80 % of the run (odd ns), in the middle of the
     first compute call of each kind of each vworker class (a PS's update, a worker's gradient), and, for every
     chain of frames a vworker class waits in for some time (each collective's phases, each loop's steps), a
-    moment it waits there — so that a test that restores at each of them goes through every tail."""
+    moment it waits there, and one while a partition holds a send — so that a test that restores at each of
+    them goes through every tail and every kind of pending event."""
     from agents.core import AgentCore
     from agents.sim.types import INFINITY
 
@@ -128,6 +129,14 @@ def whole_run_and_cuts(plan: Any, data: Any = None) -> tuple[Any, list, list, li
     waits: dict = {}
     for w in core.workers.values():
         w.run = lambda run=w.run, w=w: _Waits(w, run(), waits)
+    hold = core.env.hold
+
+    def held(w, dst, payload, nbytes, tag, until):  # a send a partition holds: its release is a pending event
+        if until > w.now:
+            waits.setdefault(("partition", "held send"), (w.now + 1, until))
+        return hold(w, dst, payload, nbytes, tag, until)
+
+    core.env.hold = held
     updates, evals = core_rows(core.advance(INFINITY))
     end = core.kernel.now
     return core, updates, evals, sorted({*firsts.values(), *(end * k // 20 + 1 for k in (2, 9, 16)),
@@ -142,7 +151,7 @@ class _Waits:
         self.w, self.coro, self.waits, self.since = w, coro, waits, None
 
     def _suspended(self, cmd: Any) -> Any:
-        from agents.checkpoint import _links
+        from agents.sim.resume import _links
 
         self.since = (self.w.now, (type(self.w).__name__,
                                    tuple(frame.f_code.co_qualname for frame, _ in _links(self.coro))))

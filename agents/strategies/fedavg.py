@@ -145,7 +145,8 @@ class FedServer(TrainingWorker):
     async def _collect(self, want: set[str], rnd: int, deadline: int | None, got: dict) -> list:
         """``_gather`` from the updates in ``got`` on (a recv that times out returns at the deadline)."""
         while len(got) < len(want) and (deadline is None or self.now < deadline):
-            _take(got, want, rnd, await self.recv(tag="update", timeout=None if deadline is None else deadline - self.now))
+            timeout = None if deadline is None else deadline - self.now
+            _take(got, want, rnd, await self.recv(tag="update", timeout=timeout))
         return list(got.values())
 
 

@@ -8,6 +8,7 @@ import torch
 from agents import checkpoint
 from agents.checkpoint import NotCheckpointable
 from agents.core import AgentCore
+from agents.sim import resume
 from agents.sim.types import INFINITY
 from controller.config import load
 from controller.plan import make_plan
@@ -41,16 +42,18 @@ CASES = [
     ["strategy=sgd", "workers=1", "stop.updates=12", "eval.every=4"],
     ["strategy=ring_allreduce", "stop.updates=8", "eval.every=4", "compute.aggregate=0.001"],
     ["strategy=ring_allreduce", "strategy.segment=100000", "stop.updates=4", "eval.every=2"],
-    ["strategy=ring_allreduce", "strategy.collective=gloo", "stop.updates=4", "eval.every=2", "compute.aggregate=0.0005",
-     "strategy.start_after=5ms"],
+    ["strategy=ring_allreduce", "strategy.collective=gloo", "stop.updates=4", "eval.every=2",
+     "compute.aggregate=0.0005", "strategy.start_after=5ms"],
     ["strategy=ring_allreduce", "strategy.collective=gloo", "network=tcp", "network.tcp.delayed_ack=true",
      "stop.updates=4", "eval.every=2"],
     ["strategy=local_sgd", "strategy.local_steps=2", "stop.updates=4", "eval.every=2"],
-    ["strategy=hierarchical_allreduce", "strategy.group_size=2", "stop.updates=6", "eval.every=3", "compute.aggregate=0.001"],
+    ["strategy=hierarchical_allreduce", "strategy.group_size=3", "stop.updates=6", "eval.every=3",
+     "compute.aggregate=0.001", "strategy.start_after=2ms"],
     ["strategy=hierarchical_allreduce", "strategy.group_size=2", "strategy.collective=gloo", "stop.updates=4",
      "eval.every=2"],
-    ["strategy=gossip", "stop.updates=8", "eval.every=4"],
-    ["strategy=fedavg", "strategy.local_steps=2", "stop.updates=8", "eval.every=2", "compute.aggregate=0.001"],
+    ["strategy=gossip", "stop.updates=8", "eval.every=4", "compute.aggregate=0.001"],
+    ["strategy=fedavg", "strategy.local_steps=2", "stop.updates=8", "eval.every=2", "compute.aggregate=0.001",
+     "strategy.round_timeout=100ms"],
     ["strategy=fedasync", "strategy.local_steps=2", "stop.updates=10", "eval.every=5", "compute.aggregate=0.001"],
     ["strategy=microbench", "stop.updates=8", "eval.every=0"],
     ["strategy=microbench", "strategy.kind=fanin", "workers=3", "stop.updates=8", "eval.every=0"],
@@ -66,7 +69,8 @@ CASES = [
     ["strategy=ring_allreduce", "workers=2", "compute.allreduce_share=0.5", *LAYERWISE, "data.placement=end_devices",
      "data.end_devices=2", "batch_size=8"],
     ["strategy=ps_sync", "workers=3", "network.discipline=fair", *LAYERWISE],
-    ["strategy=ps_async", "workers=2", "network.discipline=fair", *LAYERWISE, "network.bandwidth=1e6", "stop.updates=6"],
+    ["strategy=ps_async", "workers=2", "network.discipline=fair", *LAYERWISE, "network.bandwidth=1e6", "stop.updates=6",
+     "data.placement=end_devices", "data.end_devices=2", "batch_size=8"],
     ["strategy=ps_async", "workers=2", "network.discipline=fifo", *LAYERWISE],
     # the training data on the end devices, over a star and over the tree topology
     ["strategy=ps_async", "workers=3", *END_DEVICES],
@@ -88,7 +92,7 @@ DONE: set[str] = set()
 
 
 class _Noting(dict):
-    """checkpoint's registry of tails, noting each tail a restored coroutine runs."""
+    """The registry of tails (agents.sim.resume), noting each tail a restored coroutine runs."""
 
     def __getitem__(self, name: str):
         RAN.add(name)
@@ -97,11 +101,11 @@ class _Noting(dict):
 
 @pytest.fixture(scope="module", autouse=True)
 def _note_the_tails_that_run():
-    tails = checkpoint._TAILS
-    checkpoint._TAILS = _Noting(tails)  # (a strategy module imported meanwhile registers its tails there)
+    tails = resume._TAILS
+    resume._TAILS = _Noting(tails)  # (a strategy module imported meanwhile registers its tails there)
     yield
-    tails.update(checkpoint._TAILS)
-    checkpoint._TAILS = tails
+    tails.update(resume._TAILS)
+    resume._TAILS = tails
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +192,7 @@ def test_every_tail_ran_in_a_restored_core():
     tail changes some case's rows, parameters or events."""
     if len(DONE) < len(CASES):
         pytest.skip("runs after every case of the parametrized test")
-    missing = sorted(set(checkpoint._TAILS) - RAN)
+    missing = sorted(set(resume._TAILS) - RAN)
     assert missing == sorted(NEVER_RUN), f"no case ran these tails: {', '.join(missing)}"
 
 
