@@ -80,6 +80,12 @@ class TrainingWorker(Worker):
             grad = self.env.faults.corrupt(self.id, seq, self.now, grad)
         return loss, grad, len(y)
 
+    async def repeat(self, step: Any) -> None:
+        """``await step()`` until it returns True (the run stops): a strategy's loop, one await to continue from."""
+        while True:
+            if await step():
+                return
+
     async def local_step(self) -> tuple[float, int]:
         """A gradient at this vworker's parameters and an optimizer step with it: ``(loss, samples)``."""
         loss, grad, samples = await self.gradient(self.flat())
@@ -186,6 +192,12 @@ async def _(f: dict[str, Any], value: Any, below: str) -> Any:
 @continues(TrainingWorker.start_late)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     return None
+
+
+@continues(TrainingWorker.repeat)
+async def _(f: dict[str, Any], stop: bool, below: str) -> None:
+    if not stop:
+        return await f["self"].repeat(f["step"])
 
 
 @continues(TrainingWorker.local_step)

@@ -57,12 +57,7 @@ class FedAsyncServer(TrainingWorker):
         params = self.flat()
         for c in self.clients:
             self.send(c, (params, 0), tag="model")
-        await self._loop()
-
-    async def _loop(self) -> None:
-        while True:
-            if await self._next():
-                return
+        await self.repeat(self._next)
 
     async def _next(self) -> bool:
         """Answer the next message: a client's model is mixed in; True when the run stops."""
@@ -101,12 +96,6 @@ class FedAsync(FedAvg):
 @continues(FedAsyncServer.run)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     return None
-
-
-@continues(FedAsyncServer._loop)
-async def _(f: dict[str, Any], stop: bool, below: str) -> None:
-    if not stop:
-        return await f["self"]._loop()
 
 
 @continues(FedAsyncServer._next)

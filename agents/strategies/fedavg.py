@@ -55,11 +55,7 @@ class FedClient(TrainingWorker):
     async def run(self) -> None:
         if self.restarted:
             self.send(self.server, None, tag="pull")
-        await self._loop()
-
-    async def _loop(self) -> None:
-        while True:
-            await self._round()
+        await self.repeat(self._round)  # (a round returns None: a client's loop never ends)
 
     async def _round(self) -> None:
         """One round: the server's model in, ``local_steps`` steps on it, the model back."""
@@ -94,12 +90,7 @@ class FedServer(TrainingWorker):
         if weighting not in WEIGHTINGS:
             raise ValueError(f"strategy.weighting={weighting!r}; accepted: {' | '.join(WEIGHTINGS)}")
         self.rnd = 0
-        await self._loop()
-
-    async def _loop(self) -> None:
-        while True:
-            if await self._round():
-                return
+        await self.repeat(self._round)
 
     async def _round(self) -> bool:
         """One round: the model to the round's clients, their updates in, the weighted mean; True when the run
@@ -176,11 +167,6 @@ async def _(f: dict[str, Any], value: Any, below: str) -> None:
     return None
 
 
-@continues(FedClient._loop)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return await f["self"]._loop()
-
-
 @continues(FedClient._round)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     if below == "recv":
@@ -196,12 +182,6 @@ async def _(f: dict[str, Any], acc: tuple[int, float, int], below: str) -> None:
 @continues(FedServer.run)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     return None
-
-
-@continues(FedServer._loop)
-async def _(f: dict[str, Any], stop: bool, below: str) -> None:
-    if not stop:
-        return await f["self"]._loop()
 
 
 @continues(FedServer._round)

@@ -51,12 +51,7 @@ class GossipWorker(TrainingWorker):
     async def run(self) -> None:
         self.make_model()
         self.version = 0
-        await self._loop()
-
-    async def _loop(self) -> None:
-        while True:
-            if await self._step():
-                return
+        await self.repeat(self._step)
 
     async def _step(self) -> bool:
         """One step: a gradient at x_i, x_i to the neighbours, the mean with theirs, the update; True when the run
@@ -108,12 +103,6 @@ class Gossip(Strategy):
 @continues(GossipWorker.run)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     return None
-
-
-@continues(GossipWorker._loop)
-async def _(f: dict[str, Any], stop: bool, below: str) -> None:
-    if not stop:
-        return await f["self"]._loop()
 
 
 @continues(GossipWorker._step)

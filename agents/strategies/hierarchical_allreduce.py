@@ -31,12 +31,7 @@ class HierarchicalWorker(TrainingWorker):
         self.make_model()
         self.version = 0
         await self.start_late(self.leaders[0])
-        return await self._loop()
-
-    async def _loop(self) -> None:
-        while True:
-            if await self._step():
-                return
+        return await self.repeat(self._step)
 
     async def _step(self) -> bool:
         """One step: a gradient, the global mean of the gradients, an update; True when the run stops."""
@@ -121,13 +116,7 @@ class HierarchicalAllReduce(Strategy):
 @continues(HierarchicalWorker.run)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     if below == "start_late":
-        return await f["self"]._loop()
-
-
-@continues(HierarchicalWorker._loop)
-async def _(f: dict[str, Any], stop: bool, below: str) -> None:
-    if not stop:
-        return await f["self"]._loop()
+        return await f["self"].repeat(f["self"]._step)
 
 
 @continues(HierarchicalWorker._step)

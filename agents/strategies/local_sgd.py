@@ -21,7 +21,7 @@ class LocalWorker(RingWorker):
     """A ring member that takes ``local_steps`` steps alone between all-reduces of the models."""
 
     async def _train(self) -> None:
-        return await self._loop()
+        return await self.repeat(self._step)
 
     async def _step(self) -> bool:
         """One round: ``local_steps`` local steps, then the ring's mean of the models; True when the run stops."""
@@ -52,7 +52,7 @@ class LocalSGD(Strategy):
 
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame above after the await it is suspended in (``below``), in tail-call form; the
-# frames LocalWorker shares with RingWorker (run, _loop, ...) continue as RingWorker's.
+# frames LocalWorker shares with RingWorker (run, _descend, ...) continue as RingWorker's.
 @continues(LocalWorker._train)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     return value

@@ -32,14 +32,10 @@ class BenchWorker(TrainingWorker):
 
     async def run(self) -> None:
         if self.name != "w0":  # a peer: echo pings, receive the bytes, ack
-            return await self._serve()
+            return await self.repeat(self._answer)
         self.make_model()  # the run's result vworker holds a (flat) model
         self.version = 0
-        await self._measure()
-
-    async def _serve(self) -> None:
-        while True:
-            await self._answer()
+        await self.repeat(self._repetition)
 
     async def _answer(self) -> None:
         if self.kind == "p2p":
@@ -58,11 +54,6 @@ class BenchWorker(TrainingWorker):
 
     def _go(self) -> None:
         self.send("w0", None, nbytes=self.training.model_bytes, tag="data")
-
-    async def _measure(self) -> None:
-        while True:
-            if await self._repetition():
-                return
 
     async def _repetition(self) -> bool:
         """One repetition, recorded as a global update, then the gap; True when the run stops."""
@@ -128,11 +119,6 @@ async def _(f: dict[str, Any], value: Any, below: str) -> None:
     return None
 
 
-@continues(BenchWorker._serve)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return await f["self"]._serve()
-
-
 @continues(BenchWorker._answer)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     if below == "_pinged":
@@ -145,12 +131,6 @@ async def _(f: dict[str, Any], value: Any, below: str) -> None:
 @continues(BenchWorker._pinged)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     f["self"]._ack()
-
-
-@continues(BenchWorker._measure)
-async def _(f: dict[str, Any], stop: bool, below: str) -> None:
-    if not stop:
-        return await f["self"]._measure()
 
 
 @continues(BenchWorker._repetition)

@@ -44,13 +44,8 @@ class RingWorker(TrainingWorker):
 
     async def _train(self) -> None:
         if self.env.compute.spec.layerwise:  # an all-reduce per layer as its gradient is ready (DDP's buckets)
-            return await self._loop_layerwise()
-        return await self._loop()
-
-    async def _loop(self) -> None:
-        while True:
-            if await self._step():
-                return
+            return await self.repeat(self._step_layerwise)
+        return await self.repeat(self._step)
 
     async def _step(self) -> bool:
         """One step: a gradient, summed over the ring, and an update with the mean; True when the run stops."""
@@ -70,11 +65,6 @@ class RingWorker(TrainingWorker):
         loss_sum, n = extras
         return self.name == self.members[0] and self.updated(self.version, loss_sum / len(self.members), 0, int(n),
                                                              sent)
-
-    async def _loop_layerwise(self) -> None:
-        while True:
-            if await self._step_layerwise():
-                return
 
     async def _step_layerwise(self) -> bool:
         """One step with an all-reduce per layer (:func:`layerwise.ring_step`); True when the run stops."""
@@ -118,12 +108,6 @@ async def _(f: dict[str, Any], value: Any, below: str) -> None:
     return value
 
 
-@continues(RingWorker._loop)
-async def _(f: dict[str, Any], stop: bool, below: str) -> None:
-    if not stop:
-        return await f["self"]._loop()
-
-
 @continues(RingWorker._step)
 async def _(f: dict[str, Any], value: Any, below: str) -> bool:
     if below == "gradient":
@@ -141,12 +125,6 @@ async def _(f: dict[str, Any], value: Any, below: str) -> bool:
 @continues(RingWorker._descend)
 async def _(f: dict[str, Any], value: Any, below: str) -> bool:
     return f["self"]._stepped(f["extras"], f["sent"])
-
-
-@continues(RingWorker._loop_layerwise)
-async def _(f: dict[str, Any], stop: bool, below: str) -> None:
-    if not stop:
-        return await f["self"]._loop_layerwise()
 
 
 @continues(RingWorker._step_layerwise)

@@ -13,12 +13,7 @@ class Learner(TrainingWorker):
     async def run(self) -> None:
         self.make_model()
         self.version = 0
-        await self._loop()
-
-    async def _loop(self) -> None:
-        while True:
-            if await self._step():
-                return
+        await self.repeat(self._step)
 
     async def _step(self) -> bool:
         """One gradient and one update; True when the run stops."""
@@ -43,12 +38,6 @@ class SGD(Strategy):
 @continues(Learner.run)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     return None
-
-
-@continues(Learner._loop)
-async def _(f: dict[str, Any], stop: bool, below: str) -> None:
-    if not stop:
-        return await f["self"]._loop()
 
 
 @continues(Learner._step)
