@@ -90,16 +90,16 @@ class FedServer(TrainingWorker):
         if weighting not in WEIGHTINGS:
             raise ValueError(f"strategy.weighting={weighting!r}; accepted: {' | '.join(WEIGHTINGS)}")
         self.rnd = 0
+        self._order = {c: i for i, c in enumerate(self.clients)}
         await self.repeat(self._round)
 
     async def _round(self) -> bool:
         """One round: the model to the round's clients, their updates in, the weighted mean; True when the run
         stops."""
-        order = {c: i for i, c in enumerate(self.clients)}
         fraction = float(self.setting("fraction", 1.0))
         rnd = self.rnd
         chosen = [self.clients[i] for i in sample_clients(self.env.seed, rnd, len(self.clients), fraction)]
-        self.history.append([order[c] for c in chosen])
+        self.history.append([self._order[c] for c in chosen])
         params = self.flat()
         for c in chosen:
             self.send(c, (params, rnd), tag="model")
@@ -109,9 +109,8 @@ class FedServer(TrainingWorker):
         self.rnd += 1
         if not msgs:  # every chosen client missed the round (faults): the model stays as it was
             return False
-        order = {c: i for i, c in enumerate(self.clients)}
         weighting = self.setting("weighting", "data")
-        msgs.sort(key=lambda m: order[m.src])
+        msgs.sort(key=lambda m: self._order[m.src])
         weights = [1.0 if weighting == "uniform" else float(m.payload[3] if weighting == "samples" else m.payload[4])
                    for m in msgs]
         return self._averaged(msgs, weights, await self.aggregate([m.payload[0] for m in msgs], weights))
