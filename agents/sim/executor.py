@@ -251,14 +251,11 @@ class Executor:
         """Pending tasks and counters; not the lock, the thread, nor what was learnt about task functions
         (keyed by code objects): batches offered to the thread wait, as at the start, for their function's
         first run on the kernel's thread. Values never depend on which thread computed them."""
-        state = dict(self.__dict__)
+        state = dict(self.__dict__)  # (a copy: the running executor goes on unchanged)
         for k in ("_cv", "_thread"):
             state.pop(k)
         state["_changes_args"] = {}
-        for b in self._ready:
-            b.offered = False
-        state["_unknown"] = self._unknown + self._ready if self._thread is not None else []
-        state["_ready"] = []
+        state["_unknown"], state["_ready"] = self._unknown + self._ready, []
         state["_paused"] = state["_busy"] = False
         return state
 
@@ -266,6 +263,8 @@ class Executor:
         self.__dict__.update(state)
         self._cv = threading.Condition()
         self._thread = None
+        for b in self._unknown:  # (the restored batches: none is offered to a thread yet)
+            b.offered = False
 
     # ------------------------------------------------------------- issuing
     def key_of(self, fn: Callable[..., Any], args: tuple) -> Any:

@@ -141,6 +141,32 @@ def test_a_core_restored_from_a_checkpoint_finishes_the_run_exactly_as_the_one_i
     DONE.add(" ".join(overrides))
 
 
+@pytest.mark.parametrize("overrides", [
+    ["strategy=ps_async", "compute.batch=loop", "compute.overlap=true"],
+    ["strategy=ps_async", "compute.batch=auto", "compute.overlap=true", "model=cnn"],
+    ["strategy=ps_sync", "compute.batch=vmap", "compute.overlap=true"],
+], ids=lambda o: " ".join(o)[:60])
+def test_taking_checkpoints_changes_nothing_in_the_run_they_are_taken_from(data, overrides):
+    """A snapshot reads the agent — with the executor's thread paused — and leaves it as it was: the run goes on
+    to the same rows (a snapshot once marked the running executor's queued batches as not offered, and its
+    thread later failed on them)."""
+    plan = _plan(overrides)
+    whole, updates, evals, cuts = helpers.whole_run_and_cuts(plan, data)
+    core = AgentCore(plan, 0, data=data)
+    got_u: list = []
+    got_e: list = []
+    for cut in (*cuts, INFINITY):
+        u, e = helpers.core_rows(core.advance(cut))
+        got_u += u
+        got_e += e
+        if cut < INFINITY:
+            checkpoint.snapshot(core)
+    assert (got_u, got_e) == (updates, evals)
+    assert torch.equal(core.result_params(), whole.result_params())
+    core.close()
+    whole.close()
+
+
 @pytest.mark.parametrize("overrides", [CASES[i] for i in (1, 4, 8, 13, 14, 17, 23, 26, 28, 31)],
                          ids=lambda o: " ".join(o)[:60])
 def test_a_restored_core_can_be_checkpointed_again_and_again_and_still_ends_identically(data, overrides):

@@ -275,3 +275,27 @@ def test_a_change_after_the_task_ran_early_is_found_when_its_vworker_resumes():
     with pytest.raises(TaskArgumentMutated, match="vworker w7: a tensor argument .* issued at 5 ns"):
         ex.result(task)
     ex.close()
+
+
+class _Owner:  # (module level: a checkpoint pickles a task's owner)
+    name = "w3"
+
+
+def test_a_snapshot_while_the_thread_is_paused_leaves_the_running_executor_and_restores_a_working_one():
+    """agents.checkpoint pickles the executor inside ``paused()``; the running executor goes on exactly as before
+    (a snapshot once marked its queued batches as not offered, and the vworker's demand then failed), and the
+    restored one computes the queued tasks too."""
+    import pickle
+
+    ex = Executor(ExecutorSpec("loop", overlap=True))
+    assert ex.result(ex.issue(_Owner(), "gradient", torch.sum, (torch.ones(2),), {}, 1)) == 2.0  # (known: offered)
+    with ex.paused():
+        task = ex.issue(_Owner(), "gradient", torch.sum, (torch.ones(4),), {}, 5)
+        assert task.batch.offered and task.batch.state == 0  # queued for the thread, which starts nothing now
+        blob = pickle.dumps((ex, task))
+    assert ex.result(task) == 4.0
+    ex.close()
+    again, queued = pickle.loads(blob)
+    again.start()
+    assert again.result(queued) == 4.0
+    again.close()
