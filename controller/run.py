@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from agents.common import wire
+from protos.lockstep.v1 import agent_pb2 as pb
 from agents.core import AgentCore
 from agents.sim.env import EvalRow, RowKey, Stats, UpdateRow
 from agents.common.plan import Plan
@@ -18,6 +19,7 @@ from agents.sim.types import INFINITY, NS_PER_S
 from controller import signals
 from controller.clock import Window, run_windows
 from controller.config import RunConfig, config_hash
+from controller.checkpoints import Checkpoint, Checkpointer, CheckpointStore, CheckpointUnusable
 from controller.launchers.base import AgentFailure
 from controller.outputs import RunDir, write_json_atomic
 from controller.plan import make_plan
@@ -91,6 +93,19 @@ class _Collector:
         # data.placement=end_devices: data.fetch rows, summed in key order into metrics.csv's last columns
         self.data_rows: list[tuple] | None = None
         self.data = {"data_hits": 0, "data_misses": 0, "data_bytes": 0, "data_wait_ns": 0}
+
+    _STATE = ("updates", "evals", "stats", "last_update", "last_eval", "samples", "n_updates", "windows",
+              "barrier_s", "max_time", "stop_time", "done_before", "data_rows", "data")
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the collector (rows not yet final, counters, the last rows)."""
+        import copy
+
+        return copy.deepcopy({k: getattr(self, k) for k in self._STATE})
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for k in self._STATE:
+            setattr(self, k, state[k])
 
     def on_window(self, w: Window) -> None:
         self.windows += w.count
@@ -173,6 +188,47 @@ class _Collector:
             self.metrics.set_accuracy(self.last_eval.test_accuracy)
 
 
+def latest_checkpoint(store: CheckpointStore, recovery: Recovery) -> Checkpoint | None:
+    """The latest committed checkpoint, or None (there is none, or it is unusable: one warning)."""
+    try:
+        return store.latest()
+    except CheckpointUnusable as e:
+        recovery.unusable(str(e))
+        return None
+
+
+def restore_agents(handles: list[Any], ck: Checkpoint, launcher: Any) -> None:
+    """Send each agent its checkpoint (call ``restore``, in pieces below the message limit) and wait until
+    every one has restored its core; CheckpointUnusable when one could not."""
+    from agents.mesh import piece_bytes
+
+    sent: list[tuple[Any, list[int]]] = []
+    for h in handles:
+        blob = ck.agent_blob(h.agent_id)
+        step = piece_bytes(h.session.writer)
+        pieces = [blob[i:i + step] for i in range(0, len(blob), step)] or [b""]
+        ids = []
+        for i, piece in enumerate(pieces):
+            h._calls += 1
+            f = pb.ControllerFrame()
+            f.call.id, f.call.method = h._calls, "restore"
+            wire.encode_value((i, len(pieces), piece), f.call.args)
+            h.session.send(f)
+            ids.append(h._calls)
+        sent.append((h, ids))
+    errors = []
+    for h, ids in sent:  # every agent restores at once; the answers are read in agent order
+        for call_id in ids:
+            msg, blobs = h._receive("reply to restore")
+            if msg.WhichOneof("body") != "reply" or msg.reply.id != call_id:
+                raise h.fail(f"protocol error: expected the reply to restore, got {msg.WhichOneof('body')}")
+            value = wire.decode_value(msg.reply.value, blobs)
+        if not (isinstance(value, tuple) and len(value) == 2 and value[0] == "ok" and value[1] == ck.window):
+            errors.append(f"agent {h.agent_id}: {value[1] if isinstance(value, tuple) and len(value) == 2 else value}")
+    if errors:
+        raise CheckpointUnusable(f"the agents could not restore checkpoint {ck.window} ({'; '.join(errors)})")
+
+
 def build_inprocess(plan: Plan, observer: Any = None) -> list[InProcessAgent]:
     """One AgentCore per agent in this process, sharing the loaded data set."""
     data = None
@@ -223,8 +279,14 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     remote_data = rc.data.placement == "end_devices"
     out = RunDir(run_dir, DATA_COLUMNS if remote_data else (), resume=resume)
     recovery = Recovery(rc.recovery, launcher, run_dir)
+    # coordinated checkpoints (docs/recovery.md): direct windows between agent processes take them
+    direct = plan.n_agents > 1 and launcher is not None and rc.controller.windows.value == "direct"
+    store = CheckpointStore(run_dir, plan.to_json())
+    if not resume:
+        store.clear()  # a new run in this directory: an earlier run's checkpoints are not its own
+    restore_from = latest_checkpoint(store, recovery) if resume and direct else None
     if resume:
-        recovery.resumed(out)
+        recovery.resumed(out, from_checkpoint=restore_from is not None)
         if progress is not None:
             progress.update(out.metrics.to_replay)
 
@@ -261,6 +323,50 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         col.on_window(w)
         recovery.progress(out)
 
+    direct_start: dict[str, Any] | None = None  # the windows' view of the checkpoint the agents restored
+
+    def commit_checkpoint(window: int, blobs: dict[int, bytes], view: dict[str, Any]) -> None:
+        """Every agent's checkpoint of ``window`` is in, and the collector holds the rows before it."""
+        t0 = time.perf_counter()
+        vt = min(view["frontier"])
+        state = {"collector": col.state(), "outputs": out.position(), "direct": view,
+                 "observer": observer.checkpoint_state() if observer is not None else None}
+        try:
+            store.commit(window, vt, blobs, state, {"outputs": out.position(), "updates": col.n_updates,
+                                                     "checkpoints_taken": recovery.checkpoints + 1})
+        except OSError as e:  # a full disk: the run goes on, its recovery replays from the last good one
+            log.warning("could not write checkpoint %d: %s", window, e)
+            return
+        recovery.checkpoint_committed(window, vt, time.perf_counter() - t0, sum(len(b) for b in blobs.values()))
+
+    def restore(ck: Checkpoint) -> bool:
+        """Start the current agents from checkpoint ``ck``, the outputs from where it was taken; False (after
+        one warning) when that fails: the caller replays from virtual time 0."""
+        nonlocal col, direct_start
+        try:
+            restore_agents(handles, ck, launcher)
+            out.rewind(ck.controller["outputs"])
+            if observer is not None:
+                observer.restore_outputs(ck.controller["observer"])
+        except (CheckpointUnusable, ValueError, KeyError, TypeError, OSError) as e:
+            recovery.unusable(str(e))
+            return False
+        col = collector()
+        col.restore(ck.controller["collector"])
+        direct_start = ck.controller["direct"]
+        recovery.checkpoints = max(recovery.checkpoints, int(ck.manifest.get("checkpoints_taken", 0)))
+        recovery.restored(ck.window, ck.virtual_time_ns, out)
+        return True
+
+    def from_zero() -> None:
+        """Fresh agents replay the run from virtual time 0 (docs/recovery.md)."""
+        nonlocal col, direct_start
+        out.rewind()
+        if observer is not None:
+            observer.rewind()
+        col = collector()
+        direct_start = None
+
     def drive() -> tuple[Any, int, Any, dict[str, Any]]:
         """The windows, then the final calls (parameters, final evaluation, info) of the current agents."""
         nonlocal stop, finished
@@ -268,7 +374,10 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
 
             t_loop = time.perf_counter()
-            stop, n_windows = run_direct(handles, on_window, should_abort=should_abort)
+            every = rc.recovery.checkpoint_every_s
+            ck = Checkpointer(every, commit_checkpoint) if every > 0 else None
+            stop, n_windows = run_direct(handles, on_window, should_abort=should_abort, checkpoints=ck,
+                                         start=direct_start)
             col.barrier_s = time.perf_counter() - t_loop
         else:
             stop = run_windows(handles, plan.placement, plan.lookahead(), on_window, should_abort=should_abort)
@@ -311,17 +420,25 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         if observer is not None:
             observer.running()
         while True:
-            try:  # a lost agent: every agent starts again from virtual time 0 and replays to where the run was
+            # a lost agent: every agent starts again from the latest checkpoint, or from virtual time 0,
+            # and replays to where the run was
+            try:
+                if restore_from is not None and not restore(restore_from):
+                    launcher.close(abort="the checkpoint could not be restored; the run restarts its agents",
+                                   restart=True)
+                    from_zero()
+                    handles = []
+                    handles = start_agents()
+                restore_from = None
                 stop, end_ns, params, info = drive()
                 break
             except AgentFailure as e:
                 if not recovery.restart(e, out):
                     raise
                 launcher.close(abort=f"agent {e.agent} was lost; the run restarts its agents", restart=True)
-                out.rewind()
-                if observer is not None:
-                    observer.rewind()
-                col = collector()
+                restore_from = latest_checkpoint(store, recovery) if direct else None
+                if restore_from is None:
+                    from_zero()
                 handles = []  # (if starting them fails, nothing is left to close)
                 handles = start_agents()
     except signals.Stopped as e:
@@ -427,6 +544,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     write_json_atomic(run_dir / "summary.json", summary)
     if stopped is not None:
         raise stopped
+    store.clear()  # recovery data, not an output: a complete run needs none
     return RunResult(summary, run_dir, params, col.stats)
 
 
