@@ -22,6 +22,7 @@ import logging
 import os
 import pickle
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,8 +88,39 @@ class CheckpointStore:
     def __init__(self, run_dir: Path, plan_json: str):
         self.root = Path(run_dir) / DIR_NAME
         self.plan_sha = plan_hash(plan_json)
+        self._writer: threading.Thread | None = None
 
-    def commit(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes], controller: dict[str, Any],
+    @property
+    def busy(self) -> bool:
+        """Whether a checkpoint is still being written (the next round waits for it)."""
+        return self._writer is not None and self._writer.is_alive()
+
+    def commit_async(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes], controller: dict[str, Any],
+                     summary: dict[str, Any], done: Callable[[Path | None, float], None]) -> None:
+        """:meth:`commit` on a thread of its own, so the window loop goes on reading the agents (their
+        inboxes are bounded); ``done(directory or None, wall seconds)`` after it."""
+        self.wait()
+        controller_bytes = pickle.dumps(controller, protocol=pickle.HIGHEST_PROTOCOL)  # now: the state of now
+
+        def write() -> None:
+            t0 = time.perf_counter()
+            try:
+                d = self.commit(window, virtual_time_ns, blobs, controller_bytes, summary)
+            except OSError as e:  # a full disk: the run goes on; recovery uses the last good checkpoint
+                log.warning("could not write checkpoint %d: %s", window, e)
+                d = None
+            done(d, time.perf_counter() - t0)
+
+        self._writer = threading.Thread(target=write, name=f"checkpoint-{window}", daemon=True)
+        self._writer.start()
+
+    def wait(self) -> None:
+        """Until the checkpoint being written (if any) is committed."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    def commit(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes], controller: dict[str, Any] | bytes,
                summary: dict[str, Any]) -> Path:
         """Write checkpoint ``window`` and make it the latest; returns its directory."""
         d = self.root / str(window)
@@ -100,7 +132,8 @@ class CheckpointStore:
             name = f"agent-{a}.ckpt"
             _write_synced(d / name, blobs[a])
             agents.append({"file": name, "bytes": len(blobs[a]), "sha256": _sha(blobs[a])})
-        state = pickle.dumps(controller, protocol=pickle.HIGHEST_PROTOCOL)
+        state = controller if isinstance(controller, bytes) else pickle.dumps(controller,
+                                                                              protocol=pickle.HIGHEST_PROTOCOL)
         _write_synced(d / "controller.pkl", state)
         manifest = {"format": FORMAT, "window": window, "virtual_time_ns": virtual_time_ns,
                     "plan_sha256": self.plan_sha, "agents": agents,
@@ -115,6 +148,7 @@ class CheckpointStore:
 
     def latest(self) -> Checkpoint | None:
         """The latest committed checkpoint, verified (None: there is none); CheckpointUnusable if it is bad."""
+        self.wait()
         pointer = self.root / "latest"
         if not pointer.exists():
             return None
@@ -144,6 +178,7 @@ class CheckpointStore:
 
     def clear(self) -> None:
         """A complete run needs no recovery data."""
+        self.wait()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -171,9 +206,11 @@ class Checkpointer:
     collector holds exactly the rows before it; ``view`` is run_direct's own state at that moment.
     """
 
-    def __init__(self, every_s: float, commit: Callable[[int, dict[int, bytes], dict[str, Any]], None]):
+    def __init__(self, every_s: float, commit: Callable[[int, dict[int, bytes], dict[str, Any]], None],
+                 busy: Callable[[], bool] = lambda: False):
         self.every_s = every_s
         self._commit = commit
+        self._busy = busy  # the last checkpoint is still being written
         self.enabled = every_s > 0
         self.round: _Round | None = None
         self.slack = FIRST_SLACK
@@ -183,7 +220,8 @@ class Checkpointer:
     # ---------------------------------------------------------------- asking
     def due(self, furthest: int) -> int | None:
         """The window to ask for now (None: not now)."""
-        if not self.enabled or self.round is not None or time.monotonic() - self._last < self.every_s:
+        if not self.enabled or self.round is not None or time.monotonic() - self._last < self.every_s \
+                or self._busy():
             return None
         return furthest + self.slack
 

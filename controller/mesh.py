@@ -13,6 +13,7 @@ the launcher's check and ``controller.agent_timeout_s``.
 from __future__ import annotations
 
 import queue
+from collections import deque
 import threading
 import time
 from typing import Any, Callable
@@ -66,6 +67,7 @@ def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s
     results: dict[int, tuple] = {}
     t_last = time.perf_counter()
     ck = checkpoints
+    later: list[deque] = [deque() for _ in handles]  # frames of an agent held during a checkpoint round
     while len(results) < n or (ck is not None and ck.round is not None):
         progressed = False
         if ck is not None and len(results) < n:
@@ -83,12 +85,20 @@ def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s
         for a, h in enumerate(handles):
             if a in results and (ck is None or ck.round is None or a in ck.round.answered):
                 continue
+            inbox = h.session.inbox
             if ck is not None and ck.holding(a):
-                continue  # its checkpoint is in: what it sends next belongs after the checkpoint
-            try:
-                item = h.session.inbox.get_nowait()
-            except queue.Empty:
+                # its checkpoint is in: what it sends next belongs after the checkpoint. Kept aside here, not
+                # in the session's inbox, which is bounded
+                while inbox.qsize():
+                    later[a].append(inbox.get_nowait())
                 continue
+            if later[a]:
+                item = later[a].popleft()
+            else:
+                try:
+                    item = inbox.get_nowait()
+                except queue.Empty:
+                    continue
             progressed = True
             msg, blobs = _interpret(h, item)
             body = msg.WhichOneof("body")

@@ -326,18 +326,19 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     direct_start: dict[str, Any] | None = None  # the windows' view of the checkpoint the agents restored
 
     def commit_checkpoint(window: int, blobs: dict[int, bytes], view: dict[str, Any]) -> None:
-        """Every agent's checkpoint of ``window`` is in, and the collector holds the rows before it."""
-        t0 = time.perf_counter()
+        """Every agent's checkpoint of ``window`` is in, and the collector holds the rows before it: its state
+        is taken now, the files are written on a thread (controller/checkpoints.py)."""
         vt = min(view["frontier"])
         state = {"collector": col.state(), "outputs": out.position(), "direct": view,
                  "observer": observer.checkpoint_state() if observer is not None else None}
-        try:
-            store.commit(window, vt, blobs, state, {"outputs": out.position(), "updates": col.n_updates,
-                                                     "checkpoints_taken": recovery.checkpoints + 1})
-        except OSError as e:  # a full disk: the run goes on, its recovery replays from the last good one
-            log.warning("could not write checkpoint %d: %s", window, e)
-            return
-        recovery.checkpoint_committed(window, vt, time.perf_counter() - t0, sum(len(b) for b in blobs.values()))
+        nbytes = sum(len(b) for b in blobs.values())
+
+        def done(d: Path | None, took_s: float) -> None:
+            if d is not None:
+                recovery.checkpoint_committed(window, vt, took_s, nbytes)
+
+        store.commit_async(window, vt, blobs, state, {"outputs": out.position(), "updates": col.n_updates,
+                                                      "checkpoints_taken": recovery.checkpoints + 1}, done)
 
     def restore(ck: Checkpoint) -> bool:
         """Start the current agents from checkpoint ``ck``, the outputs from where it was taken; False (after
@@ -375,7 +376,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
 
             t_loop = time.perf_counter()
             every = rc.recovery.checkpoint_every_s
-            ck = Checkpointer(every, commit_checkpoint) if every > 0 else None
+            ck = Checkpointer(every, commit_checkpoint, lambda: store.busy) if every > 0 else None
             stop, n_windows = run_direct(handles, on_window, should_abort=should_abort, checkpoints=ck,
                                          start=direct_start)
             col.barrier_s = time.perf_counter() - t_loop
