@@ -21,7 +21,7 @@ from controller.clock import Window, run_windows
 from controller.config import RunConfig, config_hash
 from controller.checkpoints import Checkpoint, Checkpointer, CheckpointStore, CheckpointUnusable
 from controller.launchers.base import AgentFailure
-from controller.outputs import RunDir, write_json_atomic
+from controller.outputs import ReplayDiverged, RunDir, write_json_atomic
 from controller.plan import make_plan
 from controller.recovery import Recovery, check_resumable, resumable_run_id
 
@@ -197,7 +197,7 @@ def latest_checkpoint(store: CheckpointStore, recovery: Recovery) -> Checkpoint 
         return None
 
 
-def restore_agents(handles: list[Any], ck: Checkpoint, launcher: Any) -> None:
+def restore_agents(handles: list[Any], ck: Checkpoint) -> None:
     """Send each agent its checkpoint (call ``restore``, in pieces below the message limit) and wait until
     every one has restored its core; CheckpointUnusable when one could not."""
     from agents.mesh import piece_bytes
@@ -344,12 +344,12 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         """Start the current agents from checkpoint ``ck``, the outputs from where it was taken; False (after
         one warning) when that fails: the caller replays from virtual time 0."""
         nonlocal col, direct_start
-        try:
-            restore_agents(handles, ck, launcher)
+        try:  # the outputs first: they are local, and a run directory that does not fit is found before the agents
             out.rewind(ck.controller["outputs"])
             if observer is not None:
                 observer.restore_outputs(ck.controller["observer"])
-        except (CheckpointUnusable, ValueError, KeyError, TypeError, OSError) as e:
+            restore_agents(handles, ck)
+        except (CheckpointUnusable, ReplayDiverged, ValueError, KeyError, TypeError, OSError) as e:
             recovery.unusable(str(e))
             return False
         col = collector()
