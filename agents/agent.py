@@ -16,6 +16,10 @@ One :class:`AgentProcess` per OS process (a local subprocess, a Kubernetes pod):
    metrics exposition.
 4. ``Shutdown`` ends the process (status 0); losing the controller ends it too
    (status 1). Messages between vworkers of this agent never leave the process.
+
+Checkpoints (docs/recovery.md): with direct windows, ``checkpoint(K)`` is answered by the window
+thread at the top of window K (agents/mesh.py); ``restore(part, parts, bytes)``, before the windows
+start, replaces the core built in step 2 by the checkpoint's (``agents.checkpoint.restore``).
 """
 from __future__ import annotations
 
