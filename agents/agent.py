@@ -333,12 +333,28 @@ class AgentProcess:
         except (wire.WireError, TypeError, ValueError) as e:
             await self._fail(f"checkpoint: malformed arguments: {e}")
             return
-        if self.mesh is not None and self.mesh.checkpoint(call.id, window):
-            return
-        why = "ended" if self.mesh is not None else "refused_permanent"
-        for f in checkpoint_reply(self.writer, call.id, why, window,
-                                  reason="checkpoints are taken by direct windows (controller.windows=direct)"):
+        if self.mesh is not None:
+            if self.mesh.checkpoint(call.id, window):
+                return  # the window thread answers, in order with its progress
+            frames = checkpoint_reply(self.writer, call.id, "ended", window)
+        else:  # the controller's own window loop: this agent is between two windows now
+            frames = self._snapshot_reply(call.id, window)
+        for f in frames:
             await self.call.write(f)
+
+    def _snapshot_reply(self, call_id: int, window: int) -> list:
+        from agents.checkpoint import NotCheckpointable, snapshot
+        from agents.mesh import checkpoint_reply, pack_checkpoint
+
+        try:
+            blob = pack_checkpoint(window, None, snapshot(self.core))
+        except NotCheckpointable as e:
+            status = "refused_permanent" if getattr(e, "permanent", False) else "refused"
+            return checkpoint_reply(self.writer, call_id, status, window, reason=str(e))
+        except Exception as e:  # noqa: BLE001 - a checkpoint that cannot be taken must not stop the run
+            log.warning("checkpoint of window %d failed: %s: %s", window, type(e).__name__, e, exc_info=True)
+            return checkpoint_reply(self.writer, call_id, "refused", window, reason=f"{type(e).__name__}: {e}")
+        return checkpoint_reply(self.writer, call_id, "ok", window, blob=blob)
 
     async def _restore(self, call: pb.Call, reader: wire.FrameReader) -> bool:
         """Call ``restore(part, parts, bytes)``: this agent's checkpoint, in pieces; after the last, the core

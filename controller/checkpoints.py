@@ -218,12 +218,13 @@ class Checkpointer:
         self._refusal: tuple[str, int] = ("", 0)
 
     # ---------------------------------------------------------------- asking
-    def due(self, furthest: int) -> int | None:
-        """The window to ask for now (None: not now)."""
+    def due(self, furthest: int, exact: bool = False) -> int | None:
+        """The window to ask for now (None: not now): ``furthest`` + a slack, or ``furthest`` itself when
+        ``exact`` (the controller's own loop, between two windows)."""
         if not self.enabled or self.round is not None or time.monotonic() - self._last < self.every_s \
                 or self._busy():
             return None
-        return furthest + self.slack
+        return furthest if exact else furthest + self.slack
 
     def asked(self, window: int, ids: dict[int, int]) -> None:
         self.round = _Round(window, ids)

@@ -102,10 +102,11 @@ def test_taking_checkpoints_changes_no_output_and_a_complete_run_deletes_them(tm
     assert not (d / "checkpoints").exists(), "a complete run keeps no recovery data"
 
 
+@pytest.mark.parametrize("windows", ["direct", "hub"])
 def test_an_agent_killed_after_a_checkpoint_restarts_from_it_and_the_run_ends_as_if_nothing_happened(
-        tmp_path, undisturbed):
+        tmp_path, undisturbed, windows):
     d = tmp_path / "run"
-    proc = _cli("run", *RUN, *OFTEN, f"hydra.run.dir={d}")
+    proc = _cli("run", *RUN, *OFTEN, f"controller.windows={windows}", f"hydra.run.dir={d}")
     try:
         pids = agent_pids(d, 2, timeout=120)
         wait_until(lambda: _committed(d) and _rows(d) > 1000, timeout=120,
@@ -176,6 +177,27 @@ def test_a_controller_killed_after_a_checkpoint_is_resumed_from_it_with_identica
     rec = json.loads((d / "summary.json").read_text())["recovery"]
     assert (rec["resumes"], rec["restored_from_window"]) == (1, manifest["window"])
     assert not (d / "checkpoints").exists()
+
+
+def test_an_in_process_run_killed_after_a_checkpoint_is_resumed_from_it_with_identical_outputs(tmp_path, undisturbed):
+    """launcher=inprocess: the controller's own window loop takes the checkpoints, the resume restores the cores
+    in its process — and the outputs are those of the run with agent processes (placement independence)."""
+    d = tmp_path / "run"
+    inproc = [r if r != "launcher=local" else "launcher=inprocess" for r in RUN]
+    proc = _cli("run", *inproc, *OFTEN, f"hydra.run.dir={d}")
+    try:
+        wait_until(lambda: _rows(d) > 1200 and _committed(d), timeout=120,
+                   what="1200 rows of metrics.csv and a committed checkpoint")
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        _finish(proc, timeout=30)
+    manifest = _committed(d)
+    res = _cli("resume", str(d))
+    out = _finish(res)
+    assert res.returncode == 0, out
+    assert json.loads((d / "summary.json").read_text())["recovery"]["restored_from_window"] == manifest["window"] > 0
+    assert [e["event"] for e in _events(d)][:2] == ["resume", "restored"]
+    assert_identical(undisturbed, d)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "plan"])
