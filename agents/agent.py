@@ -384,7 +384,10 @@ class AgentProcess:
             try:
                 value = ("ok", self._restore_from(blob))
             except Exception as e:  # noqa: BLE001 - answered: the controller falls back to a replay
-                log.warning("could not restore the checkpoint: %s: %s", type(e).__name__, e, exc_info=True)
+                from agents.checkpoint import NotCheckpointable
+
+                log.warning("could not restore the checkpoint: %s: %s", type(e).__name__, e,
+                            exc_info=not isinstance(e, NotCheckpointable))
                 value = ("error", f"{type(e).__name__}: {e}")
         f = pb.AgentFrame()
         f.reply.id = call.id
