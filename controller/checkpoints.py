@@ -36,7 +36,7 @@ log = logging.getLogger("lockstep.controller")
 
 DIR_NAME = "checkpoints"
 FORMAT = 1
-REFUSALS_BEFORE_GIVING_UP = 3  # the same NotCheckpointable sentence this many times in a row: stop asking
+REFUSALS_BEFORE_GIVING_UP = 3  # NotCheckpointable this many rounds in a row: stop asking
 FIRST_SLACK = 8  # windows between the furthest agent reported and K, at first; doubled after each miss
 
 
@@ -273,7 +273,7 @@ class Checkpointer:
         return status
 
     def _refused(self, reason: str, permanent: bool) -> None:
-        same = self._refusal[1] + 1 if self._refusal[0] == reason else 1
+        same = self._refusal[1] + 1  # refusals in a row (their sentences may name other vworkers)
         self._refusal = (reason, same)
         if permanent or same >= REFUSALS_BEFORE_GIVING_UP:
             if self.enabled:

@@ -273,7 +273,7 @@ def test_a_strategy_that_refuses_again_and_again_is_not_asked_any_more():
         assert ck.enabled
         k = ck.due(10)
         ck.asked(k, {0: i})
-        ck.answer(0, ("refused", k, 0, 1, "vworker 3 waits where its strategy cannot say"))
+        ck.answer(0, ("refused", k, 0, 1, f"vworker {i} waits where its strategy cannot say"))
         ck.finish({})
     assert not ck.enabled and ck.due(10) is None
     once = Checkpointer(1e-9, lambda *a: None)
