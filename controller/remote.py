@@ -205,14 +205,17 @@ class RemoteAgent:
         except wire.WireError as e:
             raise self.fail(f"sent a malformed reply to {method}: {e}") from e
 
-    def checkpoint(self, window: int) -> list:
-        """Between two windows of the controller's loop: this agent's answer to ``checkpoint(window)``, as the
-        values of its reply frames (controller/checkpoints.py reads them)."""
+    def begin_checkpoint(self, window: int) -> None:
+        """Between two windows of the controller's loop: ask for ``checkpoint(window)`` (every agent saves at
+        once; :meth:`end_checkpoint` reads the answer)."""
         self._calls += 1
         f = pb.ControllerFrame()
         f.call.id, f.call.method = self._calls, "checkpoint"
         wire.encode_value((window,), f.call.args)
         self.session.send(f)
+
+    def end_checkpoint(self) -> list:
+        """The values of the agent's reply frames to ``checkpoint`` (controller/checkpoints.py reads them)."""
         out = []
         while True:
             msg, blobs = self._receive("reply to checkpoint")

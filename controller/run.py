@@ -406,8 +406,11 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             if launcher is not None and _holds_refs(state["pending"]):
                 return  # a tensor on a direct stream between agents: not in any checkpoint; try again later
             ck.asked(k, {a: a for a in range(len(handles))})
+            for h in handles:  # agent processes save at once
+                if hasattr(h, "begin_checkpoint"):
+                    h.begin_checkpoint(k)
             for a, h in enumerate(handles):
-                for value in h.checkpoint(k):
+                for value in (h.end_checkpoint() if hasattr(h, "begin_checkpoint") else h.checkpoint(k)):
                     try:
                         ck.answer(a, value)
                     except ValueError as e:
