@@ -15,10 +15,12 @@ The default experiment (64 workers, ps_async, the thesis CNN) with ``agents=4`` 
    ``lockstep resume`` (from the latest checkpoint); must end byte-identical to (1). Reported: the resume's
    wall time, the time to catch up with the rows on disk, and the whole wall time against (1).
 
-``--checkpoint-every=S`` sets ``recovery.checkpoint_every_s`` (0: replay from virtual time 0, as before).
+``--checkpoint-every=S`` sets ``recovery.checkpoint_every_s`` (0: replay from virtual time 0, as before). With
+checkpoints, one more undisturbed run without them says what taking them costs while nothing fails
+(``--no-cost`` skips it).
 
 usage: python benchmarks/bench_recovery.py [UPDATES=30000] [EVERY_S=30] [AGENTS=4] [--after-catch-up]
-       [--checkpoint-every=10] [--no-resume]
+       [--checkpoint-every=10] [--no-resume] [--no-cost]
 """
 from __future__ import annotations
 
@@ -94,14 +96,27 @@ def summary(d: Path) -> dict:
     return {k: v for k, v in s.items() if k not in WALL}
 
 
-def identical(a: Path, b: Path) -> bool:
+def checkpoint_sizes(d: Path) -> str:
+    """The agents' checkpoint sizes the run logged (``checkpoint of window K ...: N.N MB``), as text."""
+    try:
+        mb = [float(x) for x in re.findall(r"committed: ([0-9.]+) MB", (d / "lockstep.log").read_text())]
+    except OSError:
+        return ""
+    return f" of {min(mb):.0f}–{max(mb):.0f} MB (all agents)" if mb else ""
+
+
+def identical(a: Path, b: Path, config: bool = True) -> bool:
+    """``config=False``: the runs' settings differ (so does their config_hash), not their results."""
     import torch
 
     same = all(without_wall(a / n) == without_wall(b / n) for n in ("metrics.csv", "eval.csv"))
     same = same and (a / "params.pt").read_bytes() == (b / "params.pt").read_bytes()
     same = same and (a / "statelog.jsonl").read_bytes() == (b / "statelog.jsonl").read_bytes()
     pa, pb = torch.load(a / "params.pt"), torch.load(b / "params.pt")
-    return same and torch.equal(pa, pb) and summary(a) == summary(b) and trace(a) == trace(b)
+    sa, sb = summary(a), summary(b)
+    if not config:
+        sa.pop("config_hash"), sb.pop("config_hash")
+    return same and torch.equal(pa, pb) and sa == sb and trace(a) == trace(b)
 
 
 def trace(d: Path) -> dict:
@@ -130,6 +145,20 @@ def main() -> None:
         wall_base = time.monotonic() - t0
         checkpoints_base = json.loads((base / "summary.json").read_text())["recovery"]["checkpoints"]
         print(f"undisturbed: {wall_base:.1f} s, {checkpoints_base} checkpoints", file=sys.stderr, flush=True)
+        cost_line = None
+        if ckpt > 0 and "--no-cost" not in flags:  # what taking the checkpoints costs while nothing fails
+            plain = Path(tmp) / "no-checkpoints"
+            t0 = time.monotonic()
+            p = lockstep("run", *[a for a in run if not a.startswith("recovery.checkpoint_every_s")],
+                         "recovery.checkpoint_every_s=0", f"hydra.run.dir={plain}")
+            assert p.wait() == 0, "the run without checkpoints failed"
+            wall_plain = time.monotonic() - t0
+            same = identical(base, plain, config=False)
+            sizes = checkpoint_sizes(base)
+            cost_line = (f"| the same, undisturbed, checkpoint_every_s={ckpt:g} vs 0 | {checkpoints_base} checkpoints"
+                         f"{sizes}; wall {wall_base:.1f} s vs {wall_plain:.1f} s: **ratio {wall_base / wall_plain:.3f}**;"
+                         f" outputs {'byte-identical' if same else 'DIFFERENT'} |")
+            print(cost_line, file=sys.stderr, flush=True)
 
         t0 = time.monotonic()
         p = lockstep("run", *run, f"hydra.run.dir={killed}")
@@ -200,7 +229,9 @@ def main() -> None:
           f"{'byte-identical' if ok_kills else 'DIFFERENT'} |")
     if resume_line:
         print(resume_line)
-    if not (ok_kills and ok_resume):
+    if cost_line:
+        print(cost_line)
+    if not (ok_kills and ok_resume and (cost_line is None or "DIFFERENT" not in cost_line)):
         sys.exit(1)
 
 
