@@ -38,6 +38,7 @@ one that does not, a change made while a later call runs on the background threa
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -143,6 +144,18 @@ class Task:
         self.value: Any = None
         self.error: BaseException | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """For a checkpoint: each argument's changes since issue, not its version counter, which a tensor
+        loaded from a checkpoint starts afresh."""
+        state = {k: getattr(self, k) for k in self.__slots__}
+        state["versions"] = [(t, t._version - v) for t, v in self.versions]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+        self.versions = [(t, t._version - d) for t, d in state["versions"]]
+
     def check(self, when: str = "before the vworker resumed") -> None:
         """Raise :class:`TaskArgumentMutated` when a tensor argument changed since issue (before the task
         ran) or since the task ran (after it ran; what the task itself changed does not count)."""
@@ -153,6 +166,21 @@ class Task:
                     f"issued at {self.issued_at} ns was changed in place {when}; with deferred "
                     f"compute (compute.batch) a compute call's arguments must stay unchanged until its vworker "
                     f"resumes — pass a copy (tensor.clone()), or run with compute.batch=off")
+
+
+class _Identity:
+    """An object compared by identity in a batch key, whatever its own ``__eq__`` (a tensor's is elementwise)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
 
 
 def _code(fn: Callable[..., Any]) -> Any:
@@ -193,10 +221,51 @@ class Executor:
         self._unknown: list[_Batch] = []
         self._threads = threads
         self._closed = False
+        self._busy = False  # the background thread runs a batch
+        self._paused = False  # a checkpoint is being taken: the background thread starts nothing
         self._thread: threading.Thread | None = None
-        if spec.overlap:
+        self.start()
+
+    def start(self) -> None:
+        """Start the background thread (``compute.overlap``), unless it runs or the executor is closed."""
+        if self.spec.overlap and self._thread is None and not self._closed:
             self._thread = threading.Thread(target=self._background, name="lockstep-executor", daemon=True)
             self._thread.start()
+
+    # ---------------------------------------------------------- checkpoints (agents.checkpoint)
+    @contextlib.contextmanager
+    def paused(self):
+        """No batch runs on the background thread inside this block (the agent's state is being saved)."""
+        with self._cv:
+            self._paused = True
+            while self._busy:
+                self._cv.wait()
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._paused = False
+                self._cv.notify_all()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pending tasks and counters; not the lock, the thread, nor what was learnt about task functions
+        (keyed by code objects): batches offered to the thread wait, as at the start, for their function's
+        first run on the kernel's thread. Values never depend on which thread computed them."""
+        state = dict(self.__dict__)
+        for k in ("_cv", "_thread"):
+            state.pop(k)
+        state["_changes_args"] = {}
+        for b in self._ready:
+            b.offered = False
+        state["_unknown"] = self._unknown + self._ready if self._thread is not None else []
+        state["_ready"] = []
+        state["_paused"] = state["_busy"] = False
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cv = threading.Condition()
+        self._thread = None
 
     # ------------------------------------------------------------- issuing
     def key_of(self, fn: Callable[..., Any], args: tuple) -> Any:
@@ -205,7 +274,8 @@ class Executor:
             return None
         shapes = tuple((tuple(a.shape), a.dtype, a.device) if hasattr(a, "shape") else
                        (type(a), a if isinstance(a, (int, float, str, bool)) else None) for a in args)
-        return (getattr(fn, "__func__", fn), id(getattr(fn, "__self__", None)), shapes)
+        # the bound object itself, not its id: a key must survive a checkpoint (agents.checkpoint)
+        return (getattr(fn, "__func__", fn), _Identity(getattr(fn, "__self__", None)), shapes)
 
     def issue(self, owner: Any, kind: str, fn: Callable[..., Any], args: tuple, kwargs: dict,
               now: VirtualTime) -> Task:
@@ -377,14 +447,20 @@ class Executor:
             pass
         while True:
             with self._cv:
-                while not self._ready and not self._closed:
+                while (not self._ready or self._paused) and not self._closed:
                     self._cv.wait()
                 if self._closed:
                     return
                 b = self._ready.pop(0)
                 b.state = 1
                 b.background = True
-            self._run(b)
+                self._busy = True
+            try:
+                self._run(b)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
 
     def drain_wall(self) -> dict[str, float]:
         """Wall seconds spent per kind since the last call (for the window's stats)."""

@@ -17,6 +17,7 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from agents.checkpoint import continues, leaf
 from agents.sim.kernel import PRIO_RESUME, Kernel, KernelError, park, suspend_until
 from agents.sim.types import VirtualTime
 
@@ -289,3 +290,31 @@ class Worker:
             self._kernel.wake(self, None)
         else:
             self._rang.add(name)
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each API await, for a coroutine rebuilt from a checkpoint: what the frame does after the
+# kernel resumed it with ``value``. Keep each in step with the method it continues.
+leaf(Worker.sleep)
+
+
+@continues(SendHandle.__await__)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
+    return f["self"].done_at
+
+
+@continues(Worker.compute)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
+    return f["ex"].result(f["task"]) if "task" in f else f["result"]
+
+
+@continues(Worker.recv)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
+    if "timer" in f:
+        f["timer"].cancel()
+    return value
+
+
+@continues(Worker.wait)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
+    return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.checkpoint import continues
 from agents.common.units import parse_duration
 from agents.sim.types import seconds_to_ns
 from agents.sim.worker import Worker
@@ -68,7 +69,10 @@ class TrainingWorker(Worker):
         """Forward+backward at ``params`` on the next batch: ``(loss, flat_grad, samples)``."""
         x, y = await self.fetch_batch()
         seq = self.compute_seq
-        loss, grad = await self.compute(self.training.gradient_at, params, x, y, kind="gradient")
+        loss_grad = await self.compute(self.training.gradient_at, params, x, y, kind="gradient")
+        return self._gradient_done(seq, y, *loss_grad)
+
+    def _gradient_done(self, seq: int, y, loss, grad):
         if self.env.faults.byzantine:  # a Byzantine worker corrupts the gradient it then uses and sends
             grad = self.env.faults.corrupt(self.id, seq, self.now, grad)
         return loss, grad, len(y)
@@ -126,3 +130,27 @@ class TrainingWorker(Worker):
         """Observer: test loss/accuracy of this vworker's model, taking no virtual time."""
         loss, acc = self.training.evaluate(self.model)
         self.env.recorder.evaluation(self, version, loss, acc)
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each frame above, for a coroutine rebuilt from a checkpoint (keep each in step with its method).
+@continues(TrainingWorker.gradient)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
+    if below != "compute":  # (waiting for the batch itself: data.placement=end_devices has no tail)
+        raise AssertionError(f"TrainingWorker.gradient resumed from {below}")
+    return f["self"]._gradient_done(f["seq"], f["y"], *value)
+
+
+@continues(TrainingWorker.apply)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None
+
+
+@continues(TrainingWorker.aggregate)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
+    return value
+
+
+@continues(TrainingWorker.start_late)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from agents.checkpoint import continues
 from agents.observe.statelog import log_model, log_result, log_version
 from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
@@ -132,6 +133,9 @@ class ParameterServer(TrainingWorker):
         self.layerwise = self.env.compute.spec.layerwise  # one message per layer (agents.strategies.layerwise)
         self.p2p = _gloo(self) if not self.layerwise else None
         await self.start_late(self.name)  # a PS that starts late (realrun's asynchronous PS reads its counters first)
+        await self._serve(params)
+
+    async def _serve(self, params) -> None:
         await self._send_params(self.workers, params, (0,))
         if self.sync:
             await self._run_sync()
@@ -172,23 +176,35 @@ class ParameterServer(TrainingWorker):
 
     async def _run_async(self) -> None:
         while True:
-            m = await self._recv_grad()
-            grad, version, loss, samples = m.payload
-            staleness = self.version - version
-            await self.apply(grad)
-            self.version += 1
-            self.clocks[m.src] += 1
-            # one copy for the state log's checksum and the message (a new tensor); SSP sends from _release
-            params = self.params() if self.bound is None else self.params
-            log_version(self, self.version, params)
-            log_result(self, m, version, loss, staleness, self.version)
-            if self.record(loss, staleness, samples, m.nbytes):
+            if await self._async_step():
                 return
-            if self.bound is None:
-                await self._send_params([m.src], params, (self.version,))
-                continue
-            self.held.append(m.src)
-            await self._release()
+
+    async def _async_step(self) -> bool:
+        m = await self._recv_grad()
+        return await self._on_grad(m)
+
+    async def _on_grad(self, m) -> bool:
+        """Apply one worker's gradient and answer it; True when the run stops."""
+        grad, version, loss, samples = m.payload
+        staleness = self.version - version
+        await self.apply(grad)
+        return await self._applied(m, version, loss, samples, staleness)
+
+    async def _applied(self, m, version: int, loss: float, samples: int, staleness: int) -> bool:
+        self.version += 1
+        self.clocks[m.src] += 1
+        # one copy for the state log's checksum and the message (a new tensor); SSP sends from _release
+        params = self.params() if self.bound is None else self.params
+        log_version(self, self.version, params)
+        log_result(self, m, version, loss, staleness, self.version)
+        if self.record(loss, staleness, samples, m.nbytes):
+            return True
+        if self.bound is None:
+            await self._send_params([m.src], params, (self.version,))
+            return False
+        self.held.append(m.src)
+        await self._release()
+        return False
 
     async def _release(self) -> None:
         """SSP: start every held worker whose clock is within ``bound`` of the slowest one."""
@@ -204,30 +220,54 @@ class ParameterServer(TrainingWorker):
             await self._send_params([w], params, (self.version,))
 
     async def _run_sync(self) -> None:
-        order = {w: i for i, w in enumerate(self.workers)}
         while True:
-            msgs = await self._gather()
-            msgs.sort(key=lambda m: order[m.src])  # summation order fixed by worker, not arrival
-            grad = await self.aggregate([m.payload[0] for m in msgs])
-            await self.apply(grad)
-            self.version += 1
-            loss = sum(m.payload[2] for m in msgs) / len(msgs)
-            samples = sum(m.payload[3] for m in msgs)
-            params = self.params()
-            log_version(self, self.version, params)
-            for m in msgs:
-                log_result(self, m, m.payload[1], m.payload[2], self.version - 1 - m.payload[1], self.version)
-            nbytes = sum(m.nbytes for m in msgs)
-            if self.record(loss, 0, samples, nbytes):
+            if await self._sync_round():
                 return
-            await self._send_params(self.workers, params, (self.version, loss, samples, nbytes))
+
+    async def _sync_round(self) -> bool:
+        msgs = await self._gather()
+        return await self._sync_step(msgs)
+
+    async def _sync_step(self, msgs: list) -> bool:
+        """Apply the mean of one gradient from every worker and broadcast; True when the run stops."""
+        order = {w: i for i, w in enumerate(self.workers)}
+        msgs.sort(key=lambda m: order[m.src])  # summation order fixed by worker, not arrival
+        grad = await self.aggregate([m.payload[0] for m in msgs])
+        return await self._apply_and_sync(grad, msgs)
+
+    async def _apply_and_sync(self, grad, msgs: list) -> bool:
+        await self.apply(grad)
+        return await self._synced(msgs)
+
+    async def _synced(self, msgs: list) -> bool:
+        self.version += 1
+        loss = sum(m.payload[2] for m in msgs) / len(msgs)
+        samples = sum(m.payload[3] for m in msgs)
+        params = self.params()
+        log_version(self, self.version, params)
+        for m in msgs:
+            log_result(self, m, m.payload[1], m.payload[2], self.version - 1 - m.payload[1], self.version)
+        nbytes = sum(m.nbytes for m in msgs)
+        if self.record(loss, 0, samples, nbytes):
+            return True
+        await self._send_params(self.workers, params, (self.version, loss, samples, nbytes))
+        return False
 
     async def _gather(self) -> list:
         """One gradient of the current version from every worker. A gradient of another version or a second
         one from a worker (faults: a restarted worker, a duplicated message) is dropped; a restarted worker's
         pull is answered unless its gradient is in already (it gets the next version with the others)."""
         if self.layerwise or not self.env.faults:  # (crashes are not supported with compute.layerwise)
-            return [await self._recv_grad() for _ in self.workers]
+            return await self._gather_all()
+        return await self._gather_faults()
+
+    async def _gather_all(self, msgs: list | None = None) -> list:
+        msgs = [] if msgs is None else msgs
+        while len(msgs) < len(self.workers):
+            msgs.append(await self._recv_grad())
+        return msgs
+
+    async def _gather_faults(self) -> list:
         got: dict[str, Any] = {}
         while len(got) < len(self.workers):
             m = await self.recv()
@@ -256,42 +296,64 @@ class PSWorker(TrainingWorker):
         if self.env.compute.spec.layerwise:
             await self._run_layerwise()
             return
-        split = shards_of(self.training, len(self.shards)) if len(self.shards) > 1 else None
-        keeps_model = split is not None and self.name == "w0"  # the result vworker of a sharded PS
-        every = self.setting("eval_every", 0)
-        p2p = _gloo(self)
+        self._split = shards_of(self.training, len(self.shards)) if len(self.shards) > 1 else None
+        self._keeps_model = self._split is not None and self.name == "w0"  # the result vworker of a sharded PS
+        self._p2p = _gloo(self)
         if self.restarted:
             for s in self.shards:
                 self.send(s, None, tag="pull")
-        while True:
-            if p2p is not None:  # dist.recv: the receive is announced first
-                for s in self.shards:
-                    p2p.post_recv(s, "params")
-            msgs = [await self.recv(src=s, tag="params") for s in self.shards]
-            versions = [m.payload[1] for m in msgs]
-            for m in msgs:
-                log_model(self, m, m.payload[1])
-            params = msgs[0].payload[0] if split is None else split.join([m.payload[0] for m in msgs])
-            if keeps_model:
-                self.load(params)
-                v = versions[0]
-                if self.counts and v:
-                    loss, samples = msgs[0].payload[2], msgs[0].payload[3]
-                    if self.updated(v, loss, 0, samples, sum(m.payload[4] for m in msgs)):
-                        return
-                elif every and v and v % every == 0:
-                    self.evaluate(v)
-            loss, grad, samples = await self.gradient(params)
-            parts = [grad] if split is None else split.split(grad)
-            for s, part, v in zip(self.shards, parts, versions):
-                if p2p is not None:
-                    p2p.send(s, (part, v, loss, samples), tag="grad")
-                else:
-                    self.send(s, (part, v, loss, samples), tag="grad")
-            # drop what was received and sent while waiting for the next parameters: a gradient the PS has
-            # applied stays alive as long as anyone holds it (10 000 workers: +1.7 GiB at the peak otherwise)
-            del params, msgs, m, grad, parts, part
+        await self._loop()
 
+    async def _loop(self) -> None:
+        while True:
+            if await self._iteration():
+                return
+
+    async def _iteration(self) -> bool:
+        msgs = await self._pull()
+        return await self._step(msgs)
+
+    async def _pull(self, msgs: list | None = None) -> list:
+        """The parameters from every shard (``msgs``: those already received)."""
+        if msgs is None:
+            msgs = []
+            if self._p2p is not None:  # dist.recv: the receive is announced first
+                for s in self.shards:
+                    self._p2p.post_recv(s, "params")
+        while len(msgs) < len(self.shards):
+            msgs.append(await self.recv(src=self.shards[len(msgs)], tag="params"))
+        return msgs
+
+    async def _step(self, msgs: list) -> bool:
+        """One step on the parameters in ``msgs``: a gradient pushed to every shard; True when the run stops.
+
+        What was received and sent dies with this frame: a gradient the PS has applied stays alive as long as
+        anyone holds it (10 000 workers: +1.7 GiB at the peak otherwise)."""
+        split = self._split
+        versions = [m.payload[1] for m in msgs]
+        for m in msgs:
+            log_model(self, m, m.payload[1])
+        params = msgs[0].payload[0] if split is None else split.join([m.payload[0] for m in msgs])
+        if self._keeps_model:
+            self.load(params)
+            v = versions[0]
+            every = self.setting("eval_every", 0)
+            if self.counts and v:
+                loss, samples = msgs[0].payload[2], msgs[0].payload[3]
+                if self.updated(v, loss, 0, samples, sum(m.payload[4] for m in msgs)):
+                    return True
+            elif every and v and v % every == 0:
+                self.evaluate(v)
+        self._push(versions, *await self.gradient(params))
+        return False
+
+    def _push(self, versions: list[int], loss: float, grad, samples: int) -> None:
+        parts = [grad] if self._split is None else self._split.split(grad)
+        for s, part, v in zip(self.shards, parts, versions):
+            if self._p2p is not None:
+                self._p2p.send(s, (part, v, loss, samples), tag="grad")
+            else:
+                self.send(s, (part, v, loss, samples), tag="grad")
 
     async def _run_layerwise(self) -> None:
         """One PS shard, the parameters and the gradient one message per layer (compute.layerwise)."""
@@ -361,3 +423,122 @@ class PSSync(_PS):
 class PSAsync(_PS):
     name = "ps_async"
     sync = False
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each frame of a PS and its workers after the await it is suspended in (``below`` names the
+# awaited function), for a coroutine rebuilt from a checkpoint. Keep each in step with its method, and in
+# tail-call form (agents.checkpoint). compute.layerwise and the faults' pulls have no tails, so a checkpoint
+# of them is refused (NotCheckpointable) and recovery replays from the start.
+@continues(ParameterServer.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    if below == "start_late":
+        return await f["self"]._serve(f["params"])
+
+
+@continues(ParameterServer._serve)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    self = f["self"]
+    if below == "_send_params":
+        return await (self._run_sync() if self.sync else self._run_async())
+
+
+@continues(ParameterServer._recv_grad)
+async def _(f: dict[str, Any], m: Any, below: str) -> Any:
+    self = f["self"]
+    if not self.env.faults.crashes or not self._pulled(m):
+        return m
+    return await self._recv_grad()
+
+
+@continues(ParameterServer._run_async)
+async def _(f: dict[str, Any], stop: bool, below: str) -> None:
+    if not stop:
+        return await f["self"]._run_async()
+
+
+@continues(ParameterServer._async_step)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "_recv_grad":
+        return await f["self"]._on_grad(value)
+    return value
+
+
+@continues(ParameterServer._on_grad)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "_applied":
+        return value
+    return await f["self"]._applied(f["m"], f["version"], f["loss"], f["samples"], f["staleness"])
+
+
+@continues(ParameterServer.apply)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None
+
+
+@continues(ParameterServer._run_sync)
+async def _(f: dict[str, Any], stop: bool, below: str) -> None:
+    if not stop:
+        return await f["self"]._run_sync()
+
+
+@continues(ParameterServer._sync_round)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "_gather":
+        return await f["self"]._sync_step(value)
+    return value
+
+
+@continues(ParameterServer._gather)
+async def _(f: dict[str, Any], value: Any, below: str) -> list:
+    return value
+
+
+@continues(ParameterServer._gather_all)
+async def _(f: dict[str, Any], m: Any, below: str) -> list:
+    f["msgs"].append(m)
+    return await f["self"]._gather_all(f["msgs"])
+
+
+@continues(ParameterServer._sync_step)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "aggregate":
+        return await f["self"]._apply_and_sync(value, f["msgs"])
+    return value
+
+
+@continues(ParameterServer._apply_and_sync)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "apply":
+        return await f["self"]._synced(f["msgs"])
+    return value
+
+
+@continues(PSWorker.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None
+
+
+@continues(PSWorker._loop)
+async def _(f: dict[str, Any], stop: bool, below: str) -> None:
+    if not stop:
+        return await f["self"]._loop()
+
+
+@continues(PSWorker._iteration)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "_pull":
+        return await f["self"]._step(value)
+    return value
+
+
+@continues(PSWorker._pull)
+async def _(f: dict[str, Any], m: Any, below: str) -> list:
+    f["msgs"].append(m)
+    return await f["self"]._pull(f["msgs"])
+
+
+@continues(PSWorker._step)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    f["self"]._push(f["versions"], *value)
+    return False

@@ -80,6 +80,23 @@ class Training:
         self._vmapped: Callable[..., Any] | None = None
         self._streams = threading.local()  # a CUDA stream per thread that computes (GPU agents)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """For a checkpoint (agents.checkpoint): no lock, thread-local streams or compiled vmap; the test
+        set is a view of the data set, which the checkpoint refers to rather than holds."""
+        state = dict(self.__dict__)
+        for k in ("lock", "_streams", "_vmapped", "test_x", "test_y"):
+            state.pop(k)
+        state["_n_eval"] = len(self.test_y)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        n_eval = state.pop("_n_eval")
+        self.__dict__.update(state)
+        self.test_x, self.test_y = self.data.test_x[:n_eval], self.data.test_y[:n_eval]
+        self.lock = threading.RLock()
+        self._vmapped = None
+        self._streams = threading.local()
+
     # the profile database keys compute calls by function and shapes; add the model's identity
     @property
     def profile_name(self) -> str:

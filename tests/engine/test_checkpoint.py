@@ -1,0 +1,133 @@
+"""Checkpoints of an agent (agents.checkpoint): a core restored from a snapshot taken between two windows
+finishes the run exactly as the core it was taken from — the same rows, parameters, events and end time."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agents import checkpoint
+from agents.checkpoint import NotCheckpointable
+from agents.core import AgentCore
+from agents.sim.types import INFINITY
+from controller.config import load
+from controller.plan import make_plan
+from tests import helpers
+
+BASE = [*helpers.FAST, "agents=1", "workers=4", "stop.updates=60", "eval.every=20", "network.latency=1ms"]
+# every kind of fault at once (as tests/faults/test_fault_identity.py): crashes and restarts, a partition,
+# keyed loss and duplication, a slow NIC, stragglers and a Byzantine worker
+FAULTS = ("faults=[{kind:crash,workers:[w3],at:20ms,until:90ms},"
+          "{kind:partition,groups:[[w1,w2],[w0,w3,w4,w5,ps0]],at:30ms,until:60ms},"
+          "{kind:duplicate,workers:[w5],probability:0.3},"
+          "{kind:loss,workers:[w4],probability:0.2,at:100ms,until:130ms},"
+          "{kind:slow_link,workers:[w2],factor:0.25,at:0,until:80ms},"
+          "{kind:straggler,fraction:0.34,factor:3,probability:0.5},"
+          "{kind:byzantine,workers:[w5],mode:noise,std:0.1}]")
+
+
+def _whole(plan, data) -> tuple[AgentCore, list, list, list[int]]:
+    """The run without a checkpoint: the core, its rows, and window boundaries to cut it at — at 10 %, 45 %
+    and 80 % of the run (odd ns), and in the middle of the first compute call of each kind of each vworker
+    class (a PS's aggregation and update, a worker's gradient), so that every tail is exercised."""
+    core = AgentCore(plan, 0, data=data)
+    firsts: dict[tuple[str, str], int] = {}
+    on_compute = core.env.on_compute
+
+    def spy(w, kind, start, end, wall):
+        if end > start:
+            firsts.setdefault((type(w).__name__, kind), (start + end) // 2)
+        return on_compute(w, kind, start, end, wall)
+
+    core.env.on_compute = spy
+    updates, evals = _rows(core.advance(INFINITY))
+    end = core.kernel.now
+    return core, updates, evals, sorted({*firsts.values(), *(end * k // 20 + 1 for k in (2, 9, 16))})
+
+
+def _plan(overrides: list[str]):
+    return make_plan(load([*BASE, *overrides]), run_id="ckpt")
+
+
+def _rows(reached) -> tuple[list, list]:
+    """A window's update and eval rows (their order key, then every column but the wall-clock one)."""
+    return ([(key, tuple(row[:-1])) for key, row in reached.updates],
+            [(key, tuple(row[:-1])) for key, row in reached.evals])
+
+
+@pytest.fixture(scope="module")
+def data():
+    return AgentCore(_plan([]), 0).training.data
+
+
+@pytest.mark.parametrize("overrides", [
+    ["strategy=ps_async"],
+    ["strategy=ps_sync", "compute.aggregate=0.002"],
+    ["strategy=ssp", "strategy.staleness_bound=1"],
+    ["strategy=ps_async", "network=tcp"],
+    ["strategy=ps_async", "strategy.collective=gloo"],
+    ["strategy=ps_sync", "compute.batch=vmap"],
+    ["strategy=ps_async", "compute.batch=off"],
+    ["strategy=ps_async", "compute.batch=loop", "compute.overlap=true"],
+    ["strategy=ps_async", "workers=6", "network.bandwidth=100Mbit/s", "compute.gradient=0.005", FAULTS],
+], ids=lambda o: " ".join(o)[:60])
+def test_a_core_restored_from_a_checkpoint_finishes_the_run_exactly_as_the_one_it_was_taken_from(data, overrides):
+    plan = _plan(overrides)
+    whole, updates, evals, cuts = _whole(plan, data)
+    assert len(updates) == 60
+    for cut in cuts:
+        before = AgentCore(plan, 0, data=data)
+        u0, e0 = _rows(before.advance(cut))
+        assert len(u0) < 60
+        blob = checkpoint.snapshot(before)
+        before.close()
+        after = checkpoint.restore(plan, 0, blob, data=data)
+        u1, e1 = _rows(after.advance(INFINITY))
+        assert u0 + u1 == updates, cut
+        assert e0 + e1 == evals, cut
+        assert torch.equal(after.result_params(), whole.result_params())
+        assert (after.kernel.now, after.kernel.events_processed) == (whole.kernel.now, whole.kernel.events_processed)
+        after.close()
+    whole.close()
+
+
+@pytest.mark.parametrize("strategy", ["ps_async", "ps_sync"])
+def test_a_restored_core_can_be_checkpointed_again_and_again_and_still_ends_identically(data, strategy):
+    plan = _plan([f"strategy={strategy}", "compute.aggregate=0.002"])
+    whole, updates, _, cuts = _whole(plan, data)
+    core = AgentCore(plan, 0, data=data)
+    got: list = []
+    for cut in (*cuts, INFINITY):
+        got += _rows(core.advance(cut))[0]
+        if cut < INFINITY:
+            core = checkpoint.restore(plan, 0, checkpoint.snapshot(core), data=data)
+    assert got == updates
+    assert torch.equal(core.result_params(), whole.result_params())
+    assert (core.kernel.now, core.kernel.events_processed) == (whole.kernel.now, whole.kernel.events_processed)
+
+
+def test_a_strategy_without_tails_is_refused_naming_the_vworker_and_where_it_waits(data):
+    core = AgentCore(_plan(["strategy=ring_allreduce"]), 0, data=data)
+    core.advance(20_000_001)
+    with pytest.raises(NotCheckpointable, match=r"^vworker w0 is suspended in RingWorker\.run, which its strategy "
+                                                r"\(RingWorker\) cannot checkpoint"):
+        checkpoint.snapshot(core)
+
+
+def test_a_damaged_or_foreign_checkpoint_is_refused_with_one_sentence(data):
+    plan = _plan(["strategy=ps_async"])
+    core = AgentCore(plan, 0, data=data)
+    core.advance(10_000_001)
+    blob = checkpoint.snapshot(core)
+    with pytest.raises(NotCheckpointable, match=r"^the checkpoint of agent 0 cannot be read: "):
+        checkpoint.restore(plan, 0, blob[: len(blob) // 2], data=data)
+    other = make_plan(load([*BASE, "strategy=ps_async"]), run_id="another")
+    with pytest.raises(NotCheckpointable, match=r"^the checkpoint is agent 0's of run ckpt, not agent 0's of run "
+                                                r"another$"):
+        checkpoint.restore(other, 0, blob, data=data)
+
+
+def test_a_checkpoint_holds_the_data_set_by_reference_not_by_value(data):
+    core = AgentCore(_plan(["strategy=ps_async"]), 0, data=data)
+    core.advance(10_000_001)
+    blob = checkpoint.snapshot(core)
+    assert len(blob) < data.train_x.numel() * data.train_x.element_size() // 10
