@@ -98,3 +98,32 @@ def alive(pid: int) -> bool:
             return "\nState:\tZ" not in f.read()
     except FileNotFoundError:
         return False
+
+
+def core_rows(reached) -> tuple[list, list]:
+    """An AgentCore window's update and eval rows: their order key, then every column but the wall clock."""
+    return ([(key, tuple(row[:-1])) for key, row in reached.updates],
+            [(key, tuple(row[:-1])) for key, row in reached.evals])
+
+
+def whole_run_and_cuts(plan: Any, data: Any = None) -> tuple[Any, list, list, list[int]]:
+    """Agent 0 of ``plan`` run to the end in this process: (its core, update rows, eval rows, cuts). The cuts are
+    window boundaries for checkpoint tests: at 10 %, 45 % and 80 % of the run (odd ns), and in the middle of the
+    first compute call of each kind of each vworker class (a PS's update, a worker's gradient), so that a test
+    that restores at each of them goes through every phase of the strategy."""
+    from agents.core import AgentCore
+    from agents.sim.types import INFINITY
+
+    core = AgentCore(plan, 0, data=data)
+    firsts: dict[tuple[str, str], int] = {}
+    on_compute = core.env.on_compute
+
+    def spy(w, kind, start, end, wall):
+        if end > start:
+            firsts.setdefault((type(w).__name__, kind), (start + end) // 2)
+        return on_compute(w, kind, start, end, wall)
+
+    core.env.on_compute = spy
+    updates, evals = core_rows(core.advance(INFINITY))
+    end = core.kernel.now
+    return core, updates, evals, sorted({*firsts.values(), *(end * k // 20 + 1 for k in (2, 9, 16))})

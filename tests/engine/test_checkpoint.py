@@ -25,33 +25,8 @@ FAULTS = ("faults=[{kind:crash,workers:[w3],at:20ms,until:90ms},"
           "{kind:byzantine,workers:[w5],mode:noise,std:0.1}]")
 
 
-def _whole(plan, data) -> tuple[AgentCore, list, list, list[int]]:
-    """The run without a checkpoint: the core, its rows, and window boundaries to cut it at — at 10 %, 45 %
-    and 80 % of the run (odd ns), and in the middle of the first compute call of each kind of each vworker
-    class (a PS's aggregation and update, a worker's gradient), so that every tail is exercised."""
-    core = AgentCore(plan, 0, data=data)
-    firsts: dict[tuple[str, str], int] = {}
-    on_compute = core.env.on_compute
-
-    def spy(w, kind, start, end, wall):
-        if end > start:
-            firsts.setdefault((type(w).__name__, kind), (start + end) // 2)
-        return on_compute(w, kind, start, end, wall)
-
-    core.env.on_compute = spy
-    updates, evals = _rows(core.advance(INFINITY))
-    end = core.kernel.now
-    return core, updates, evals, sorted({*firsts.values(), *(end * k // 20 + 1 for k in (2, 9, 16))})
-
-
 def _plan(overrides: list[str]):
     return make_plan(load([*BASE, *overrides]), run_id="ckpt")
-
-
-def _rows(reached) -> tuple[list, list]:
-    """A window's update and eval rows (their order key, then every column but the wall-clock one)."""
-    return ([(key, tuple(row[:-1])) for key, row in reached.updates],
-            [(key, tuple(row[:-1])) for key, row in reached.evals])
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +47,16 @@ def data():
 ], ids=lambda o: " ".join(o)[:60])
 def test_a_core_restored_from_a_checkpoint_finishes_the_run_exactly_as_the_one_it_was_taken_from(data, overrides):
     plan = _plan(overrides)
-    whole, updates, evals, cuts = _whole(plan, data)
+    whole, updates, evals, cuts = helpers.whole_run_and_cuts(plan, data)
     assert len(updates) == 60
     for cut in cuts:
         before = AgentCore(plan, 0, data=data)
-        u0, e0 = _rows(before.advance(cut))
+        u0, e0 = helpers.core_rows(before.advance(cut))
         assert len(u0) < 60
         blob = checkpoint.snapshot(before)
         before.close()
         after = checkpoint.restore(plan, 0, blob, data=data)
-        u1, e1 = _rows(after.advance(INFINITY))
+        u1, e1 = helpers.core_rows(after.advance(INFINITY))
         assert u0 + u1 == updates, cut
         assert e0 + e1 == evals, cut
         assert torch.equal(after.result_params(), whole.result_params())
@@ -93,11 +68,11 @@ def test_a_core_restored_from_a_checkpoint_finishes_the_run_exactly_as_the_one_i
 @pytest.mark.parametrize("strategy", ["ps_async", "ps_sync"])
 def test_a_restored_core_can_be_checkpointed_again_and_again_and_still_ends_identically(data, strategy):
     plan = _plan([f"strategy={strategy}", "compute.aggregate=0.002"])
-    whole, updates, _, cuts = _whole(plan, data)
+    whole, updates, _, cuts = helpers.whole_run_and_cuts(plan, data)
     core = AgentCore(plan, 0, data=data)
     got: list = []
     for cut in (*cuts, INFINITY):
-        got += _rows(core.advance(cut))[0]
+        got += helpers.core_rows(core.advance(cut))[0]
         if cut < INFINITY:
             core = checkpoint.restore(plan, 0, checkpoint.snapshot(core), data=data)
     assert got == updates

@@ -22,7 +22,7 @@ def modules() -> dict[str, str]:
 @pytest.fixture
 def doc_modules(tmp_path, monkeypatch):
     mods = modules()
-    assert set(mods) == {"myexchange", "sparse_ps"}
+    assert set(mods) == {"myexchange", "sparse_ps", "ckpt_ps"}
     for name, code in mods.items():
         (tmp_path / f"{name}.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -42,3 +42,23 @@ def test_sparse_ps_moves_fewer_bytes_than_a_dense_gradient(run, doc_modules):
     rows = ran.rows()
     assert len(rows) == 6
     assert all(int(r["bytes"]) == 5000 * (8 + 4) for r in rows)  # int64 indices + float32 values
+
+
+def test_the_checkpointable_ps_restored_mid_run_ends_exactly_as_an_undisturbed_run(doc_modules):
+    from agents import checkpoint
+    from agents.core import AgentCore
+    from agents.sim.types import INFINITY
+    from controller.config import load
+    from controller.plan import make_plan
+    from tests import helpers
+
+    plan = make_plan(load([*helpers.FAST, "strategy._target_=ckpt_ps.AsyncPS", "strategy.name=ckpt_ps", "workers=3",
+                           "stop.updates=30", "network.latency=1ms"]), run_id="doc")
+
+    whole, want, _, cuts = helpers.whole_run_and_cuts(plan)
+    for cut in cuts:
+        core = AgentCore(plan, 0, data=whole.training.data)
+        got = helpers.core_rows(core.advance(cut))[0]
+        core = checkpoint.restore(plan, 0, checkpoint.snapshot(core), data=whole.training.data)
+        assert got + helpers.core_rows(core.advance(INFINITY))[0] == want, cut
+
