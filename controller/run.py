@@ -11,19 +11,19 @@ import torch
 from omegaconf import OmegaConf
 
 from agents.common import wire
-from protos.lockstep.v1 import agent_pb2 as pb
 from agents.core import AgentCore
 from agents.sim.env import EvalRow, RowKey, Stats, UpdateRow
 from agents.common.plan import Plan
 from agents.sim.types import INFINITY, NS_PER_S
 from controller import signals
 from controller.clock import Window, run_windows
-from controller.config import RunConfig, config_hash
 from controller.checkpoints import Checkpoint, Checkpointer, CheckpointStore, CheckpointUnusable
+from controller.config import RunConfig, config_hash
 from controller.launchers.base import AgentFailure
 from controller.outputs import ReplayDiverged, RunDir, write_json_atomic
 from controller.plan import make_plan
 from controller.recovery import Recovery, check_resumable, resumable_run_id
+from protos.lockstep.v1 import agent_pb2 as pb
 
 __all__ = ["execute", "RunResult", "InProcessAgent", "DATA_COLUMNS"]
 
