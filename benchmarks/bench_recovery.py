@@ -40,9 +40,15 @@ from _common import ROOT, load_average
 WALL = ("wall_time_s", "wall_compute_s", "wall_barrier_s", "wall_cpu_s", "speed_ratio", "peak_memory", "recovery", "run_id")
 
 
+LOG = Path(tempfile.gettempdir()) / "bench-recovery.log"  # every lockstep process's output, for a failure
+
+
 def lockstep(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "controller.cli", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    out = open(LOG, "a")
+    out.write(f"\n=== lockstep {' '.join(args)}\n")
+    out.flush()
+    return subprocess.Popen([sys.executable, "-m", "controller.cli", *args], cwd=ROOT, stdout=out,
+                            stderr=subprocess.STDOUT)
 
 
 def rows(d: Path) -> int:
@@ -205,11 +211,14 @@ def main() -> None:
             assert lockstep("resume", str(resumed)).wait() == 0, "lockstep resume failed"
             wall_resume = time.monotonic() - t1
             ev = events(resumed)
+            print(f"  recovery.jsonl of the resumed run: {[(e['event'], e.get('window'), e.get('reason')) for e in ev]}",
+                  file=sys.stderr, flush=True)
             caught = [e for e in ev if e["event"] == "caught_up"][-1]["replay_wall_s"]
-            fromk = [e for e in ev if e["event"] == "restored"]
+            fromk = [e for e in ev if e["event"] == "restored"][:1]  # the resume's (a later one: an agent lost)
+            lost = sum(1 for e in ev if e["event"] == "restart")
             ok_resume = identical(base, resumed)
             how = (f"; restored from window {fromk[-1]['window']}, {fromk[-1]['rows_kept']} rows kept" if fromk
-                   else "; replayed from virtual time 0")
+                   else "; replayed from virtual time 0") + (f"; {lost} agents lost meanwhile" if lost else "")
             resume_line = (
                 f"| the same, controller SIGKILLed at {at} of {updates} rows, then `lockstep resume` | killed after "
                 f"{wall_first:.1f} s; resume {wall_resume:.1f} s, of which {caught:.1f} s to catch up (time to resume"
