@@ -7,8 +7,9 @@ suspended — as bytes. Restoring them in a fresh process gives a core that runs
 exactly as the saved one would have (tests/engine/test_checkpoint.py).
 
 Everything but the coroutines is plain data, pickled as one graph (so an object two vworkers share is
-still shared after a restore). The loaded data set, the Prometheus metrics and the executor's thread
-are the process's own and are attached again, not saved.
+still shared after a restore; tensor storages are saved once each, ahead of the graph, so a view and its
+base share memory again too — pickle alone would copy each view). The loaded data set, the Prometheus
+metrics and the executor's thread are the process's own and are attached again, not saved.
 
 **Coroutines.** Python cannot pickle a suspended coroutine. It can read one: the chain of frames from
 ``run()`` down to the kernel awaitable it waits in (``cr_await``), each with its code and its locals.
@@ -38,148 +39,73 @@ import io
 import pickle
 import time
 import types
-from typing import Any, Awaitable, Callable
+import warnings
+from typing import Any
+
+import torch
+
+from agents.sim.resume import NotCheckpointable, continues, frames_of, rebuilt  # noqa: F401 - re-exported
 
 __all__ = ["NotCheckpointable", "snapshot", "restore", "continues", "FORMAT"]
 
 FORMAT = 1
 """Bumped whenever what a checkpoint holds changes: a restore refuses another format."""
 
-
-class NotCheckpointable(RuntimeError):
-    """This agent cannot be checkpointed now; the message names the vworker and where it waits."""
-
-
-Tail = Callable[[dict[str, Any], Any, str], Awaitable[Any]]
-_TAILS: dict[str, Tail] = {}
-_TAIL_CODES: set[types.CodeType] = set()
-_LEAVES: set[str] = set()  # the kernel's own suspension points: resumed with the value itself
+with warnings.catch_warnings():  # what a tensor's pickling hands over: deprecated, and still what it uses
+    warnings.simplefilter("ignore")
+    from torch.storage import TypedStorage as _TypedStorage
 
 
-def _name(module: str, code: types.CodeType) -> str:
-    return f"{module}:{code.co_qualname}"
-
-
-def _of(fn: Callable[..., Any]) -> str:
-    fn = getattr(fn, "__func__", fn)
-    return _name(fn.__module__, fn.__code__)
-
-
-def continues(fn: Callable[..., Any]) -> Callable[[Tail], Tail]:
-    """Register the decorated ``async def tail(f, value)`` as the rest of ``fn``'s frame after its await."""
-    name = _of(fn)
-
-    def register(tail: Tail) -> Tail:
-        _TAILS[name] = tail
-        _TAIL_CODES.add(tail.__code__)
-        return tail
-    return register
-
-
-def leaf(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark a kernel awaitable (a generator that yields to the kernel) whose result is the value sent in."""
-    _LEAVES.add(_of(fn))
-    return fn
-
-
-def _links(coro: Any) -> Any:
-    """(frame, what it awaits) of each coroutine or generator in an await chain, outermost first."""
-    c = coro
-    while c is not None:
-        if isinstance(c, types.CoroutineType):
-            frame, nxt = c.cr_frame, c.cr_await
-        elif isinstance(c, types.GeneratorType):
-            frame, nxt = c.gi_frame, c.gi_yieldfrom
-        else:
-            raise TypeError(type(c).__name__)
-        if frame is None:  # a finished coroutine
-            return
-        yield frame, nxt
-        c = nxt
-
-
-def frames_of(worker: Any) -> list[tuple[str, dict[str, Any] | None]]:
-    """Where ``worker``'s coroutine is suspended: (code name, locals) of each frame, ``run()`` first.
-
-    A coroutine rebuilt by an earlier restore is read as the frames it stands for: the frames whose tails
-    have not run yet, the one whose tail runs (locals None: its tail, in tail-call form, returns what it
-    awaits), then what that tail awaits."""
-    out: list[tuple[str, dict[str, Any] | None]] = []
-    skip_tail = False
-    try:
-        for frame, nxt in _links(worker.coro):
-            code = frame.f_code
-            if skip_tail:  # the running tail of a rebuilt coroutine (checked: a registered tail)
-                skip_tail = False
-                if code not in _TAIL_CODES:
-                    raise NotCheckpointable(f"vworker {worker.name} is suspended in {code.co_qualname}, which a "
-                                            "checkpoint cannot save")
-                continue
-            if code is _rebuilt.__code__:
-                f = frame.f_locals
-                if "i" not in f:  # still waiting where it was saved
-                    out.extend(f["frames"])
-                    break
-                out.extend(f["frames"][:f["i"]])
-                out.append((f["frames"][f["i"]][0], None))
-                skip_tail = True
-                continue
-            out.append((_name(frame.f_globals.get("__name__", "?"), code), dict(frame.f_locals)))
-    except TypeError as e:
-        raise NotCheckpointable(f"vworker {worker.name} waits in {e}, which a checkpoint cannot save") from None
-    if not out:
-        return out
-    if out[-1][0] not in _LEAVES:
-        raise NotCheckpointable(f"vworker {worker.name} is suspended in {out[-1][0].rsplit(':', 1)[1]}, which is "
-                                "not one of the kernel's awaitables")
-    for name, f in out[:-1]:
-        if f is not None and name not in _TAILS:
-            raise NotCheckpointable(f"vworker {worker.name} is suspended in {name.rsplit(':', 1)[1]}, which its "
-                                    f"strategy ({type(worker).__name__}) cannot checkpoint (docs/recovery.md)")
-    return out
-
-
-def _short(name: str) -> str:
-    return name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-
-
-async def _rebuilt(frames: list[tuple[str, dict[str, Any] | None]]) -> Any:
-    """The rest of a saved coroutine: wait where it waited, then finish each frame, innermost first."""
-    from agents.sim.kernel import park
-
-    value = await park()  # the kernel's pending event resumes it with what the original waited for
-    for i in range(len(frames) - 2, -1, -1):
-        name, f = frames[i]
-        if f is not None:  # (None: a tail that returns what it awaited, saved from a rebuilt coroutine)
-            value = await _TAILS[name](f, value, _short(frames[i + 1][0]))
-    return value
-
-
-# ------------------------------------------------------------------------------------------- pickling
 class _Pickler(pickle.Pickler):
+    """Coroutines and the process's own objects by reference; tensor storages once each, so that tensors
+    sharing one (a view and its base) still share it after a restore — pickle alone copies each view."""
+
     def __init__(self, buf: io.BytesIO, shared: dict[int, str]):
         super().__init__(buf, protocol=5)
         self.shared = shared
+        self.storages: dict[tuple, Any] = {}
 
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is types.CoroutineType:
             return ("coroutine",)  # rebuilt from the saved frames (above)
+        if isinstance(obj, _TypedStorage):
+            u = obj._untyped_storage
+            key = (u.device.type, u.device.index, u.data_ptr(), u.nbytes())
+            self.storages.setdefault(key, u)  # (kept alive until saved: no other storage reuses its address)
+            return ("storage", key, obj.dtype)
         key = self.shared.get(id(obj))
         return None if key is None else (key,)
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, buf: io.BytesIO, shared: dict[str, Any]):
+    def __init__(self, buf: io.BytesIO, shared: dict[str, Any], storages: dict[tuple, Any]):
         super().__init__(buf)
-        self.shared = shared
+        self.shared, self.storages = shared, storages
 
     def persistent_load(self, pid: Any) -> Any:
         if pid == ("coroutine",):
             return None
+        if isinstance(pid, tuple) and len(pid) == 3 and pid[0] == "storage":
+            return _TypedStorage(wrap_storage=self.storages[pid[1]], dtype=pid[2], _internal=True)
         try:
             return self.shared[pid[0]]
         except (KeyError, IndexError, TypeError):
             raise pickle.UnpicklingError(f"a checkpoint refers to {pid!r}, which this process does not have") from None
+
+
+def _storage_bytes(storages: dict[tuple, Any]) -> dict[tuple, bytes]:
+    return {k: torch.empty(0, dtype=torch.uint8, device=u.device).set_(u).cpu().numpy().tobytes()
+            for k, u in storages.items()}
+
+
+def _storages(saved: dict[tuple, bytes]) -> dict[tuple, Any]:
+    out = {}
+    for (kind, index, ptr, n), b in saved.items():
+        t = torch.frombuffer(bytearray(b), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+        if kind != "cpu":
+            t = t.to(torch.device(kind, index))
+        out[(kind, index, ptr, n)] = t.untyped_storage()
+    return out
 
 
 def _shared(core: Any) -> dict[str, Any]:
@@ -206,17 +132,17 @@ def snapshot(core: Any) -> bytes:
              "positions": positions, "wall_s": time.perf_counter() - core.env.recorder.wall_start}
     try:
         with ex.paused() if ex is not None else contextlib.nullcontext():  # no batch half-run meanwhile
-            _Pickler(buf, shared).dump(state)
+            p = _Pickler(buf, shared)
+            p.dump(state)
+            head = pickle.dumps({"format": FORMAT, "storages": _storage_bytes(p.storages)}, protocol=5)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise NotCheckpointable(f"agent {core.agent_id}'s state cannot be saved: {e}") from e
-    return buf.getvalue()
+    return len(head).to_bytes(8, "little") + head + buf.getvalue()
 
 
 def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics: Any = None,
             own_process: bool = False) -> Any:
     """An AgentCore for ``agent_id`` of ``plan`` in the state :func:`snapshot` saved in ``blob``."""
-    import torch
-
     from agents.core import use_memory
     from agents.sim.kernel import HALTED
     from agents.workloads.data import load_fashion_mnist
@@ -235,7 +161,15 @@ def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics:
     if data is not None:
         shared["data"] = data
     try:
-        state = _Unpickler(io.BytesIO(blob), shared).load()
+        n = int.from_bytes(blob[:8], "little")
+        head = pickle.loads(blob[8:8 + n])
+        if not isinstance(head, dict) or head.get("format") != FORMAT:
+            raise NotCheckpointable(f"the checkpoint of agent {agent_id} has format "
+                                    f"{head.get('format') if isinstance(head, dict) else None!r}; this lockstep "
+                                    f"reads format {FORMAT}")
+        state = _Unpickler(io.BytesIO(blob[8 + n:]), shared, _storages(head["storages"])).load()
+    except NotCheckpointable:
+        raise
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: one sentence
         raise NotCheckpointable(f"the checkpoint of agent {agent_id} cannot be read: {type(e).__name__}: {e}") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -250,7 +184,7 @@ def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics:
     for w in core.workers.values():
         frames = state["positions"].get(w.id)
         if frames is not None:
-            w.coro = _rebuilt(frames)
+            w.coro = rebuilt(frames)
             if w.coro.send(None) is not _parked():
                 raise NotCheckpointable(f"vworker {w.name} did not wait where it was saved")
     if core.env.executor is not None:

@@ -30,7 +30,6 @@ import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
-from agents.checkpoint import leaf
 from agents.sim.types import INFINITY, VirtualTime, VWorkerId
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -112,10 +111,6 @@ def suspend_until(t: VirtualTime) -> Any:
 def park() -> Any:
     """Suspend until some kernel code calls ``kernel.wake(worker, value)``; returns ``value``."""
     return (yield PARKED)
-
-
-leaf(suspend_until)  # where a checkpoint finds a suspended vworker waiting (agents.checkpoint)
-leaf(park)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agents.checkpoint import continues, leaf
 from agents.sim.kernel import PRIO_RESUME, Kernel, KernelError, park, suspend_until
+from agents.sim.resume import continues, leaf
 from agents.sim.types import VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -106,3 +106,15 @@ def test_a_checkpoint_holds_the_data_set_by_reference_not_by_value(data):
     core.advance(10_000_001)
     blob = checkpoint.snapshot(core)
     assert len(blob) < data.train_x.numel() * data.train_x.element_size() // 10
+
+
+def test_tensors_that_share_memory_still_share_it_after_a_restore(data):
+    plan = _plan(["strategy=ps_async"])
+    core = AgentCore(plan, 0, data=data)
+    core.advance(10_000_001)
+    w = core.workers["w1"]
+    w.base = torch.arange(10.0)
+    w.view = w.base[2:5]
+    again = checkpoint.restore(plan, 0, checkpoint.snapshot(core), data=data).workers["w1"]
+    again.base[3] = -1.0
+    assert again.view.tolist() == [2.0, -1.0, 4.0]
