@@ -108,9 +108,11 @@ def core_rows(reached) -> tuple[list, list]:
 
 def whole_run_and_cuts(plan: Any, data: Any = None) -> tuple[Any, list, list, list[int]]:
     """Agent 0 of ``plan`` run to the end in this process: (its core, update rows, eval rows, cuts). The cuts are
-    window boundaries for checkpoint tests: at 10 %, 45 % and 80 % of the run (odd ns), and in the middle of the
-    first compute call of each kind of each vworker class (a PS's update, a worker's gradient), so that a test
-    that restores at each of them goes through every phase of the strategy."""
+    window boundaries for checkpoint tests: at 10 %, 45 % and 80 % of the run (odd ns), in the middle of the
+    first compute call of each kind of each vworker class (a PS's update, a worker's gradient), and, for every
+    chain of frames a vworker class waits in for some time (each collective's phases, each loop's steps), a
+    moment it waits there, and one while a partition holds a send — so that a test that restores at each of
+    them goes through every tail and every kind of pending event."""
     from agents.core import AgentCore
     from agents.sim.types import INFINITY
 
@@ -124,6 +126,63 @@ def whole_run_and_cuts(plan: Any, data: Any = None) -> tuple[Any, list, list, li
         return on_compute(w, kind, start, end, wall)
 
     core.env.on_compute = spy
+    waits: dict = {}
+    for w in core.workers.values():
+        w.run = lambda run=w.run, w=w: _Waits(w, run(), waits)
+    hold = core.env.hold
+
+    def held(w, dst, payload, nbytes, tag, until):  # a send a partition holds: its release is a pending event
+        if until > w.now:
+            waits.setdefault(("partition", "held send"), (w.now + 1, until))
+        return hold(w, dst, payload, nbytes, tag, until)
+
+    core.env.hold = held
     updates, evals = core_rows(core.advance(INFINITY))
     end = core.kernel.now
-    return core, updates, evals, sorted({*firsts.values(), *(end * k // 20 + 1 for k in (2, 9, 16))})
+    return core, updates, evals, sorted({*firsts.values(), *(end * k // 20 + 1 for k in (2, 9, 16)),
+                                         *_stabbing(waits.values(), end)})
+
+
+class _Waits:
+    """A vworker's coroutine that notes where it waits — (class, the code of each frame) — and the first
+    interval [suspended + 1, resumed] of virtual time in which a window boundary finds it waiting there."""
+
+    def __init__(self, w: Any, coro: Any, waits: dict):
+        self.w, self.coro, self.waits, self.since = w, coro, waits, None
+
+    def _suspended(self, cmd: Any) -> Any:
+        from agents.sim.resume import _links
+
+        self.since = (self.w.now, (type(self.w).__name__,
+                                   tuple(frame.f_code.co_qualname for frame, _ in _links(self.coro))))
+        return cmd
+
+    def _resumed(self) -> None:
+        if self.since is not None:
+            t, where = self.since
+            if self.w.now > t:
+                self.waits.setdefault(where, (t + 1, self.w.now))
+            self.since = None
+
+    def send(self, value: Any) -> Any:
+        self._resumed()
+        return self._suspended(self.coro.send(value))
+
+    def throw(self, *exc: Any) -> Any:
+        self._resumed()
+        return self._suspended(self.coro.throw(*exc))
+
+    def close(self) -> None:
+        self.coro.close()
+
+    def __await__(self):  # (a collections.abc.Coroutine, as the kernel checks)
+        return self.coro.__await__()
+
+
+def _stabbing(intervals: Any, end: int) -> list[int]:
+    """The fewest times that fall in every interval [a, b] (clipped to ``end``): the earliest ends first."""
+    out: list[int] = []
+    for a, b in sorted(((a, min(b, end)) for a, b in intervals if a <= min(b, end)), key=lambda ab: ab[1]):
+        if not out or out[-1] < a:
+            out.append(b)
+    return out

@@ -198,16 +198,18 @@ class Environment:
              until: VirtualTime) -> SendHandle:
         """A send across a partition: it enters the network when the partition heals, at ``until``."""
         outer = SendHandle(self.kernel, None)
-
-        def release(_: Any) -> None:
-            inner = self.network.send(w, dst, payload, nbytes, tag)
-            if inner.done_at is not None:
-                outer.finish(inner.done_at)
-            else:
-                inner.then = outer
-
-        self.kernel.schedule(until, PRIO_NET, w, release)
+        self.kernel.schedule(until, PRIO_NET, w, self._release, (w, dst, payload, nbytes, tag, outer))
         return outer
+
+    def _release(self, held: tuple) -> None:
+        """The partition healed: a held send enters the network (a bound method and a tuple, not a closure,
+        so that a checkpoint can save the pending event)."""
+        w, dst, payload, nbytes, tag, outer = held
+        inner = self.network.send(w, dst, payload, nbytes, tag)
+        if inner.done_at is not None:
+            outer.finish(inner.done_at)
+        else:
+            inner.then = outer
 
     def deliver(self, w: "Worker", msg: Any, tr: Transfer, t: VirtualTime) -> None:
         """Hand a message the network delivered to ``w``, unless a fault loses or duplicates it."""

@@ -171,6 +171,20 @@ class _Receiver:
         self.pushed = 0  # short packets not yet acknowledged (ICSK_ACK_PUSHED, PUSHED2)
 
 
+class _AckTimer:
+    """A pending ACK's timer (an object, not a closure, so that a checkpoint can save it)."""
+
+    __slots__ = ("model", "host", "src", "rcv", "delayed")
+
+    def __init__(self, model: Any, host: Any, src: int, rcv: _Receiver, delayed: bool):
+        self.model, self.host, self.src, self.rcv, self.delayed = model, host, src, rcv, delayed
+
+    def __call__(self) -> None:
+        if self.delayed:  # the delayed-ACK timer went off: leave pingpong mode (tcp_delack_timer_handler)
+            self.rcv.pingpong = False
+        self.model.send_ack(self.host, self.src, self.rcv)
+
+
 class _Sender:
     """One TCP connection's sender (Linux tcp_output.c / tcp_input.c / tcp_cubic.c, loss-free)."""
 
@@ -641,13 +655,7 @@ class TcpNetwork:
                 return
             rcv.timer.cancel()
         rcv.timer_at = t
-
-        def fire() -> None:
-            if delayed:  # the delayed-ACK timer went off: leave pingpong mode (tcp_delack_timer_handler)
-                rcv.pingpong = False
-            self.send_ack(host, src, rcv)
-
-        rcv.timer = self.kernel.timer(t, PRIO_NET, host.worker, fire)
+        rcv.timer = self.kernel.timer(t, PRIO_NET, host.worker, _AckTimer(self, host, src, rcv, delayed))
 
     def send_ack(self, host: _Host, src: int, rcv: _Receiver) -> None:
         """``host`` acknowledges everything it received from ``src``."""

@@ -102,6 +102,22 @@ class Condition:
         return f"Condition({self.owner.name}.{self.name})"
 
 
+class _Expiry:
+    """A ``recv`` timeout: resume the vworker with None unless a message came first (an object, not a
+    closure, so that a checkpoint can save the pending timer)."""
+
+    __slots__ = ("worker", "incarnation")
+
+    def __init__(self, worker: "Worker"):
+        self.worker, self.incarnation = worker, worker.incarnation
+
+    def __call__(self) -> None:  # (not after a crash: the restarted vworker never asked)
+        w = self.worker
+        if w._recv_filter is not None and w.incarnation == self.incarnation:
+            w._recv_filter = None
+            w._kernel.drive(w, None)
+
+
 class Worker:
     """A virtual worker: one emulated machine running a strategy's coroutine."""
 
@@ -217,14 +233,7 @@ class Worker:
         self._recv_filter = (src, tag)
         if timeout is None:
             return await park()
-        incarnation = self.incarnation
-
-        def expire() -> None:  # (not after a crash: the restarted vworker never asked)
-            if self._recv_filter is not None and self.incarnation == incarnation:
-                self._recv_filter = None
-                self._kernel.drive(self, None)
-
-        timer = self._kernel.timer(self._kernel.now + timeout, PRIO_RESUME, self, expire)
+        timer = self._kernel.timer(self._kernel.now + timeout, PRIO_RESUME, self, _Expiry(self))
         msg = await park()
         timer.cancel()
         return msg

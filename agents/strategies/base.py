@@ -68,6 +68,9 @@ class TrainingWorker(Worker):
     async def gradient(self, params):
         """Forward+backward at ``params`` on the next batch: ``(loss, flat_grad, samples)``."""
         x, y = await self.fetch_batch()
+        return await self._gradient_on(params, x, y)
+
+    async def _gradient_on(self, params, x, y):
         seq = self.compute_seq
         loss_grad = await self.compute(self.training.gradient_at, params, x, y, kind="gradient")
         return self._gradient_done(seq, y, *loss_grad)
@@ -76,6 +79,27 @@ class TrainingWorker(Worker):
         if self.env.faults.byzantine:  # a Byzantine worker corrupts the gradient it then uses and sends
             grad = self.env.faults.corrupt(self.id, seq, self.now, grad)
         return loss, grad, len(y)
+
+    async def repeat(self, step: Any) -> None:
+        """``await step()`` until it returns True (the run stops): a strategy's loop, one await to continue from."""
+        while True:
+            if await step():
+                return
+
+    async def local_step(self) -> tuple[float, int]:
+        """A gradient at this vworker's parameters and an optimizer step with it: ``(loss, samples)``."""
+        loss, grad, samples = await self.gradient(self.flat())
+        return await self._apply_then(grad, (loss, samples))
+
+    async def _apply_then(self, grad, result: Any) -> Any:
+        await self.apply(grad)
+        return result
+
+    async def train_local(self, steps: int, acc: tuple[int, float, int] = (0, 0.0, 0)) -> tuple[int, float, int]:
+        """:meth:`local_step` until ``steps`` are done; ``acc``: (steps done, the sum of their losses, samples)."""
+        while acc[0] < steps:
+            acc = _counted(acc, *await self.local_step())
+        return acc
 
     async def apply(self, grad):
         """One optimizer step on this vworker's model (kind ``update``)."""
@@ -132,12 +156,26 @@ class TrainingWorker(Worker):
         self.env.recorder.evaluation(self, version, loss, acc)
 
 
+def _counted(acc: tuple[int, float, int], loss: float, samples: int) -> tuple[int, float, int]:
+    return acc[0] + 1, acc[1] + loss, acc[2] + samples
+
+
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame above, for a coroutine rebuilt from a checkpoint (keep each in step with its method).
+@continues(TrainingWorker.fetch_batch)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
+    return value
+
+
 @continues(TrainingWorker.gradient)
 async def _(f: dict[str, Any], value: Any, below: str) -> Any:
-    if below != "compute":  # (waiting for the batch itself: data.placement=end_devices has no tail)
-        raise AssertionError(f"TrainingWorker.gradient resumed from {below}")
+    if below == "fetch_batch":
+        return await f["self"]._gradient_on(f["params"], *value)
+    return value
+
+
+@continues(TrainingWorker._gradient_on)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
     return f["self"]._gradient_done(f["seq"], f["y"], *value)
 
 
@@ -154,3 +192,27 @@ async def _(f: dict[str, Any], value: Any, below: str) -> Any:
 @continues(TrainingWorker.start_late)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     return None
+
+
+@continues(TrainingWorker.repeat)
+async def _(f: dict[str, Any], stop: bool, below: str) -> None:
+    if not stop:
+        return await f["self"].repeat(f["step"])
+
+
+@continues(TrainingWorker.local_step)
+async def _(f: dict[str, Any], value: Any, below: str) -> tuple[float, int]:
+    if below == "gradient":
+        loss, grad, samples = value
+        return await f["self"]._apply_then(grad, (loss, samples))
+    return value
+
+
+@continues(TrainingWorker._apply_then)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
+    return f["result"]
+
+
+@continues(TrainingWorker.train_local)
+async def _(f: dict[str, Any], value: Any, below: str) -> tuple[int, float, int]:
+    return await f["self"].train_local(f["steps"], _counted(f["acc"], *value))

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from agents.checkpoint import continues
 from agents.sim.network import payload_nbytes
 from agents.sim.worker import Worker
 
@@ -45,23 +46,51 @@ async def _exchange(w: Worker, right: str, left: str, out: torch.Tensor, in_size
         w.send(right, (out, extras), tag=tag)
         m = await w.recv(src=left, tag=tag)
         return m.payload[0], m.payload[1]
-    per = max(1, segment // out.element_size())
-    n_out, n_in = max(1, -(-out.numel() // per)), max(1, -(-in_size // per))
-    parts: list[torch.Tensor] = []
-    theirs: list[float] = []
-    for k in range(max(n_out, n_in)):
-        if k < n_in:
-            w.send(left, None, tag=f"{tag}.rdy{k}")  # receiver-ready: an empty message
-        if k < n_out:
-            await w.recv(src=right, tag=f"{tag}.rdy{k}")
-            w.send(right, (out[k * per:(k + 1) * per].clone(), extras if k == n_out - 1 else None),
-                   tag=f"{tag}.{k}")
-        if k < n_in:
-            m = await w.recv(src=left, tag=f"{tag}.{k}")
-            parts.append(m.payload[0])
-            if m.payload[1] is not None:
-                theirs = m.payload[1]
-    return torch.cat(parts), theirs
+    x = _Segments(w, right, left, out, in_size, extras, tag, segment)
+    return await x.run()
+
+
+class _Segments:
+    """One segmented exchange of :func:`_exchange`: segment ``k`` goes out once ``right`` is ready for it."""
+
+    def __init__(self, w: Worker, right: str, left: str, out: torch.Tensor, in_size: int, extras: list[float],
+                 tag: str, segment: int):
+        self.w, self.right, self.left, self.out, self.extras, self.tag = w, right, left, out, extras, tag
+        self.per = max(1, segment // out.element_size())
+        self.n_out, self.n_in = max(1, -(-out.numel() // self.per)), max(1, -(-in_size // self.per))
+        self.parts: list[torch.Tensor] = []
+        self.theirs: list[float] = []
+        self.k = 0
+
+    async def run(self) -> tuple[torch.Tensor, list[float]]:
+        while self.k < max(self.n_out, self.n_in):
+            await self.step()
+            self.k += 1
+        return torch.cat(self.parts), self.theirs
+
+    async def step(self) -> None:
+        """Segment ``k``: say we are ready for theirs, send ours once they are ready, receive theirs."""
+        k = self.k
+        if k < self.n_in:
+            self.w.send(self.left, None, tag=f"{self.tag}.rdy{k}")  # receiver-ready: an empty message
+        if k < self.n_out:
+            await self.w.recv(src=self.right, tag=f"{self.tag}.rdy{k}")
+            self.send()
+        return await self.receive()
+
+    def send(self) -> None:
+        k, per = self.k, self.per
+        self.w.send(self.right, (self.out[k * per:(k + 1) * per].clone(), self.extras if k == self.n_out - 1 else None),
+                    tag=f"{self.tag}.{k}")
+
+    async def receive(self) -> None:
+        if self.k < self.n_in:
+            self.received(await self.w.recv(src=self.left, tag=f"{self.tag}.{self.k}"))
+
+    def received(self, m: Any) -> None:
+        self.parts.append(m.payload[0])
+        if m.payload[1] is not None:
+            self.theirs = m.payload[1]
 
 
 GLOO_MAX_SEGMENT = 1 << 20  # bytes: gloo::AllreduceOptions::kMaxSegmentSize
@@ -105,37 +134,82 @@ async def gloo_ring_allreduce(w: Worker, vec: torch.Tensor, ring: list[str], tag
     per = -(-(-(-total // n)) // esize)  # elements per segment (segment bytes rounded up to elements)
     if numel < n * per - per:  # so small that some members own no segment: whole chunks do
         return await ring_allreduce(w, vec, ring, tag, extras)
-    parts = [vec[min(j * per, numel):min((j + 1) * per, numel)] for j in range(n)]
-    ctag = (tag, "gloo")
-    state = _GlooPair(w, ctag, send_to, recv_from)
-    own = list(extras)
-    seg_extras: dict[int, list[float]] = {}
-    for phase in ("rs", "ag"):
-        posted_recv: dict[int, int] = {}
-        for i in range(n - p + 2):
-            if i >= 2 and (i - 2) in posted_recv:
-                j = posted_recv.pop(i - 2)
-                data, their = await state.wait_data(phase, i - 2)
-                if phase == "rs":
-                    parts[j] = await w.compute(_add, data, parts[j], kind="aggregate", cost=float(data.numel()))
-                    seg_extras[j] = [a + b for a, b in zip(their, own)] if their is not None else list(own)
-                else:
-                    parts[j] = data
-            if i >= 2:
-                await state.wait_sent(phase, i - 2)
-            if i < n - p:
-                base_send, base_recv = (r + 1, r + 2) if phase == "rs" else (r, r + 1)
-                js, jr = (base_send * p + i) % n, (base_recv * p + i) % n
-                if parts[jr].numel() > 0:
-                    posted_recv[i] = jr
-                    state.post_recv(phase, i)
-                if parts[js].numel() > 0:
-                    ext = (seg_extras.get(js, own) if phase == "rs" else None)
-                    state.post_send(phase, i, parts[js], ext)
-    await state.flush()  # like gloo, return only once every send has gone out
-    # the members' last reduced segments carry the extras of the whole ring
-    final = seg_extras.get(((r + 2) * p + n - p - 1) % n, own)
-    return torch.cat(parts), final, state.sent
+    return await _GlooRing(w, vec, n, p, per, (tag, "gloo"), extras, send_to, recv_from, r).run()
+
+
+class _GlooRing:
+    """One member's :func:`gloo_ring_allreduce`: its iterations ``i`` of reduce-scatter, then of all-gather."""
+
+    def __init__(self, w: Worker, vec: torch.Tensor, n: int, p: int, per: int, ctag: Any, extras: list[float],
+                 send_to: str, recv_from: str, r: int):
+        numel = vec.numel()
+        self.w, self.n, self.p, self.r = w, n, p, r
+        self.parts = [vec[min(j * per, numel):min((j + 1) * per, numel)] for j in range(n)]
+        self.pair = _GlooPair(w, ctag, send_to, recv_from)
+        self.own = list(extras)
+        self.seg_extras: dict[int, list[float]] = {}
+        self.phase: str | None = "rs"
+        self.i = 0
+        self.posted_recv: dict[int, int] = {}  # iteration -> segment whose receive it posted
+
+    async def run(self) -> tuple[torch.Tensor, list[float], int]:
+        while self.phase is not None:
+            await self.iteration()
+            self.next()
+        return await self.finish()
+
+    def next(self) -> None:
+        self.i += 1
+        if self.i == self.n - self.p + 2:
+            self.phase, self.i, self.posted_recv = ("ag" if self.phase == "rs" else None), 0, {}
+
+    async def iteration(self) -> None:
+        """Iteration ``i``: wait for the receive and the send of ``i − 2``, then post those of ``i``."""
+        i = self.i
+        if i >= 2 and (i - 2) in self.posted_recv:
+            j = self.posted_recv.pop(i - 2)
+            data, their = await self.pair.wait_data(self.phase, i - 2)
+            return await self.received(j, data, their)
+        return await self.post()
+
+    async def received(self, j: int, data: torch.Tensor, their: list[float] | None) -> None:
+        if self.phase == "rs":
+            self.reduced(j, await self.w.compute(_add, data, self.parts[j], kind="aggregate",
+                                                 cost=float(data.numel())), their)
+        else:
+            self.parts[j] = data
+        return await self.post()
+
+    def reduced(self, j: int, seg: torch.Tensor, their: list[float] | None) -> None:
+        self.parts[j] = seg
+        self.seg_extras[j] = [a + b for a, b in zip(their, self.own)] if their is not None else list(self.own)
+
+    async def post(self) -> None:
+        if self.i >= 2:
+            await self.pair.wait_sent(self.phase, self.i - 2)
+        self.posts()
+
+    def posts(self) -> None:
+        """Post the receive and the send of iteration ``i``."""
+        i, n, p, r, phase, parts = self.i, self.n, self.p, self.r, self.phase, self.parts
+        if i < n - p:
+            base_send, base_recv = (r + 1, r + 2) if phase == "rs" else (r, r + 1)
+            js, jr = (base_send * p + i) % n, (base_recv * p + i) % n
+            if parts[jr].numel() > 0:
+                self.posted_recv[i] = jr
+                self.pair.post_recv(phase, i)
+            if parts[js].numel() > 0:
+                ext = (self.seg_extras.get(js, self.own) if phase == "rs" else None)
+                self.pair.post_send(phase, i, parts[js], ext)
+
+    async def finish(self) -> tuple[torch.Tensor, list[float], int]:
+        await self.pair.flush()  # like gloo, return only once every send has gone out
+        return self.result()
+
+    def result(self) -> tuple[torch.Tensor, list[float], int]:
+        # the members' last reduced segments carry the extras of the whole ring
+        final = self.seg_extras.get(((self.r + 2) * self.p + self.n - self.p - 1) % self.n, self.own)
+        return torch.cat(self.parts), final, self.pair.sent
 
 
 def _preamble_apart(w: Worker) -> bool:
@@ -289,28 +363,155 @@ async def ring_allreduce(w: Worker, vec: torch.Tensor, ring: list[str], tag: str
     each chunk is reduced by one member and then copied to the others.
     """
     extras = list(extras or [])
-    k = len(ring)
-    if k == 1:
+    if len(ring) == 1:
         return vec, extras, 0
-    r = ring.index(w.name)
-    right, left = ring[(r + 1) % k], ring[(r - 1) % k]
-    bounds = chunk_bounds(vec.numel(), k)
-    chunks = [vec[a:b] for a, b in bounds]
-    sent = 0
-    acc = list(extras)
-    # reduce-scatter: after step s, chunk (r-s-1) mod k holds the sum of s+2 members
-    for s in range(k - 1):
-        out_i, in_i = (r - s) % k, (r - s - 1) % k
-        got, their = await _exchange(w, right, left, chunks[out_i], bounds[in_i][1] - bounds[in_i][0], acc,
-                                     f"{tag}.rs{s}", segment)
-        sent += chunks[out_i].numel() * chunks[out_i].element_size()
-        chunks[in_i] = await w.compute(_add, got, chunks[in_i], kind="aggregate", cost=float(got.numel()))
-        acc = [a + b for a, b in zip(their, extras)]
-    # all-gather: member r now owns the reduced chunk (r+1) mod k and passes reduced chunks around
-    for s in range(k - 1):
-        out_i, in_i = (r + 1 - s) % k, (r - s) % k
-        got, _ = await _exchange(w, right, left, chunks[out_i], bounds[in_i][1] - bounds[in_i][0], [],
-                                 f"{tag}.ag{s}", segment)
-        sent += chunks[out_i].numel() * chunks[out_i].element_size()
-        chunks[in_i] = got
-    return torch.cat(chunks), acc, sent
+    return await _Ring(w, vec, ring, tag, extras, segment).run()
+
+
+class _Ring:
+    """One member's ring all-reduce: ``k − 1`` reduce-scatter steps, then ``k − 1`` all-gather steps."""
+
+    def __init__(self, w: Worker, vec: torch.Tensor, ring: list[str], tag: str, extras: list[float],
+                 segment: int | None):
+        self.w, self.tag, self.extras, self.segment = w, tag, extras, segment
+        self.k = k = len(ring)
+        self.r = r = ring.index(w.name)
+        self.right, self.left = ring[(r + 1) % k], ring[(r - 1) % k]
+        self.bounds = chunk_bounds(vec.numel(), k)
+        self.chunks = [vec[a:b] for a, b in self.bounds]
+        self.sent = 0
+        self.acc = list(extras)
+        self.s = 0  # steps done
+
+    async def run(self) -> tuple[torch.Tensor, list[float], int]:
+        while self.s < 2 * (self.k - 1):
+            await self.step()
+            self.s += 1
+        return torch.cat(self.chunks), self.acc, self.sent
+
+    async def step(self) -> None:
+        """Reduce-scatter step s: after it, chunk (r−s−1) mod k holds the sum of s+2 members. All-gather step
+        s: member r owns the reduced chunk (r+1) mod k and passes reduced chunks around."""
+        k, r, s = self.k, self.r, self.s
+        rs = s < k - 1
+        out_i, in_i = ((r - s) % k, (r - s - 1) % k) if rs else ((r + 1 - (s - k + 1)) % k, (r - (s - k + 1)) % k)
+        out = self.chunks[out_i]
+        self.sent += out.numel() * out.element_size()
+        got, their = await _exchange(self.w, self.right, self.left, out, self.bounds[in_i][1] - self.bounds[in_i][0],
+                                     self.acc if rs else [], f"{self.tag}.rs{s}" if rs else f"{self.tag}.ag{s - k + 1}",
+                                     self.segment)
+        return await self.exchanged(rs, in_i, got, their)
+
+    async def exchanged(self, rs: bool, i: int, got: torch.Tensor, their: list[float]) -> None:
+        if not rs:  # all-gather: a reduced chunk to keep
+            self.chunks[i] = got
+            return
+        self.reduced(i, await self.w.compute(_add, got, self.chunks[i], kind="aggregate", cost=float(got.numel())),
+                     their)
+
+    def reduced(self, i: int, chunk: torch.Tensor, their: list[float]) -> None:
+        self.chunks[i] = chunk
+        self.acc = [a + b for a, b in zip(their, self.extras)]
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each frame above after the await it is suspended in (``below``), in tail-call form: a loop's
+# frame goes on from its state object (the step it was in has done its part), a step's with what it awaited.
+@continues(_exchange)
+async def _(f: dict[str, Any], value: Any, below: str) -> tuple[torch.Tensor, list[float]]:
+    return value if below == "run" else value.payload[:2]
+
+
+@continues(_Segments.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> tuple[torch.Tensor, list[float]]:
+    f["self"].k += 1
+    return await f["self"].run()
+
+
+@continues(_Segments.step)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    if below == "recv":  # right is ready for segment k
+        f["self"].send()
+        return await f["self"].receive()
+    return value
+
+
+@continues(_Segments.receive)
+async def _(f: dict[str, Any], m: Any, below: str) -> None:
+    f["self"].received(m)
+
+
+@continues(ring_allreduce)
+async def _(f: dict[str, Any], value: Any, below: str) -> tuple[torch.Tensor, list[float], int]:
+    return value
+
+
+@continues(_Ring.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> tuple[torch.Tensor, list[float], int]:
+    f["self"].s += 1
+    return await f["self"].run()
+
+
+@continues(_Ring.step)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    if below == "_exchange":
+        return await f["self"].exchanged(f["rs"], f["in_i"], *value)
+    return value
+
+
+@continues(_Ring.exchanged)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    f["self"].reduced(f["i"], value, f["their"])
+
+
+@continues(gloo_ring_allreduce)
+async def _(f: dict[str, Any], value: Any, below: str) -> tuple[torch.Tensor, list[float], int]:
+    return value
+
+
+@continues(_GlooRing.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> tuple[torch.Tensor, list[float], int]:
+    if below == "finish":
+        return value
+    f["self"].next()
+    return await f["self"].run()
+
+
+@continues(_GlooRing.iteration)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    if below == "wait_data":
+        return await f["self"].received(f["j"], *value)
+    return value
+
+
+@continues(_GlooRing.received)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    if below == "compute":
+        f["self"].reduced(f["j"], value, f["their"])
+        return await f["self"].post()
+    return value
+
+
+@continues(_GlooRing.post)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    f["self"].posts()
+
+
+@continues(_GlooRing.finish)
+async def _(f: dict[str, Any], value: Any, below: str) -> tuple[torch.Tensor, list[float], int]:
+    return f["self"].result()
+
+
+@continues(_GlooPair.wait_data)
+async def _(f: dict[str, Any], value: Any, below: str) -> tuple[torch.Tensor, list[float] | None]:
+    return await f["self"].wait_data(f["phase"], f["i"])  # (the loop tests its condition again)
+
+
+@continues(_GlooPair.wait_sent)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return await f["self"].wait_sent(f["phase"], f["i"])
+
+
+@continues(_GlooPair.flush)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return await f["self"].flush()

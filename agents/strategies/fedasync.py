@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from agents.checkpoint import continues
 from agents.strategies.base import TrainingWorker
 from agents.strategies.fedavg import FedAvg
 
@@ -51,29 +52,59 @@ class FedAsyncServer(TrainingWorker):
 
     async def run(self) -> None:
         self.make_model()
-        kind = self.setting("staleness", "polynomial")
-        a, b, alpha = float(self.setting("a", 0.5)), float(self.setting("b", 4)), float(self.setting("alpha", 1.0))
-        staleness_weight(kind, 0, a, b)  # reject a bad name before anything runs
-        t = 0
+        staleness_weight(self.setting("staleness", "polynomial"), 0)  # reject a bad name before anything runs
+        self.t = 0
         params = self.flat()
         for c in self.clients:
             self.send(c, (params, 0), tag="model")
-        while True:
-            m = await self.recv()
-            if m.tag == "pull":  # a client restarted after a crash (faults): it starts from the current model
-                self.send(m.src, (self.flat(), t), tag="model")
-                continue
-            wk, tau, loss, samples, _ = m.payload
-            st = t - tau
-            alpha_t = alpha * staleness_weight(kind, st, a, b)
-            self.history.append((t, st, alpha_t))
-            self.load(await self.compute(mix, self.flat(), wk, alpha_t, kind="aggregate", cost=3.0 * wk.numel()))
-            t += 1
-            if self.updated(t, loss, st, samples, m.nbytes):
-                return
-            self.send(m.src, (self.flat(), t), tag="model")
+        await self.repeat(self._next)
+
+    async def _next(self) -> bool:
+        """Answer the next message: a client's model is mixed in; True when the run stops."""
+        return await self._on_message(await self.recv())
+
+    async def _on_message(self, m) -> bool:
+        if m.tag == "pull":  # a client restarted after a crash (faults): it starts from the current model
+            self.send(m.src, (self.flat(), self.t), tag="model")
+            return False
+        kind = self.setting("staleness", "polynomial")
+        a, b, alpha = float(self.setting("a", 0.5)), float(self.setting("b", 4)), float(self.setting("alpha", 1.0))
+        wk, tau = m.payload[0], m.payload[1]
+        st = self.t - tau
+        alpha_t = alpha * staleness_weight(kind, st, a, b)
+        self.history.append((self.t, st, alpha_t))
+        return self._mixed(m, st, await self.compute(mix, self.flat(), wk, alpha_t, kind="aggregate",
+                                                     cost=3.0 * wk.numel()))
+
+    def _mixed(self, m, staleness: int, params) -> bool:
+        self.load(params)
+        self.t += 1
+        _, _, loss, samples, _ = m.payload
+        if self.updated(self.t, loss, staleness, samples, m.nbytes):
+            return True
+        self.send(m.src, (self.flat(), self.t), tag="model")
+        return False
 
 
 class FedAsync(FedAvg):
     name = "fedasync"
     server_cls = "FedAsyncServer"
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
+@continues(FedAsyncServer.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None
+
+
+@continues(FedAsyncServer._next)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "recv":
+        return await f["self"]._on_message(value)
+    return value
+
+
+@continues(FedAsyncServer._on_message)
+async def _(f: dict[str, Any], params: Any, below: str) -> bool:
+    return f["self"]._mixed(f["m"], f["st"], params)

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from agents.checkpoint import continues
 from agents.sim import keyed
 from agents.sim.types import seconds_to_ns
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
@@ -52,26 +53,29 @@ class FedClient(TrainingWorker):
                                                           // self.training.batch_size(self.name))
 
     async def run(self) -> None:
-        spec = self.training.spec
-        steps = self.local_steps()
-        shard = self.training.shard_size(self.name)
         if self.restarted:
             self.send(self.server, None, tag="pull")
-        while True:
-            m = await self.recv(src=self.server, tag="model")
-            params, version = m.payload
-            self.load(params)
-            self.opt = torch.optim.SGD(self.model.parameters(), lr=spec.lr, momentum=spec.momentum)
-            loss_sum, n = 0.0, 0
-            for _ in range(steps):
-                loss, grad, samples = await self.gradient(self.flat())
-                await self.apply(grad)
-                loss_sum, n = loss_sum + loss, n + samples
-            self.send(self.server, (self.flat(), version, loss_sum / steps, n, shard), tag="update")
-            if not any(True for _ in self.model.buffers()):
-                # compact between rounds: a client holds no model while it waits (100 000 clients, 100 a
-                # round, keep 100 models, not one per client ever sampled); the next round loads a fresh one
-                self.model = self.opt = None
+        await self.repeat(self._round)  # (a round returns None: a client's loop never ends)
+
+    async def _round(self) -> None:
+        """One round: the server's model in, ``local_steps`` steps on it, the model back."""
+        return await self._train_round(await self.recv(src=self.server, tag="model"))
+
+    async def _train_round(self, m) -> None:
+        params, version = m.payload
+        self.load(params)
+        spec = self.training.spec
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=spec.lr, momentum=spec.momentum)
+        self._trained(version, await self.train_local(self.local_steps()))
+
+    def _trained(self, version: int, acc: tuple[int, float, int]) -> None:
+        steps, loss_sum, n = acc
+        self.send(self.server, (self.flat(), version, loss_sum / steps, n, self.training.shard_size(self.name)),
+                  tag="update")
+        if not any(True for _ in self.model.buffers()):
+            # compact between rounds: a client holds no model while it waits (100 000 clients, 100 a
+            # round, keep 100 models, not one per client ever sampled); the next round loads a fresh one
+            self.model = self.opt = None
 
 
 class FedServer(TrainingWorker):
@@ -82,30 +86,40 @@ class FedServer(TrainingWorker):
 
     async def run(self) -> None:
         self.make_model()
-        fraction = float(self.setting("fraction", 1.0))
         weighting = self.setting("weighting", "data")
         if weighting not in WEIGHTINGS:
             raise ValueError(f"strategy.weighting={weighting!r}; accepted: {' | '.join(WEIGHTINGS)}")
-        order = {c: i for i, c in enumerate(self.clients)}
-        rnd = 0
-        while True:
-            chosen = [self.clients[i] for i in sample_clients(self.env.seed, rnd, len(self.clients), fraction)]
-            self.history.append([order[c] for c in chosen])
-            params = self.flat()
-            for c in chosen:
-                self.send(c, (params, rnd), tag="model")
-            msgs = await self._gather(chosen, rnd)
-            rnd += 1
-            if not msgs:  # every chosen client missed the round (faults): the model stays as it was
-                continue
-            msgs.sort(key=lambda m: order[m.src])
-            weights = [1.0 if weighting == "uniform" else float(m.payload[3] if weighting == "samples" else m.payload[4])
-                       for m in msgs]
-            self.load(await self.aggregate([m.payload[0] for m in msgs], weights))
-            total = sum(weights)
-            loss = sum(w * m.payload[2] for w, m in zip(weights, msgs)) / total
-            if self.updated(rnd, loss, 0, sum(m.payload[3] for m in msgs), sum(m.nbytes for m in msgs)):
-                return
+        self.rnd = 0
+        self._order = {c: i for i, c in enumerate(self.clients)}
+        await self.repeat(self._round)
+
+    async def _round(self) -> bool:
+        """One round: the model to the round's clients, their updates in, the weighted mean; True when the run
+        stops."""
+        fraction = float(self.setting("fraction", 1.0))
+        rnd = self.rnd
+        chosen = [self.clients[i] for i in sample_clients(self.env.seed, rnd, len(self.clients), fraction)]
+        self.history.append([self._order[c] for c in chosen])
+        params = self.flat()
+        for c in chosen:
+            self.send(c, (params, rnd), tag="model")
+        return await self._average(await self._gather(chosen, rnd))
+
+    async def _average(self, msgs: list) -> bool:
+        self.rnd += 1
+        if not msgs:  # every chosen client missed the round (faults): the model stays as it was
+            return False
+        weighting = self.setting("weighting", "data")
+        msgs.sort(key=lambda m: self._order[m.src])
+        weights = [1.0 if weighting == "uniform" else float(m.payload[3] if weighting == "samples" else m.payload[4])
+                   for m in msgs]
+        return self._averaged(msgs, weights, await self.aggregate([m.payload[0] for m in msgs], weights))
+
+    def _averaged(self, msgs: list, weights: list[float], mean) -> bool:
+        self.load(mean)
+        total = sum(weights)
+        loss = sum(w * m.payload[2] for w, m in zip(weights, msgs)) / total
+        return self.updated(self.rnd, loss, 0, sum(m.payload[3] for m in msgs), sum(m.nbytes for m in msgs))
 
     async def _gather(self, chosen: list[str], rnd: int) -> list:
         """The updates of round ``rnd``: from every chosen client, or (``round_timeout``) those in by the
@@ -116,14 +130,20 @@ class FedServer(TrainingWorker):
             from agents.common.units import parse_duration
 
             deadline = self.now + seconds_to_ns(parse_duration(timeout, "strategy.round_timeout"))
-        want, got = set(chosen), {}
+        return await self._collect(set(chosen), rnd, deadline, {})
+
+    async def _collect(self, want: set[str], rnd: int, deadline: int | None, got: dict) -> list:
+        """``_gather`` from the updates in ``got`` on (a recv that times out returns at the deadline)."""
         while len(got) < len(want) and (deadline is None or self.now < deadline):
-            m = await self.recv(tag="update", timeout=None if deadline is None else deadline - self.now)
-            if m is None:
-                break
-            if m.payload[1] == rnd and m.src in want:
-                got.setdefault(m.src, m)
+            timeout = None if deadline is None else deadline - self.now
+            _take(got, want, rnd, await self.recv(tag="update", timeout=timeout))
         return list(got.values())
+
+
+def _take(got: dict, want: set[str], rnd: int, m) -> None:
+    """Keep ``m`` (None: the deadline passed) if it is the first update of round ``rnd`` from a chosen client."""
+    if m is not None and m.payload[1] == rnd and m.src in want:
+        got.setdefault(m.src, m)
 
 
 class FedAvg(Strategy):
@@ -137,3 +157,50 @@ class FedAvg(Strategy):
         specs = [VWorkerSpec(c, f"{__name__}.FedClient", {"server": "server"}, holds_data=True) for c in clients]
         specs.append(VWorkerSpec("server", f"{cls.__module__}.{cls.server_cls}", {"clients": clients}))
         return specs
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
+@continues(FedClient.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None
+
+
+@continues(FedClient._round)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    if below == "recv":
+        return await f["self"]._train_round(value)
+    return value
+
+
+@continues(FedClient._train_round)
+async def _(f: dict[str, Any], acc: tuple[int, float, int], below: str) -> None:
+    f["self"]._trained(f["version"], acc)
+
+
+@continues(FedServer.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None
+
+
+@continues(FedServer._round)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "_gather":
+        return await f["self"]._average(value)
+    return value
+
+
+@continues(FedServer._average)
+async def _(f: dict[str, Any], mean: Any, below: str) -> bool:
+    return f["self"]._averaged(f["msgs"], f["weights"], mean)
+
+
+@continues(FedServer._gather)
+async def _(f: dict[str, Any], value: Any, below: str) -> list:
+    return value
+
+
+@continues(FedServer._collect)
+async def _(f: dict[str, Any], m: Any, below: str) -> list:
+    _take(f["got"], f["want"], f["rnd"], m)
+    return await f["self"]._collect(f["want"], f["rnd"], f["deadline"], f["got"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.checkpoint import continues
 from agents.sim import keyed
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
@@ -49,19 +50,39 @@ class GossipWorker(TrainingWorker):
 
     async def run(self) -> None:
         self.make_model()
-        version = 0
-        while True:
-            x = self.flat()
-            loss, grad, samples = await self.gradient(x)
-            tag = f"g{version}"
-            for p in self.peers:
-                self.send(p, x, tag=tag)
-            got = [(await self.recv(src=p, tag=tag)).payload for p in self.peers]
-            self.load(await self.aggregate([x, *got]))
-            await self.apply(grad)
-            version += 1
-            if self.name == "w0" and self.updated(version, loss, 0, samples, len(self.peers) * x.numel() * 4):
-                return
+        self.version = 0
+        await self.repeat(self._step)
+
+    async def _step(self) -> bool:
+        """One step: a gradient at x_i, x_i to the neighbours, the mean with theirs, the update; True when the run
+        stops."""
+        x = self.flat()
+        return await self._gossip(x, *await self.gradient(x))
+
+    async def _gossip(self, x, loss: float, grad, samples: int) -> bool:
+        tag = f"g{self.version}"
+        for p in self.peers:
+            self.send(p, x, tag=tag)
+        return await self._average(x, await self._neighbours(tag), loss, grad, samples)
+
+    async def _neighbours(self, tag: str, got: list | None = None) -> list:
+        """The neighbours' parameters of this step, in neighbour order (``got``: those already received)."""
+        got = [] if got is None else got
+        while len(got) < len(self.peers):
+            got.append((await self.recv(src=self.peers[len(got)], tag=tag)).payload)
+        return got
+
+    async def _average(self, x, got: list, loss: float, grad, samples: int) -> bool:
+        return await self._descend(await self.aggregate([x, *got]), grad, loss, samples)
+
+    async def _descend(self, mean, grad, loss: float, samples: int) -> bool:
+        self.load(mean)
+        await self.apply(grad)
+        return self._stepped(loss, samples, mean)
+
+    def _stepped(self, loss: float, samples: int, mean) -> bool:
+        self.version += 1
+        return self.name == "w0" and self.updated(self.version, loss, 0, samples, len(self.peers) * mean.numel() * 4)
 
 
 class Gossip(Strategy):
@@ -75,3 +96,42 @@ class Gossip(Strategy):
         nb = neighbours(workers, topo, int(degree), int(settings.get("graph_seed") or 0))
         return [VWorkerSpec(f"w{i}", f"{__name__}.GossipWorker", {"peers": [f"w{j}" for j in nb[i]]},
                             holds_data=True) for i in range(workers)]
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
+@continues(GossipWorker.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None
+
+
+@continues(GossipWorker._step)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "gradient":
+        return await f["self"]._gossip(f["x"], *value)
+    return value
+
+
+@continues(GossipWorker._gossip)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "_neighbours":
+        return await f["self"]._average(f["x"], value, f["loss"], f["grad"], f["samples"])
+    return value
+
+
+@continues(GossipWorker._neighbours)
+async def _(f: dict[str, Any], m: Any, below: str) -> list:
+    f["got"].append(m.payload)
+    return await f["self"]._neighbours(f["tag"], f["got"])
+
+
+@continues(GossipWorker._average)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "aggregate":
+        return await f["self"]._descend(value, f["grad"], f["loss"], f["samples"])
+    return value
+
+
+@continues(GossipWorker._descend)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    return f["self"]._stepped(f["loss"], f["samples"], f["mean"])

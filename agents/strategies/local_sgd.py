@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.checkpoint import continues
 from agents.strategies.base import Strategy, VWorkerSpec
 from agents.strategies.ring_allreduce import RingWorker
 
@@ -19,22 +20,21 @@ __all__ = ["LocalSGD", "LocalWorker"]
 class LocalWorker(RingWorker):
     """A ring member that takes ``local_steps`` steps alone between all-reduces of the models."""
 
-    async def run(self) -> None:
-        self.make_model()
-        k, version = len(self.members), 0
-        await self.start_late(self.members[0])
+    async def _train(self) -> None:
+        return await self.repeat(self._step)
+
+    async def _step(self) -> bool:
+        """One round: ``local_steps`` local steps, then the ring's mean of the models; True when the run stops."""
         steps = int(self.setting("local_steps", 4))
-        while True:
-            loss_sum, n = 0.0, 0
-            for _ in range(steps):
-                loss, grad, samples = await self.gradient(self.flat())
-                await self.apply(grad)
-                loss_sum, n = loss_sum + loss, n + samples
-            total, (loss_all, n_all), sent = await self.allreduce(self.flat(), f"l{version}", [loss_sum / steps, n])
-            self.load(total / k)
-            version += 1
-            if self.name == self.members[0] and self.updated(version, loss_all / k, 0, int(n_all), sent):
-                return
+        return await self._average(steps, await self.train_local(steps))
+
+    async def _average(self, steps: int, acc: tuple[int, float, int]) -> bool:
+        _, loss_sum, n = acc
+        return self._averaged(*await self.allreduce(self.flat(), f"l{self.version}", [loss_sum / steps, n]))
+
+    def _averaged(self, total, extras: list[float], sent: int) -> bool:
+        self.load(total / len(self.members))
+        return self._stepped(extras, sent)
 
 
 class LocalSGD(Strategy):
@@ -48,3 +48,23 @@ class LocalSGD(Strategy):
             raise ValueError(f"strategy.local_steps={steps!r} is not valid; accepted: an integer >= 1")
         ring = [f"w{i}" for i in range(workers)]
         return [VWorkerSpec(w, f"{__name__}.LocalWorker", {"ring": ring}, holds_data=True) for w in ring]
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each frame above after the await it is suspended in (``below``), in tail-call form; the
+# frames LocalWorker shares with RingWorker (run, _descend, ...) continue as RingWorker's.
+@continues(LocalWorker._train)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return value
+
+
+@continues(LocalWorker._step)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "train_local":
+        return await f["self"]._average(f["steps"], value)
+    return value
+
+
+@continues(LocalWorker._average)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    return f["self"]._averaged(*value)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.checkpoint import continues
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
 __all__ = ["Microbench", "BenchWorker"]
@@ -30,41 +31,69 @@ class BenchWorker(TrainingWorker):
         """No model to evaluate: a benchmark."""
 
     async def run(self) -> None:
-        nbytes = self.training.model_bytes
-        gap = int(round(float(self.setting("gap", 0.05)) * 1e9))
-        version = 0
         if self.name != "w0":  # a peer: echo pings, receive the bytes, ack
-            while True:
-                if self.kind == "p2p":
-                    await self.recv(src="w0", tag="ping")
-                    self.send("w0", None, nbytes=TINY, tag="echo")
-                    await self.recv(src="w0", tag="data")
-                    self.send("w0", None, nbytes=TINY, tag="ack")
-                else:
-                    await self.recv(src="w0", tag="go")
-                    self.send("w0", None, nbytes=nbytes, tag="data")
+            return await self.repeat(self._answer)
         self.make_model()  # the run's result vworker holds a (flat) model
-        while True:
-            t0 = self.now
-            if self.kind == "p2p":
-                self.send("w1", None, nbytes=TINY, tag="ping")
-                await self.recv(src="w1", tag="echo")
-                rtt = self.now - t0
-                t1 = self.now
-                self.send("w1", None, nbytes=nbytes, tag="data")
-                await self.recv(src="w1", tag="ack")
-                took = (self.now - t1 - rtt / 2) / 1e9
-            else:  # a start signal stands in for the barrier; the clock starts when it has reached them
-                for p in self.peers:
-                    self.send(p, None, nbytes=TINY, tag="go")
-                t1 = self.now
-                for p in self.peers:
-                    await self.recv(src=p, tag="data")
-                took = (self.now - t1) / 1e9
-            version += 1
-            if self.updated(version, took, 0, 0, nbytes):
-                return
-            await self.sleep(gap)
+        self.version = 0
+        await self.repeat(self._repetition)
+
+    async def _answer(self) -> None:
+        if self.kind == "p2p":
+            await self.recv(src="w0", tag="ping")
+            return await self._pinged()
+        await self.recv(src="w0", tag="go")
+        self._go()
+
+    async def _pinged(self) -> None:
+        self.send("w0", None, nbytes=TINY, tag="echo")
+        await self.recv(src="w0", tag="data")
+        self._ack()
+
+    def _ack(self) -> None:
+        self.send("w0", None, nbytes=TINY, tag="ack")
+
+    def _go(self) -> None:
+        self.send("w0", None, nbytes=self.training.model_bytes, tag="data")
+
+    async def _repetition(self) -> bool:
+        """One repetition, recorded as a global update, then the gap; True when the run stops."""
+        return await self._measured(await (self._p2p() if self.kind == "p2p" else self._fanin()))
+
+    async def _measured(self, took: float) -> bool:
+        self.version += 1
+        if self.updated(self.version, took, 0, 0, self.training.model_bytes):
+            return True
+        await self.sleep(int(round(float(self.setting("gap", 0.05)) * 1e9)))
+        return False
+
+    async def _p2p(self) -> float:
+        t0 = self.now
+        self.send("w1", None, nbytes=TINY, tag="ping")
+        await self.recv(src="w1", tag="echo")
+        return await self._p2p_data(self.now - t0)
+
+    async def _p2p_data(self, rtt: int) -> float:
+        t1 = self.now
+        self.send("w1", None, nbytes=self.training.model_bytes, tag="data")
+        await self.recv(src="w1", tag="ack")
+        return self._took(t1, rtt)
+
+    def _took(self, t1: int, rtt: int = 0) -> float:
+        """Seconds since ``t1``, less half the round trip ``rtt``."""
+        return (self.now - t1 - rtt / 2) / 1e9
+
+    async def _fanin(self) -> float:
+        """A start signal stands in for the barrier; the clock starts when it has reached them."""
+        for p in self.peers:
+            self.send(p, None, nbytes=TINY, tag="go")
+        return await self._fanin_wait(self.now)
+
+    async def _fanin_wait(self, t1: int, i: int = 0) -> float:
+        """Until the data of ``peers[i:]`` has arrived (the clock started at ``t1``)."""
+        while i < len(self.peers):
+            await self.recv(src=self.peers[i], tag="data")
+            i += 1
+        return self._took(t1)
 
 
 class Microbench(Strategy):
@@ -81,3 +110,58 @@ class Microbench(Strategy):
         # every vworker "holds data" only so that the workload has shards; none is read
         return [VWorkerSpec(w, f"{__name__}.BenchWorker", {"kind": kind, "peers": names[1:]}, holds_data=True)
                 for w in names]
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
+@continues(BenchWorker.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None
+
+
+@continues(BenchWorker._answer)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    if below == "_pinged":
+        return value
+    if f["self"].kind == "p2p":
+        return await f["self"]._pinged()
+    f["self"]._go()
+
+
+@continues(BenchWorker._pinged)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    f["self"]._ack()
+
+
+@continues(BenchWorker._repetition)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below in ("_p2p", "_fanin"):
+        return await f["self"]._measured(value)
+    return value
+
+
+@continues(BenchWorker._measured)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    return False
+
+
+@continues(BenchWorker._p2p)
+async def _(f: dict[str, Any], value: Any, below: str) -> float:
+    if below == "recv":
+        return await f["self"]._p2p_data(f["self"].now - f["t0"])
+    return value
+
+
+@continues(BenchWorker._p2p_data)
+async def _(f: dict[str, Any], value: Any, below: str) -> float:
+    return f["self"]._took(f["t1"], f["rtt"])
+
+
+@continues(BenchWorker._fanin)
+async def _(f: dict[str, Any], value: Any, below: str) -> float:
+    return value
+
+
+@continues(BenchWorker._fanin_wait)
+async def _(f: dict[str, Any], value: Any, below: str) -> float:
+    return await f["self"]._fanin_wait(f["t1"], f["i"] + 1)

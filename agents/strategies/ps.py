@@ -211,10 +211,13 @@ class ParameterServer(TrainingWorker):
         slowest = min(self.clocks.values())
         order = {w: i for i, w in enumerate(self.workers)}
         ready = sorted((w for w in self.held if self.clocks[w] - slowest <= self.bound), key=order.get)
-        if not ready:
-            return
-        params = self.params()
-        for w in ready:
+        if ready:
+            await self._release_each(ready, self.params(), slowest)
+
+    async def _release_each(self, ready: list[str], params, slowest: int) -> None:
+        """Send ``params`` to each worker of ``ready`` in turn (a layer-wise send may wait for the NIC)."""
+        while ready:
+            w = ready.pop(0)
             self.held.remove(w)
             self.max_gap = max(self.max_gap, self.clocks[w] - slowest)
             await self._send_params([w], params, (self.version,))
@@ -267,17 +270,19 @@ class ParameterServer(TrainingWorker):
             msgs.append(await self._recv_grad())
         return msgs
 
-    async def _gather_faults(self) -> list:
-        got: dict[str, Any] = {}
+    async def _gather_faults(self, got: dict[str, Any] | None = None) -> list:
+        got = {} if got is None else got
         while len(got) < len(self.workers):
-            m = await self.recv()
-            if m.tag == "pull":
-                if m.src not in got:
-                    self.send(m.src, (self.params(), self.version, 0.0, 0, 0), tag="params")
-                continue
-            if m.payload[1] == self.version and m.src not in got:
-                got[m.src] = m
+            self._gathered(got, await self.recv())
         return list(got.values())
+
+    def _gathered(self, got: dict[str, Any], m) -> None:
+        if m.tag == "pull":
+            if m.src not in got:
+                self.send(m.src, (self.params(), self.version, 0.0, 0, 0), tag="params")
+            return
+        if m.payload[1] == self.version and m.src not in got:
+            got[m.src] = m
 
 
 class PSWorker(TrainingWorker):
@@ -357,17 +362,15 @@ class PSWorker(TrainingWorker):
 
     async def _run_layerwise(self) -> None:
         """One PS shard, the parameters and the gradient one message per layer (compute.layerwise)."""
-        ps = self.shards[0]
-
-        async def recv_layer(i: int):
-            m = await self.recv(src=ps, tag=("p", i))
-            return m.payload[0], m.payload[1]
-
-        def send_layer(i: int, g, loss: float, samples: int, version: int):
-            return self.send(ps, (g, version, loss, samples), tag=("g", i))
-
         while True:
-            await layerwise.worker_step(self, recv_layer, send_layer)
+            await layerwise.worker_step(self, self._recv_layer, self._send_layer)
+
+    async def _recv_layer(self, i: int):
+        m = await self.recv(src=self.shards[0], tag=("p", i))
+        return m.payload[0], m.payload[1]
+
+    def _send_layer(self, i: int, g, loss: float, samples: int, version: int):
+        return self.send(self.shards[0], (g, version, loss, samples), tag=("g", i))
 
 
 def _gloo(w: TrainingWorker) -> GlooP2P | None:
@@ -428,8 +431,7 @@ class PSAsync(_PS):
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame of a PS and its workers after the await it is suspended in (``below`` names the
 # awaited function), for a coroutine rebuilt from a checkpoint. Keep each in step with its method, and in
-# tail-call form (agents.checkpoint). compute.layerwise and the faults' pulls have no tails, so a checkpoint
-# of them is refused (NotCheckpointable) and recovery replays from the start.
+# tail-call form (agents.checkpoint).
 @continues(ParameterServer.run)
 async def _(f: dict[str, Any], value: Any, below: str) -> None:
     if below == "start_late":
@@ -441,6 +443,22 @@ async def _(f: dict[str, Any], value: Any, below: str) -> None:
     self = f["self"]
     if below == "_send_params":
         return await (self._run_sync() if self.sync else self._run_async())
+
+
+@continues(ParameterServer._gather_faults)
+async def _(f: dict[str, Any], m: Any, below: str) -> list:
+    f["self"]._gathered(f["got"], m)
+    return await f["self"]._gather_faults(f["got"])
+
+
+@continues(ParameterServer._release)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return value
+
+
+@continues(ParameterServer._release_each)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return await f["self"]._release_each(f["ready"], f["params"], f["slowest"])
 
 
 @continues(ParameterServer._recv_grad)
@@ -542,3 +560,29 @@ async def _(f: dict[str, Any], m: Any, below: str) -> list:
 async def _(f: dict[str, Any], value: Any, below: str) -> bool:
     f["self"]._push(f["versions"], *value)
     return False
+
+
+# compute.layerwise: the PS's sends that wait (fair egress) and the workers' layer loop
+@continues(ParameterServer._send_params)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None
+
+
+@continues(ParameterServer._applied)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    return False
+
+
+@continues(ParameterServer._synced)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    return False
+
+
+@continues(PSWorker._run_layerwise)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return await f["self"]._run_layerwise()
+
+
+@continues(PSWorker._recv_layer)
+async def _(f: dict[str, Any], m: Any, below: str) -> Any:
+    return m.payload[0], m.payload[1]

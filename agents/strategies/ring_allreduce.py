@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.checkpoint import continues
 from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 from agents.strategies.collective import gloo_ring_allreduce, ring_allreduce
@@ -37,30 +38,46 @@ class RingWorker(TrainingWorker):
 
     async def run(self) -> None:
         self.make_model()
-        k, version = len(self.members), 0
+        self.version = 0
         await self.start_late(self.members[0])
+        return await self._train()
+
+    async def _train(self) -> None:
         if self.env.compute.spec.layerwise:  # an all-reduce per layer as its gradient is ready (DDP's buckets)
-            while True:
-                sent = 0
+            return await self.repeat(self._step_layerwise)
+        return await self.repeat(self._step)
 
-                async def allreduce_layer(i, g, loss, samples):
-                    nonlocal sent
-                    total, extras, n = await self.allreduce(g, f"r{version}.{i}", [loss, samples])
-                    sent += n
-                    return total, extras
+    async def _step(self) -> bool:
+        """One step: a gradient, summed over the ring, and an update with the mean; True when the run stops."""
+        return await self._reduce(*await self.gradient(self.flat()))
 
-                (loss_sum, n), total, _ = await layerwise.ring_step(self, allreduce_layer)
-                await self.apply(total / k)
-                version += 1
-                if self.name == self.members[0] and self.updated(version, loss_sum / k, 0, int(n), sent):
-                    return
-        while True:
-            loss, grad, samples = await self.gradient(self.flat())
-            total, (loss_sum, n), sent = await self.allreduce(grad, f"r{version}", [loss, samples])
-            await self.apply(total / k)
-            version += 1
-            if self.name == self.members[0] and self.updated(version, loss_sum / k, 0, int(n), sent):
-                return
+    async def _reduce(self, loss: float, grad, samples: int) -> bool:
+        total, extras, sent = await self.allreduce(grad, f"r{self.version}", [loss, samples])
+        return await self._descend(total, extras, sent)
+
+    async def _descend(self, total, extras: list[float], sent: int) -> bool:
+        await self.apply(total / len(self.members))
+        return self._stepped(extras, sent)
+
+    def _stepped(self, extras: list[float], sent: int) -> bool:
+        """A global update: the ring's first member records it (``extras``: the ring's loss and sample sums)."""
+        self.version += 1
+        loss_sum, n = extras
+        return self.name == self.members[0] and self.updated(self.version, loss_sum / len(self.members), 0, int(n),
+                                                             sent)
+
+    async def _step_layerwise(self) -> bool:
+        """One step with an all-reduce per layer (:func:`layerwise.ring_step`); True when the run stops."""
+        self._sent = 0
+        extras, total, _ = await layerwise.ring_step(self, self._allreduce_layer)
+        return await self._descend(total, extras, self._sent)
+
+    async def _allreduce_layer(self, i: int, g, loss: float, samples: int):
+        return self._layer_reduced(*await self.allreduce(g, f"r{self.version}.{i}", [loss, samples]))
+
+    def _layer_reduced(self, total, extras: list[float], sent: int):
+        self._sent += sent
+        return total, extras
 
 
 class RingAllReduce(Strategy):
@@ -71,3 +88,53 @@ class RingAllReduce(Strategy):
     def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
         ring = [f"w{i}" for i in range(workers)]
         return [VWorkerSpec(w, f"{__name__}.RingWorker", {"ring": ring}, holds_data=True) for w in ring]
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
+@continues(RingWorker.allreduce)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
+    return value
+
+
+@continues(RingWorker.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    if below == "start_late":
+        return await f["self"]._train()
+
+
+@continues(RingWorker._train)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return value
+
+
+@continues(RingWorker._step)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "gradient":
+        return await f["self"]._reduce(*value)
+    return value
+
+
+@continues(RingWorker._reduce)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "allreduce":
+        return await f["self"]._descend(*value)
+    return value
+
+
+@continues(RingWorker._descend)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    return f["self"]._stepped(f["extras"], f["sent"])
+
+
+@continues(RingWorker._step_layerwise)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    if below == "ring_step":
+        extras, total, _ = value
+        return await f["self"]._descend(total, extras, f["self"]._sent)
+    return value
+
+
+@continues(RingWorker._allreduce_layer)
+async def _(f: dict[str, Any], value: Any, below: str) -> Any:
+    return f["self"]._layer_reduced(*value)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.checkpoint import continues
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
 __all__ = ["SGD", "Learner"]
@@ -11,13 +12,16 @@ __all__ = ["SGD", "Learner"]
 class Learner(TrainingWorker):
     async def run(self) -> None:
         self.make_model()
-        version = 0
-        while True:
-            loss, grad, samples = await self.gradient(self.training.flat(self.model))
-            await self.apply(grad)
-            version += 1
-            if self.updated(version, loss, 0, samples, 0):
-                return
+        self.version = 0
+        await self.repeat(self._step)
+
+    async def _step(self) -> bool:
+        """One gradient and one update; True when the run stops."""
+        return self._applied(*await self.local_step())
+
+    def _applied(self, loss: float, samples: int) -> bool:
+        self.version += 1
+        return self.updated(self.version, loss, 0, samples, 0)
 
 
 class SGD(Strategy):
@@ -27,3 +31,15 @@ class SGD(Strategy):
     @classmethod
     def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
         return [VWorkerSpec("w0", f"{__name__}.Learner", {}, holds_data=True)]
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
+@continues(Learner.run)
+async def _(f: dict[str, Any], value: Any, below: str) -> None:
+    return None
+
+
+@continues(Learner._step)
+async def _(f: dict[str, Any], value: Any, below: str) -> bool:
+    return f["self"]._applied(*value)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.checkpoint import continues
 from agents.sim.worker import Worker
 from agents.workloads.cache import LRUCache
 
@@ -33,9 +34,11 @@ class DataServer(Worker):
 
     async def run(self) -> None:
         while True:
-            m = await self.recv(tag=REQUEST_TAG)
-            ids, reply = m.payload
-            self.send(m.src, None, nbytes=len(ids) * self.sample_bytes, tag=reply)
+            self._answer(await self.recv(tag=REQUEST_TAG))
+
+    def _answer(self, m: Any) -> None:
+        ids, reply = m.payload
+        self.send(m.src, None, nbytes=len(ids) * self.sample_bytes, tag=reply)
 
 
 class _State:
@@ -70,12 +73,42 @@ async def fetch_batch(w: Any) -> tuple[Any, Any]:
         reply = f"data.{st.seq}"
         for srv, ids in by_server.items():  # in the order of the batch's first miss on each device
             w.send(srv, (tuple(ids), reply), nbytes=0, tag=REQUEST_TAG)
-        for _ in by_server:
-            m = await w.recv(tag=reply)
-            nbytes += m.nbytes
+        nbytes = await _replies(w, reply, len(by_server))
+    return _fetched(w, st, indices, got, t0, nbytes)
+
+
+async def _replies(w: Any, reply: str, left: int, nbytes: int = 0) -> int:
+    """The bytes of the ``left`` replies still to come (``nbytes``: of those already in)."""
+    while left:
+        nbytes += (await w.recv(tag=reply)).nbytes
+        left -= 1
+    return nbytes
+
+
+def _fetched(w: Any, st: _State, indices: Any, got: Any, t0: int, nbytes: int) -> tuple[Any, Any]:
+    """The batch is in: cache what was missing, record the fetch."""
+    if got.misses:
         st.cache.insert(got.misses)
     t1 = w.now
     w.env.recorder.event(w, FETCH_KIND, hits=len(got.hits), misses=len(got.misses), bytes=nbytes, wait_ns=t1 - t0)
     if w.env.tracer is not None and t1 > t0:
         w.env.tracer.compute(w, "data_wait", t0, t1)
-    return tr.batch(indices)
+    return w.training.batch(indices)
+
+
+# ------------------------------------------------------------------ checkpoints (agents.checkpoint)
+# The rest of each frame above after the await it is suspended in, in tail-call form.
+@continues(DataServer.run)
+async def _(f: dict[str, Any], m: Any, below: str) -> None:
+    f["self"]._answer(m)
+    return await f["self"].run()
+
+
+@continues(fetch_batch)
+async def _(f: dict[str, Any], nbytes: int, below: str) -> tuple[Any, Any]:
+    return _fetched(f["w"], f["st"], f["indices"], f["got"], f["t0"], nbytes)
+
+
+@continues(_replies)
+async def _(f: dict[str, Any], m: Any, below: str) -> int:
+    return await _replies(f["w"], f["reply"], f["left"] - 1, f["nbytes"] + m.nbytes)
