@@ -128,29 +128,6 @@ def test_an_agent_killed_after_a_checkpoint_restarts_from_it_and_the_run_ends_as
     assert not any(alive(p) for p in pids)
 
 
-def test_a_strategy_that_cannot_be_checkpointed_takes_none_and_recovers_by_replaying_from_virtual_time_0(tmp_path):
-    ring = [r for r in RUN if not r.startswith("stop.updates")] + ["strategy=ring_allreduce", "stop.updates=400",
-                                                                    "eval.every=100"]
-    ref = tmp_path / "undisturbed"
-    p = _cli("run", *ring, "recovery.checkpoint_every_s=0", f"hydra.run.dir={ref}")
-    out = _finish(p)
-    assert p.returncode == 0, out
-    d = tmp_path / "run"
-    proc = _cli("run", *ring, "recovery.checkpoint_every_s=0.1", f"hydra.run.dir={d}")
-    try:
-        pids = agent_pids(d, 2, timeout=120)
-        wait_until(lambda: _rows(d) > 150, timeout=120, what="150 rows of metrics.csv")
-        os.kill(pids[0], signal.SIGKILL)
-    finally:
-        out = _finish(proc)
-    assert proc.returncode == 0, out
-    assert "no checkpoints in this run:" in out, out
-    assert [e["event"] for e in _events(d)] == ["restart", "caught_up"]
-    rec = json.loads((d / "summary.json").read_text())["recovery"]
-    assert (rec["checkpoints"], rec["restored_from_window"]) == (0, None)
-    assert_identical(ref, d)
-
-
 def _kill_controller_after_a_checkpoint(d: Path) -> tuple[dict, bytes]:
     proc = _cli("run", *RUN, *OFTEN, f"hydra.run.dir={d}")
     try:
