@@ -16,6 +16,10 @@ One :class:`AgentProcess` per OS process (a local subprocess, a Kubernetes pod):
    metrics exposition.
 4. ``Shutdown`` ends the process (status 0); losing the controller ends it too
    (status 1). Messages between vworkers of this agent never leave the process.
+
+Checkpoints (docs/recovery.md): with direct windows, ``checkpoint(K)`` is answered by the window
+thread at the top of window K (agents/mesh.py); ``restore(part, parts, bytes)``, before the windows
+start, replaces the core built in step 2 by the checkpoint's (``agents.checkpoint.restore``).
 """
 from __future__ import annotations
 
@@ -70,6 +74,8 @@ class AgentProcess:
         self.metrics_address = ""
         self.mesh: Any = None  # agents.mesh.MeshSession: direct windows (controller.windows=direct)
         self._mesh_task: Any = None
+        self._view: dict | None = None  # a restored checkpoint's window-loop view, for mesh_run
+        self._restore_parts: list[bytes] = []
 
     # ------------------------------------------------------------- plumbing
     async def _send(self, frame: pb.AgentFrame, blobs: Any = None) -> None:
@@ -196,6 +202,11 @@ class AgentProcess:
             elif body == "call" and msg.call.method in ("mesh_open", "mesh_run"):
                 if not await self._mesh_call(msg.call):
                     return EXIT_FAILED
+            elif body == "call" and msg.call.method == "checkpoint":
+                await self._checkpoint(msg.call)
+            elif body == "call" and msg.call.method == "restore":
+                if not await self._restore(msg.call, reader):
+                    return EXIT_FAILED
             elif body == "call":
                 if not await self._call(msg.call):
                     return EXIT_FAILED
@@ -297,6 +308,7 @@ class AgentProcess:
                     self.core, self.run_id, local_address_towards(self.controller), self.writer,
                     server_ssl_context(self.tls.ca, self.tls.cert, self.tls.key) if tls else None,
                     client_ssl_context(self.tls.ca, self.tls.cert, self.tls.key) if tls else None)
+                self.mesh.view, self._view = self._view, None
             if call.method == "mesh_open":
                 f = pb.AgentFrame()
                 f.reply.id = call.id
@@ -310,6 +322,95 @@ class AgentProcess:
             return False
         self._mesh_task = asyncio.ensure_future(self.mesh.run(call.id, args, self.call.write))
         return True
+
+    async def _checkpoint(self, call: pb.Call) -> None:
+        """Call ``checkpoint(K)`` (docs/recovery.md): the direct windows answer it at the top of window K."""
+        from agents.mesh import checkpoint_reply
+
+        try:
+            (window,) = wire.decode_value(call.args)
+            window = int(window)
+        except (wire.WireError, TypeError, ValueError) as e:
+            await self._fail(f"checkpoint: malformed arguments: {e}")
+            return
+        if self.mesh is not None:
+            if self.mesh.checkpoint(call.id, window):
+                return  # the window thread answers, in order with its progress
+            frames = checkpoint_reply(self.writer, call.id, "ended", window)
+        else:  # the controller's own window loop: this agent is between two windows now
+            frames = self._snapshot_reply(call.id, window)
+        for f in frames:
+            await self.call.write(f)
+
+    def _snapshot_reply(self, call_id: int, window: int) -> list:
+        from agents.checkpoint import NotCheckpointable, snapshot
+        from agents.mesh import checkpoint_reply, pack_checkpoint
+
+        try:
+            blob = pack_checkpoint(window, None, snapshot(self.core))
+        except NotCheckpointable as e:
+            status = "refused_permanent" if getattr(e, "permanent", False) else "refused"
+            return checkpoint_reply(self.writer, call_id, status, window, reason=str(e))
+        except Exception as e:  # noqa: BLE001 - a checkpoint that cannot be taken must not stop the run
+            log.warning("checkpoint of window %d failed: %s: %s", window, type(e).__name__, e, exc_info=True)
+            return checkpoint_reply(self.writer, call_id, "refused", window, reason=f"{type(e).__name__}: {e}")
+        return checkpoint_reply(self.writer, call_id, "ok", window, blob=blob)
+
+    async def _restore(self, call: pb.Call, reader: wire.FrameReader) -> bool:
+        """Call ``restore(part, parts, bytes)``: this agent's checkpoint, in pieces; after the last, the core
+        becomes the checkpoint's (agents.checkpoint.restore) and the direct windows start from its view.
+
+        Answers ``("ok", window)`` or ``("error", sentence)``: a checkpoint that cannot be restored is the
+        controller's to handle (it replays from virtual time 0), not a failure of this agent."""
+        try:
+            part, parts, piece = wire.decode_value(call.args, reader.blobs)
+            reader.done()
+            if not (isinstance(part, int) and isinstance(parts, int) and isinstance(piece, bytes)
+                    and 0 <= part < parts):
+                raise wire.WireError("expected (part, parts, bytes)")
+        except (wire.WireError, TypeError, ValueError) as e:
+            await self._fail(f"restore: malformed arguments: {e}")
+            return False
+        if part == 0:
+            self._restore_parts = []
+        parts_so_far = self._restore_parts
+        if len(parts_so_far) != part:
+            await self._fail(f"restore: part {part} after {len(parts_so_far)} parts")
+            return False
+        parts_so_far.append(piece)
+        value: Any = None
+        if part == parts - 1:
+            blob, self._restore_parts = b"".join(parts_so_far), []
+            try:
+                value = ("ok", self._restore_from(blob))
+            except Exception as e:  # noqa: BLE001 - answered: the controller falls back to a replay
+                from agents.checkpoint import NotCheckpointable
+
+                log.warning("could not restore the checkpoint: %s: %s", type(e).__name__, e,
+                            exc_info=not isinstance(e, NotCheckpointable))
+                value = ("error", f"{type(e).__name__}: {e}")
+        f = pb.AgentFrame()
+        f.reply.id = call.id
+        wire.encode_value(value, f.reply.value)
+        await self._send(f)
+        return True
+
+    def _restore_from(self, blob: bytes) -> int:
+        from agents.checkpoint import restore
+        from agents.mesh import unpack_checkpoint
+
+        d = unpack_checkpoint(blob)
+        old = self.core
+        data = old.training.data if old is not None and old.training is not None else None
+        core = restore(old.plan, self.agent_id, d["core"], data=data, metrics=old.metrics, own_process=True)
+        self.core = core
+        with contextlib.suppress(Exception):
+            old.close()
+        self._view = d["view"]
+        if self.mesh is not None:
+            self.mesh.core, self.mesh.view = core, d["view"]
+        log.info("restored the checkpoint of window %d", d["window"])
+        return int(d["window"])
 
     def _open_metrics(self, spec: AgentMetricsSpec) -> Metrics | None:
         """This agent's own registry, served on ``spec.host:spec.port`` when ``spec.serve``.

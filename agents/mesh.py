@@ -36,6 +36,7 @@ import selectors
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -543,19 +544,81 @@ class MeshLoop:
         self.writer = wire.FrameWriter(pb.AgentFrame, 1 << 30)  # blob ids; tensors > 64 KiB travel raw
         self.windows = 0
         self.wall_s = 0.0
+        # the loop's view between two windows (what a checkpoint saves besides the core: VIEW_FIELDS)
+        inf = INFINITY
+        self.pend_time, self.pend_effect, self.pend_n = [inf] * n_agents, [inf] * n_agents, [0] * n_agents
+        self.inbound: list[RemoteEvent] = []
+        self.stop: VirtualTime | None = None
+        # checkpoints (docs/recovery.md): the controller asks for window K; at the top of the loop with
+        # windows == K this agent reports its rows, then hands its view to on_checkpoint
+        self.on_checkpoint: Callable[[int, int, dict | None, str], None] | None = None
+        self._ck_lock = threading.Lock()
+        self._ck_request: tuple[int, int] | None = None  # (call id, window K)
+        self._finished = False
+
+    def view(self) -> dict[str, Any]:
+        """What :meth:`run` keeps between two windows, for a checkpoint (restored by :meth:`set_view`)."""
+        return {"windows": self.windows, "next_t": list(self.next_t), "bound": list(self.bound),
+                "pend_time": list(self.pend_time), "pend_effect": list(self.pend_effect),
+                "pend_n": list(self.pend_n), "inbound": list(self.inbound), "stop": self.stop}
+
+    def set_view(self, view: dict[str, Any]) -> None:
+        """Start from a checkpoint's view instead of the first window."""
+        n = self.n
+        for k in ("next_t", "bound", "pend_time", "pend_effect", "pend_n"):
+            if len(view[k]) != n:
+                raise MeshError(f"the checkpoint's view has {len(view[k])} agents in {k}, not {n}")
+        self.windows = int(view["windows"])
+        self.next_t, self.bound = list(view["next_t"]), list(view["bound"])
+        self.pend_time, self.pend_effect, self.pend_n = (list(view["pend_time"]), list(view["pend_effect"]),
+                                                         list(view["pend_n"]))
+        self.inbound, self.stop = list(view["inbound"]), view["stop"]
+
+    def request_checkpoint(self, call_id: int, window: int) -> bool:
+        """Ask for a checkpoint at the top of window ``window`` (any thread); False when the loop is over."""
+        with self._ck_lock:
+            if self._finished:
+                return False
+            self._ck_request = (call_id, window)
+            return True
+
+    def _checkpoint_due(self, acc: "Progress", ending: bool) -> "Progress":
+        """At the top of the loop: answer a checkpoint request that is due (or can no longer be met)."""
+        with self._ck_lock:
+            req = self._ck_request
+            if req is None or (not ending and self.windows < req[1]):
+                return acc
+            self._ck_request = None
+        call_id, k = req
+        if self.on_checkpoint is None:
+            return acc
+        if ending and self.windows <= k:
+            self.on_checkpoint(call_id, k, None, "ended")
+        elif self.windows > k:
+            self.on_checkpoint(call_id, k, None, "missed")
+        else:  # every row of the windows before K goes to the controller first, then the checkpoint
+            acc.windows, acc.frontier, acc.stop_time = self.windows, earliest(self.next_t, self.pend_time), self.stop
+            self.report(acc)
+            acc = Progress(0, 0, None)
+            self.on_checkpoint(call_id, k, self.view(), "")
+        return acc
 
     def run(self) -> tuple[VirtualTime | None, int]:
         """Run every window to the end of the run; return (stop time, windows)."""
         n, me, L = self.n, self.me, self.lookahead
         inf = INFINITY
         next_t, bound = self.next_t, self.bound
-        pend_time, pend_effect, pend_n = [inf] * n, [inf] * n, [0] * n
-        inbound: list[RemoteEvent] = []
-        stop: VirtualTime | None = None
+        pend_time, pend_effect, pend_n = self.pend_time, self.pend_effect, self.pend_n
+        inbound: list[RemoteEvent] = self.inbound
+        stop: VirtualTime | None = self.stop
         acc = Progress(0, 0, None)
         last_report = time.monotonic()
         core = self.core
         while True:
+            if self._ck_request is not None:
+                self.pend_time, self.pend_effect, self.pend_n, self.inbound, self.stop = \
+                    pend_time, pend_effect, pend_n, inbound, stop
+                acc = self._checkpoint_due(acc, False)
             T = earliest(next_t, pend_time)
             if T >= inf or (stop is not None and T > stop):
                 break
@@ -606,6 +669,11 @@ class MeshLoop:
                 self.report(acc)
                 acc = Progress(0, 0, None)
                 last_report = now
+        self.pend_time, self.pend_effect, self.pend_n, self.inbound, self.stop = \
+            pend_time, pend_effect, pend_n, inbound, stop
+        with self._ck_lock:
+            self._finished = True
+        acc = self._checkpoint_due(acc, True)
         acc.windows, acc.frontier, acc.stop_time, acc.final = self.windows, earliest(next_t, pend_time), stop, True
         self.report(acc)
         return stop, self.windows
@@ -683,6 +751,12 @@ class MeshSession:
         self.listener: MeshListener | None = None
         self.links: MeshLinks | None = None
         self._stopping = False
+        self.view: dict[str, Any] | None = None  # a restored checkpoint's loop view (agents/agent.py, "restore")
+        self._loop: MeshLoop | None = None
+        self._lock = threading.Lock()
+        self._early: tuple[int, int] | None = None  # a checkpoint asked for before the loop was built
+        self._over = False
+        self._post: Callable[[list], None] | None = None
 
     def open(self) -> tuple[str, str, bytes]:
         if self.listener is None:
@@ -694,6 +768,42 @@ class MeshSession:
         self._stopping = True
         if self.links is not None:
             self.links.close()
+
+    def checkpoint(self, call_id: int, window: int) -> bool:
+        """The controller asks for a checkpoint at window ``window`` (call ``checkpoint``, from the event loop).
+
+        Answered later, in order with the progress frames, by :meth:`_on_checkpoint`; False when the windows
+        are over (the caller answers ``ended`` itself)."""
+        with self._lock:
+            if self._over:
+                return False
+            if self._loop is None:
+                self._early = (call_id, window)
+                return True
+            return self._loop.request_checkpoint(call_id, window)
+
+    def _on_checkpoint(self, call_id: int, window: int, view: dict | None, status: str) -> None:
+        """On the window thread, at the top of window ``window`` (or when it can no longer come)."""
+        post = self._post
+        if view is None:
+            post(checkpoint_reply(self.writer, call_id, status, window))
+            return
+        from agents.checkpoint import NotCheckpointable, snapshot
+
+        try:
+            core = snapshot(self.core)
+            blob = pack_checkpoint(window, view, core)
+        except NotCheckpointable as e:
+            permanent = bool(getattr(e, "permanent", False))
+            post(checkpoint_reply(self.writer, call_id, "refused_permanent" if permanent else "refused", window,
+                                  reason=str(e)))
+            return
+        except Exception as e:  # noqa: BLE001 - a checkpoint that cannot be taken must not stop the run
+            log.warning("checkpoint of window %d failed: %s: %s", window, type(e).__name__, e, exc_info=True)
+            post(checkpoint_reply(self.writer, call_id, "refused", window, reason=f"{type(e).__name__}: {e}"))
+            return
+        log.info("checkpoint of window %d: %d bytes", window, len(blob))
+        post(checkpoint_reply(self.writer, call_id, "ok", window, blob=blob))
 
     def _progress_frame(self, p: Progress) -> list:
         f = pb.AgentFrame()
@@ -718,8 +828,11 @@ class MeshSession:
         def post(frames: list) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, frames)
 
+        self._post = post
+
         def work() -> tuple[VirtualTime | None, int]:
-            peers_raw, next_times, horizons, report_s = args
+            peers_raw, next_times, horizons, report_s = args[:4]
+            resume = bool(args[4]) if len(args) > 4 else False  # start from the restored checkpoint's view
             peers = [PeerAddress(int(a), str(u), str(t), bytes(s)) for a, u, t, s in peers_raw]
             core, plan = self.core, self.core.plan
             if self.listener is None:
@@ -734,7 +847,25 @@ class MeshSession:
             loop_ = MeshLoop(core, self.links, plan.placement, plan.n_agents, plan.lookahead(), list(next_times),
                              list(horizons), lambda p: post(self._progress_frame(p)), float(report_s),
                              should_stop=lambda: self._stopping)
-            return loop_.run()
+            if resume:
+                if self.view is None:
+                    raise MeshError("mesh_run from a checkpoint, but no checkpoint was restored")
+                loop_.set_view(self.view)
+                self.view = None
+            loop_.on_checkpoint = self._on_checkpoint
+            with self._lock:
+                self._loop = loop_
+                early, self._early = self._early, None
+            if early is not None and not loop_.request_checkpoint(*early):
+                self._on_checkpoint(early[0], early[1], None, "ended")
+            try:
+                return loop_.run()
+            finally:
+                with self._lock:
+                    self._over = True
+                    early, self._early = self._early, None
+                if early is not None:
+                    self._on_checkpoint(early[0], early[1], None, "ended")
 
         done = loop.run_in_executor(None, work)
         while True:
@@ -764,3 +895,48 @@ class MeshSession:
         f.reply.id = call_id
         wire.encode_value((stop, windows), f.reply.value)
         await write(f)
+
+
+# ------------------------------------------------------------- checkpoints
+CHECKPOINT_FORMAT = 1
+
+
+def pack_checkpoint(window: int, view: dict[str, Any], core: bytes) -> bytes:
+    """One agent's checkpoint: the loop's view at the top of ``window`` and its core's snapshot."""
+    import pickle
+
+    return pickle.dumps({"format": CHECKPOINT_FORMAT, "window": window, "view": view, "core": core},
+                        protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack_checkpoint(blob: bytes) -> dict[str, Any]:
+    """The inverse of :func:`pack_checkpoint`. Only for bytes from this agent's authenticated controller,
+    which read them from its run directory (docs/security.md: a checkpoint is trusted like config.yaml)."""
+    import pickle
+
+    d = pickle.loads(blob)  # noqa: S301 - see the docstring
+    if not isinstance(d, dict) or d.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"not a lockstep agent checkpoint of format {CHECKPOINT_FORMAT}")
+    return d
+
+
+def piece_bytes(writer: Any) -> int:
+    """Checkpoint bytes per frame: whole frames below the message limit, so none becomes an envelope blob."""
+    return max(1024, min(4 << 20, writer.max_message_bytes // 2))
+
+
+def checkpoint_reply(writer: Any, call_id: int, status: str, window: int, blob: bytes = b"",
+                     reason: str = "") -> list:
+    """The reply frames to call ``checkpoint``: ``(status, window, part, parts, bytes or reason)`` each.
+
+    ``status``: ok (the checkpoint, in ``parts`` frames), missed (this agent was past ``window`` when asked),
+    ended (the windows ended before it), refused / refused_permanent (NotCheckpointable: its sentence)."""
+    frames: list = []
+    step = piece_bytes(writer)
+    pieces = [blob[i:i + step] for i in range(0, len(blob), step)] if status == "ok" else [reason]
+    for i, piece in enumerate(pieces):
+        f = pb.AgentFrame()
+        f.reply.id = call_id
+        wire.encode_value((status, window, i, len(pieces), piece), f.reply.value)
+        frames.extend(writer.frames(f))
+    return frames

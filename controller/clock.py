@@ -46,16 +46,32 @@ class Window:
 
 def run_windows(handles: Sequence[AgentHandle], placement: Sequence[int], lookahead: VirtualTime,
                 on_window: Callable[[Window], None], chunk_events: int = 5000,
-                should_abort: Callable[[], None] | None = None) -> VirtualTime | None:
-    """Drive the agents to the end of the run; return the stop time (None: ran out of events)."""
+                should_abort: Callable[[], None] | None = None,
+                between: Callable[[Callable[[], dict]], None] | None = None,
+                start: dict | None = None) -> VirtualTime | None:
+    """Drive the agents to the end of the run; return the stop time (None: ran out of events).
+
+    ``between(view)``: called between every two windows (a checkpoint may be taken there; ``view()`` is
+    this loop's state then). ``start``: such a view, to go on from (the agents were restored from it).
+    """
     n = len(handles)
     next_t = [h.next_time() for h in handles]
     bound = [h.output_bound() for h in handles]
     pending: list[list[RemoteEvent]] = [[] for _ in handles]
     stop_time: VirtualTime | None = None
+    if start is not None:
+        next_t, bound = list(start["next_t"]), list(start["bound"])
+        pending, stop_time = [list(p) for p in start["pending"]], start["stop_time"]
+
+    def view() -> dict:
+        return {"next_t": list(next_t), "bound": list(bound), "pending": [list(p) for p in pending],
+                "stop_time": stop_time}
+
     while True:
         if should_abort is not None:
             should_abort()
+        if between is not None:
+            between(view)
         T = _earliest(next_t, pending)
         if T >= INFINITY or (stop_time is not None and T > stop_time):
             return stop_time

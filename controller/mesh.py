@@ -13,6 +13,7 @@ the launcher's check and ``controller.agent_timeout_s``.
 from __future__ import annotations
 
 import queue
+from collections import deque
 import threading
 import time
 from typing import Any, Callable
@@ -21,6 +22,7 @@ from agents.common import wire
 from agents.core import Reached
 from agents.direct import pair_key
 from agents.sim.types import VirtualTime
+from controller.checkpoints import Checkpointer
 from controller.clock import Window
 from protos.lockstep.v1 import agent_pb2 as pb
 
@@ -30,8 +32,13 @@ _POLL_S = 0.02
 
 
 def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s: float = 0.05,
-               should_abort: Callable[[], None] | None = None) -> tuple[VirtualTime | None, int]:
-    """Run the windows over the agents' direct streams; return (stop time, windows)."""
+               should_abort: Callable[[], None] | None = None, checkpoints: Checkpointer | None = None,
+               start: dict[str, Any] | None = None) -> tuple[VirtualTime | None, int]:
+    """Run the windows over the agents' direct streams; return (stop time, windows).
+
+    ``checkpoints``: take coordinated checkpoints (controller/checkpoints.py). ``start``: the agents were
+    restored from a checkpoint; its view of the windows (what :meth:`Checkpointer.finish` was given).
+    """
     n = len(handles)
     opened = []
     for h in handles:
@@ -48,26 +55,62 @@ def run_direct(handles: list[Any], on_window: Callable[[Window], None], report_s
         # each agent gets the key for each agent it dials, never a secret: no agent can speak for another
         me = h.agent_id
         peers = [(a, uds, tcp, pair_key(secret, me, a) if a > me else b"") for a, uds, tcp, secret in opened]
-        wire.encode_value((peers, next_times, horizons, report_s), f.call.args)
+        wire.encode_value((peers, next_times, horizons, report_s, start is not None), f.call.args)
         h.session.send(f)
     frontier = [0] * n
     stop: VirtualTime | None = None
     windows = [0] * n
     counted = 0
+    if start is not None:
+        frontier, stop = list(start["frontier"]), start["stop"]
+        windows, counted = list(start["windows"]), int(start["counted"])
     results: dict[int, tuple] = {}
     t_last = time.perf_counter()
-    while len(results) < n:
+    ck = checkpoints
+    later: list[deque] = [deque() for _ in handles]  # frames of an agent held during a checkpoint round
+    while len(results) < n or (ck is not None and ck.round is not None):
         progressed = False
+        if ck is not None and len(results) < n:
+            k = ck.due(max(windows))
+            if k is not None:
+                asked = {}
+                for h in handles:
+                    h._calls += 1
+                    asked[h.agent_id] = h._calls
+                    f = pb.ControllerFrame()
+                    f.call.id, f.call.method = h._calls, "checkpoint"
+                    wire.encode_value((k,), f.call.args)
+                    h.session.send(f)
+                ck.asked(k, asked)
         for a, h in enumerate(handles):
-            if a in results:
+            if a in results and (ck is None or ck.round is None or a in ck.round.answered):
                 continue
-            try:
-                item = h.session.inbox.get_nowait()
-            except queue.Empty:
+            inbox = h.session.inbox
+            if ck is not None and ck.holding(a):
+                # its checkpoint is in: what it sends next belongs after the checkpoint. Kept aside here, not
+                # in the session's inbox, which is bounded
+                while inbox.qsize():
+                    later[a].append(inbox.get_nowait())
                 continue
+            if later[a]:
+                item = later[a].popleft()
+            else:
+                try:
+                    item = inbox.get_nowait()
+                except queue.Empty:
+                    continue
             progressed = True
             msg, blobs = _interpret(h, item)
             body = msg.WhichOneof("body")
+            if body == "reply" and ck is not None and ck.is_answer(h.agent_id, msg.reply.id):
+                try:
+                    ck.answer(a, wire.decode_value(msg.reply.value, blobs))
+                except (wire.WireError, ValueError) as e:
+                    raise h.fail(f"sent a malformed answer to checkpoint: {e}") from e
+                if ck.complete():
+                    ck.finish({"frontier": list(frontier), "stop": stop, "windows": list(windows),
+                               "counted": counted})
+                continue
             if body == "reply" and msg.reply.id == ids[h.agent_id]:
                 try:
                     res = wire.decode_value(msg.reply.value, blobs)

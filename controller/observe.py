@@ -115,6 +115,46 @@ class Observer:
         if self.plan is not None:
             self._open_writers()
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Where the state log and the trace's spool stand (after a window's flush), for a checkpoint."""
+        state: dict[str, Any] = {"statelog": None, "trace": None}
+        sl, tw = self.statelog, self.trace
+        if sl is not None:
+            if sl._f is not None:
+                sl._f.flush()
+            size = sl.path.stat().st_size if sl._f is not None else 0
+            state["statelog"] = {"bytes": size, "rows": list(sl.rows), "snapshots": sl.snapshots}
+        if tw is not None:
+            tw.flush()
+            size = tw.spool.stat().st_size if tw._spool is not None else 0
+            state["trace"] = {"bytes": size, "truncated": tw.truncated}
+        return state
+
+    def restore_outputs(self, state: dict[str, Any]) -> None:
+        """The run goes on from a checkpoint: the state log and the trace's spool are cut back to where they
+        stood then (what follows is written again, the same) and the trace's records are read back."""
+        from agents.observe.statelog import read_jsonl
+
+        if self.plan is None:
+            return
+        self._open_writers()
+        sl, tw = self.statelog, self.trace
+        if (sl is None) != (state.get("statelog") is None) or (tw is None) != (state.get("trace") is None):
+            raise ValueError("the checkpoint was taken with other statelog / trace settings")
+        if sl is not None:
+            st = state["statelog"]
+            _cut_to(sl.path, st["bytes"])
+            sl._f = open(sl.path, "a")
+            sl.rows, sl.snapshots = list(st["rows"]), st["snapshots"]
+        if tw is not None:
+            st = state["trace"]
+            _cut_to(tw.spool, st["bytes"])
+            for rec in (read_jsonl(tw.spool) if st["bytes"] else ()):
+                tw.add(tuple(rec))
+            tw._unspooled = []
+            tw.truncated = st["truncated"]
+            tw._spool = open(tw.spool, "a")
+
     def agent_metrics(self, agent_id: int) -> Metrics:
         """An in-process agent's Metrics, on its own registry (and endpoint when serving)."""
         reg = CollectorRegistry()
@@ -233,6 +273,18 @@ class Observer:
 
     def stop_lingering(self) -> None:
         self._stop.set()
+
+
+def _cut_to(path: Path, size: int) -> None:
+    """Cut ``path`` back to its first ``size`` bytes (a checkpoint's offset); it must have them."""
+    have = path.stat().st_size if path.exists() else 0
+    if have < size:
+        raise ValueError(f"{path} has {have} bytes, fewer than the {size} a checkpoint counted")
+    if size == 0:
+        path.unlink(missing_ok=True)
+        return
+    with open(path, "rb+") as f:
+        f.truncate(size)
 
 
 def endpoints(run_dir: Path) -> dict[str, Any]:

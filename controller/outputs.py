@@ -57,20 +57,26 @@ class _Table:
             self._f.flush()
         self._done: list[list[str]] = []  # rows on disk the replay has not reached yet
         self.replayed = 0  # rows of this attempt that were already on disk
+        self.rows = 0  # rows of the file this attempt has passed (written, replayed or kept from a checkpoint)
         if existing:
             self.rewind()
 
-    def rewind(self) -> None:
-        """The run starts again from virtual time 0: the rows on disk are what it must reproduce first."""
+    def rewind(self, keep: int = 0) -> None:
+        """The run starts again from virtual time 0 (``keep`` = 0), or from a checkpoint taken after the first
+        ``keep`` rows: those stay as they are; the rows on disk after them are what it must reproduce first."""
         self._f.flush()
         with open(self.path, newline="") as f:
             rows = list(csv.reader(f))
         if rows and tuple(rows[0]) != tuple(self.columns):
             raise ReplayDiverged(f"{self.path} has the columns {rows[0]}, not {list(self.columns)}: "
                                  "it was written by another lockstep version")
-        self._done = rows[1:]
+        if keep > len(rows) - 1:
+            raise ReplayDiverged(f"{self.path} has {max(len(rows) - 1, 0)} rows, fewer than the {keep} a "
+                                 "checkpoint counted")
+        self._done = rows[1 + keep:]
         self._done.reverse()  # pop() from the end: the oldest row first
         self.replayed = 0
+        self.rows = keep
 
     @property
     def replaying(self) -> bool:
@@ -96,9 +102,11 @@ class _Table:
                         f"(columns {', '.join(diff) or 'count'}: {old} on disk, {cells} replayed); "
                         "the run directory was written by another version or configuration")
                 self.replayed += 1
+                self.rows += 1
                 continue
             self._w.writerow(cells)
             new += 1
+            self.rows += 1
         if new:
             self._f.flush()
         return new
@@ -127,11 +135,17 @@ class RunDir:
         self.evals = _Table(self.path / "eval.csv", EVAL_COLUMNS, resume)
         self.n_updates = 0
 
-    def rewind(self) -> None:
-        """The run replays from virtual time 0 (its agents restarted): check, do not rewrite, what is written."""
-        self.metrics.rewind()
-        self.evals.rewind()
-        self.n_updates = 0
+    def rewind(self, position: dict[str, int] | None = None) -> None:
+        """The run replays from virtual time 0 (its agents restarted), or from a checkpoint taken at
+        ``position`` (:meth:`position`): check, do not rewrite, what is written after it."""
+        position = position or {}
+        self.metrics.rewind(position.get("metrics_rows", 0))
+        self.evals.rewind(position.get("eval_rows", 0))
+        self.n_updates = position.get("metrics_rows", 0)
+
+    def position(self) -> dict[str, int]:
+        """How far the run has come in each CSV (rows), for a checkpoint."""
+        return {"metrics_rows": self.metrics.rows, "eval_rows": self.evals.rows}
 
     @property
     def replaying(self) -> bool:

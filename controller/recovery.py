@@ -98,6 +98,8 @@ class Recovery:
         self.resumes = sum(1 for e in self._events() if e.get("event") == "resume")
         self.replay_wall_s = 0.0
         self._replay_from: float | None = None
+        self.checkpoints = 0  # committed by this run (a resumed run counts on from its checkpoint's manifest)
+        self.restored_from_window: int | None = None  # the checkpoint the last restart or resume started from
 
     def _events(self) -> list[dict[str, Any]]:
         try:
@@ -144,8 +146,8 @@ class Recovery:
                       self.cfg.max_restarts)
             return False
         self.restarts += 1
-        rows = out.metrics.replayed + out.metrics.to_replay if out.replaying else out.n_updates
-        log.warning("agent %s was lost (%s); restarting every agent and replaying the run to the %d rows "
+        rows = out.metrics.rows + out.metrics.to_replay
+        log.warning("agent %s was lost (%s); restarting every agent, which replay the run to the %d rows "
                     "already written (restart %d of at most %d, recovery.max_restarts)", e.agent, e.reason, rows,
                     self.restarts, self.cfg.max_restarts)
         self._record(event="restart", agent=e.agent, reason=e.reason, restart=self.restarts, rows_written=rows)
@@ -153,12 +155,37 @@ class Recovery:
         self._replay_from = time.perf_counter()
         return True
 
-    def resumed(self, out: Any) -> None:
+    def resumed(self, out: Any, from_checkpoint: bool = False) -> None:
         self.resumes += 1
         rows = out.metrics.to_replay
-        log.warning("resuming the run: replaying it to the %d rows of metrics.csv already written", rows)
+        if from_checkpoint:
+            log.warning("resuming the run from its latest checkpoint (%d rows of metrics.csv already written)",
+                        rows)
+        else:
+            log.warning("resuming the run: replaying it to the %d rows of metrics.csv already written", rows)
         self._record(event="resume", rows_written=rows)
         self._replay_from = time.perf_counter()
+
+    def checkpoint_committed(self, window: int, virtual_time_ns: int, took_s: float, nbytes: int) -> None:
+        self.checkpoints += 1
+        log.info("checkpoint of window %d (virtual time %.6f s) committed: %.1f MB in %.2f wall s", window,
+                 virtual_time_ns / 1e9, nbytes / 1e6, took_s)
+
+    def restored(self, window: int, virtual_time_ns: int, out: Any) -> None:
+        """The agents start from checkpoint ``window``: only the rows after it are replayed."""
+        self.restored_from_window = window
+        after = out.metrics.to_replay
+        log.warning("restored from checkpoint %d (virtual time %.6f s): the %d rows before it are kept, the %d "
+                    "written after it are replayed", window, virtual_time_ns / 1e9, out.metrics.rows, after)
+        self._record(event="restored", window=window, virtual_time_ns=virtual_time_ns, rows_kept=out.metrics.rows,
+                     rows_to_replay=after)
+        if self._replay_from is None:
+            self._replay_from = time.perf_counter()
+
+    def unusable(self, reason: str) -> None:
+        """The latest checkpoint cannot be used: the run replays from virtual time 0."""
+        log.warning("the latest checkpoint cannot be used (%s); replaying the run from virtual time 0", reason)
+        self._record(event="checkpoint_unusable", reason=reason)
 
     def progress(self, out: Any) -> None:
         """After each window: note when a replay has reproduced every row already written."""
@@ -176,4 +203,5 @@ class Recovery:
             self._record(event="caught_up", rows=rows, replay_wall_s=took)
 
     def summary(self) -> dict[str, Any]:
-        return {"agent_restarts": self.restarts, "resumes": self.resumes, "replay_wall_s": self.replay_wall_s}
+        return {"agent_restarts": self.restarts, "resumes": self.resumes, "replay_wall_s": self.replay_wall_s,
+                "checkpoints": self.checkpoints, "restored_from_window": self.restored_from_window}

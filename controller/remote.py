@@ -205,6 +205,31 @@ class RemoteAgent:
         except wire.WireError as e:
             raise self.fail(f"sent a malformed reply to {method}: {e}") from e
 
+    def begin_checkpoint(self, window: int) -> None:
+        """Between two windows of the controller's loop: ask for ``checkpoint(window)`` (every agent saves at
+        once; :meth:`end_checkpoint` reads the answer)."""
+        self._calls += 1
+        f = pb.ControllerFrame()
+        f.call.id, f.call.method = self._calls, "checkpoint"
+        wire.encode_value((window,), f.call.args)
+        self.session.send(f)
+
+    def end_checkpoint(self) -> list:
+        """The values of the agent's reply frames to ``checkpoint`` (controller/checkpoints.py reads them)."""
+        out = []
+        while True:
+            msg, blobs = self._receive("reply to checkpoint")
+            if msg.WhichOneof("body") != "reply" or msg.reply.id != self._calls:
+                raise self.fail(f"protocol error: expected the reply to checkpoint, got {msg.WhichOneof('body')}")
+            try:
+                value = wire.decode_value(msg.reply.value, blobs)
+            except wire.WireError as e:
+                raise self.fail(f"sent a malformed reply to checkpoint: {e}") from e
+            out.append(value)
+            if not (isinstance(value, tuple) and len(value) == 5 and value[0] == "ok"
+                    and isinstance(value[2], int) and isinstance(value[3], int) and value[2] < value[3] - 1):
+                return out
+
     def result_params(self):
         return self._call("result_params")
 

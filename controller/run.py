@@ -17,11 +17,13 @@ from agents.common.plan import Plan
 from agents.sim.types import INFINITY, NS_PER_S
 from controller import signals
 from controller.clock import Window, run_windows
+from controller.checkpoints import Checkpoint, Checkpointer, CheckpointStore, CheckpointUnusable
 from controller.config import RunConfig, config_hash
 from controller.launchers.base import AgentFailure
-from controller.outputs import RunDir, write_json_atomic
+from controller.outputs import ReplayDiverged, RunDir, write_json_atomic
 from controller.plan import make_plan
 from controller.recovery import Recovery, check_resumable, resumable_run_id
+from protos.lockstep.v1 import agent_pb2 as pb
 
 __all__ = ["execute", "RunResult", "InProcessAgent", "DATA_COLUMNS"]
 
@@ -58,6 +60,33 @@ class InProcessAgent:
     def close(self) -> None:
         self.core.close()
 
+    def checkpoint(self, window: int) -> list:
+        """This core between two windows, as the answer an agent process gives (controller/checkpoints.py)."""
+        from agents.checkpoint import NotCheckpointable, snapshot
+        from agents.mesh import pack_checkpoint
+
+        try:
+            return [("ok", window, 0, 1, pack_checkpoint(window, None, snapshot(self.core)))]
+        except NotCheckpointable as e:
+            return [("refused_permanent" if getattr(e, "permanent", False) else "refused", window, 0, 1, str(e))]
+
+    def restore(self, blob: bytes, window: int) -> None:
+        """Replace the core by the one checkpoint ``window`` saved in ``blob`` (CheckpointUnusable if it cannot)."""
+        from agents.checkpoint import restore
+        from agents.mesh import unpack_checkpoint
+
+        old = self.core
+        try:
+            d = unpack_checkpoint(blob)
+            if d["window"] != window:
+                raise ValueError(f"it holds window {d['window']}")
+            self.core = restore(old.plan, old.agent_id, d["core"], metrics=old.metrics,
+                                data=old.training.data if old.training is not None else None)
+        except Exception as e:  # noqa: BLE001 - one sentence; the run replays from virtual time 0
+            raise CheckpointUnusable(f"agent {old.agent_id} could not restore checkpoint {window} "
+                                     f"({type(e).__name__}: {e})") from e
+        old.close()
+
 
 @dataclass
 class RunResult:
@@ -91,6 +120,19 @@ class _Collector:
         # data.placement=end_devices: data.fetch rows, summed in key order into metrics.csv's last columns
         self.data_rows: list[tuple] | None = None
         self.data = {"data_hits": 0, "data_misses": 0, "data_bytes": 0, "data_wait_ns": 0}
+
+    _STATE = ("updates", "evals", "stats", "last_update", "last_eval", "samples", "n_updates", "windows",
+              "barrier_s", "max_time", "stop_time", "done_before", "data_rows", "data")
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the collector (rows not yet final, counters, the last rows)."""
+        import copy
+
+        return copy.deepcopy({k: getattr(self, k) for k in self._STATE})
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for k in self._STATE:
+            setattr(self, k, state[k])
 
     def on_window(self, w: Window) -> None:
         self.windows += w.count
@@ -173,6 +215,73 @@ class _Collector:
             self.metrics.set_accuracy(self.last_eval.test_accuracy)
 
 
+def _holds_refs(pending: list[list[Any]]) -> bool:
+    """Whether an event routed by the controller carries a tensor on a direct stream (agents/direct.py)."""
+    import io
+    import pickle
+
+    class Found(Exception):
+        pass
+
+    class Finder(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> None:
+            if isinstance(obj, wire.BlobRef):
+                raise Found
+            return None
+
+    if not any(pending):
+        return False
+    try:
+        Finder(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(pending)
+    except Found:
+        return True
+    return False
+
+
+def latest_checkpoint(store: CheckpointStore, recovery: Recovery) -> Checkpoint | None:
+    """The latest committed checkpoint, or None (there is none, or it is unusable: one warning)."""
+    try:
+        return store.latest()
+    except CheckpointUnusable as e:
+        recovery.unusable(str(e))
+        return None
+
+
+def restore_agents(handles: list[Any], ck: Checkpoint) -> None:
+    """Send each agent its checkpoint (call ``restore``, in pieces below the message limit) and wait until
+    every one has restored its core; CheckpointUnusable when one could not."""
+    from agents.mesh import piece_bytes
+
+    sent: list[tuple[Any, list[int]]] = []
+    for h in handles:
+        if isinstance(h, InProcessAgent):
+            h.restore(ck.agent_blob(h.core.agent_id), ck.window)
+            continue
+        blob = ck.agent_blob(h.agent_id)
+        step = piece_bytes(h.session.writer)
+        pieces = [blob[i:i + step] for i in range(0, len(blob), step)] or [b""]
+        ids = []
+        for i, piece in enumerate(pieces):
+            h._calls += 1
+            f = pb.ControllerFrame()
+            f.call.id, f.call.method = h._calls, "restore"
+            wire.encode_value((i, len(pieces), piece), f.call.args)
+            h.session.send(f)
+            ids.append(h._calls)
+        sent.append((h, ids))
+    errors = []
+    for h, ids in sent:  # every agent restores at once; the answers are read in agent order
+        for call_id in ids:
+            msg, blobs = h._receive("reply to restore")
+            if msg.WhichOneof("body") != "reply" or msg.reply.id != call_id:
+                raise h.fail(f"protocol error: expected the reply to restore, got {msg.WhichOneof('body')}")
+            value = wire.decode_value(msg.reply.value, blobs)
+        if not (isinstance(value, tuple) and len(value) == 2 and value[0] == "ok" and value[1] == ck.window):
+            errors.append(f"agent {h.agent_id}: {value[1] if isinstance(value, tuple) and len(value) == 2 else value}")
+    if errors:
+        raise CheckpointUnusable(f"the agents could not restore checkpoint {ck.window} ({'; '.join(errors)})")
+
+
 def build_inprocess(plan: Plan, observer: Any = None) -> list[InProcessAgent]:
     """One AgentCore per agent in this process, sharing the loaded data set."""
     data = None
@@ -223,8 +332,15 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     remote_data = rc.data.placement == "end_devices"
     out = RunDir(run_dir, DATA_COLUMNS if remote_data else (), resume=resume)
     recovery = Recovery(rc.recovery, launcher, run_dir)
+    # the agents carry the windows between themselves (docs/distributed.md), else the controller's own loop does
+    direct = plan.n_agents > 1 and launcher is not None and rc.controller.windows.value == "direct"
+    # coordinated checkpoints (docs/recovery.md)
+    store = CheckpointStore(run_dir, plan.to_json())
+    if not resume:
+        store.clear()  # a new run in this directory: an earlier run's checkpoints are not its own
+    restore_from = latest_checkpoint(store, recovery) if resume else None
     if resume:
-        recovery.resumed(out)
+        recovery.resumed(out, from_checkpoint=restore_from is not None)
         if progress is not None:
             progress.update(out.metrics.to_replay)
 
@@ -261,17 +377,92 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         col.on_window(w)
         recovery.progress(out)
 
+    start_view: dict[str, Any] | None = None  # the window loop's view at the checkpoint the agents restored
+
+    def commit_checkpoint(window: int, blobs: dict[int, bytes], view: dict[str, Any]) -> None:
+        """Every agent's checkpoint of ``window`` is in, and the collector holds the rows before it: its state
+        is taken now, the files are written on a thread (controller/checkpoints.py)."""
+        if "frontier" in view:  # direct windows
+            vt = min(view["frontier"])
+        else:  # the controller's loop
+            vt = min([*view["next_t"], *(ev.time for p in view["pending"] for ev in p)])
+        state = {"collector": col.state(), "outputs": out.position(), "windows": view, "direct": direct,
+                 "observer": observer.checkpoint_state() if observer is not None else None}
+        nbytes = sum(len(b) for b in blobs.values())
+
+        def done(d: Path | None, took_s: float) -> None:
+            if d is not None:
+                recovery.checkpoint_committed(window, vt, took_s, nbytes)
+
+        store.commit_async(window, vt, blobs, state, {"outputs": out.position(), "updates": col.n_updates,
+                                                      "checkpoints_taken": recovery.checkpoints + 1}, done)
+
+    def hub_checkpoints(ck: Checkpointer) -> Any:
+        """Checkpoints of the controller's own window loop: between two windows, every agent is idle."""
+        def between(view: Any) -> None:
+            if ck.due(col.windows, exact=True) is None:
+                return
+            k, state = col.windows, view()
+            if launcher is not None and _holds_refs(state["pending"]):
+                return  # a tensor on a direct stream between agents: not in any checkpoint; try again later
+            ck.asked(k, {a: a for a in range(len(handles))})
+            for h in handles:  # agent processes save at once
+                if hasattr(h, "begin_checkpoint"):
+                    h.begin_checkpoint(k)
+            for a, h in enumerate(handles):
+                for value in (h.end_checkpoint() if hasattr(h, "begin_checkpoint") else h.checkpoint(k)):
+                    try:
+                        ck.answer(a, value)
+                    except ValueError as e:
+                        raise AgentFailure(str(a), f"sent a malformed answer to checkpoint: {e}") from e
+            ck.finish(state)
+        return between
+
+    def restore(ck: Checkpoint) -> bool:
+        """Start the current agents from checkpoint ``ck``, the outputs from where it was taken; False (after
+        one warning) when that fails: the caller replays from virtual time 0."""
+        nonlocal col, start_view
+        try:  # the outputs first: they are local, and a run directory that does not fit is found before the agents
+            if ck.controller["direct"] != direct:
+                raise CheckpointUnusable("it was taken with other windows (controller.windows, agents)")
+            out.rewind(ck.controller["outputs"])
+            if observer is not None:
+                observer.restore_outputs(ck.controller["observer"])
+            restore_agents(handles, ck)
+        except (CheckpointUnusable, ReplayDiverged, ValueError, KeyError, TypeError, OSError) as e:
+            recovery.unusable(str(e))
+            return False
+        col = collector()
+        col.restore(ck.controller["collector"])
+        start_view = ck.controller["windows"]
+        recovery.checkpoints = max(recovery.checkpoints, int(ck.manifest.get("checkpoints_taken", 0)))
+        recovery.restored(ck.window, ck.virtual_time_ns, out)
+        return True
+
+    def from_zero() -> None:
+        """Fresh agents replay the run from virtual time 0 (docs/recovery.md)."""
+        nonlocal col, start_view
+        out.rewind()
+        if observer is not None:
+            observer.rewind()
+        col = collector()
+        start_view = None
+
     def drive() -> tuple[Any, int, Any, dict[str, Any]]:
         """The windows, then the final calls (parameters, final evaluation, info) of the current agents."""
         nonlocal stop, finished
-        if plan.n_agents > 1 and launcher is not None and rc.controller.windows.value == "direct":
+        every = rc.recovery.checkpoint_every_s
+        ck = Checkpointer(every, commit_checkpoint, lambda: store.busy) if every > 0 else None
+        if direct:
             from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
 
             t_loop = time.perf_counter()
-            stop, n_windows = run_direct(handles, on_window, should_abort=should_abort)
+            stop, n_windows = run_direct(handles, on_window, should_abort=should_abort, checkpoints=ck,
+                                         start=start_view)
             col.barrier_s = time.perf_counter() - t_loop
         else:
-            stop = run_windows(handles, plan.placement, plan.lookahead(), on_window, should_abort=should_abort)
+            stop = run_windows(handles, plan.placement, plan.lookahead(), on_window, should_abort=should_abort,
+                               between=hub_checkpoints(ck) if ck is not None else None, start=start_view)
         finished = True
         col.stop_time = stop
         col.flush(None)
@@ -311,17 +502,29 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         if observer is not None:
             observer.running()
         while True:
-            try:  # a lost agent: every agent starts again from virtual time 0 and replays to where the run was
+            # a lost agent: every agent starts again from the latest checkpoint, or from virtual time 0,
+            # and replays to where the run was
+            try:
+                if restore_from is not None and not restore(restore_from):
+                    if launcher is not None:
+                        launcher.close(abort="the checkpoint could not be restored; the run restarts its agents",
+                                       restart=True)
+                    else:
+                        for h in handles:
+                            h.close()
+                    from_zero()
+                    handles = []
+                    handles = start_agents()
+                restore_from = None
                 stop, end_ns, params, info = drive()
                 break
             except AgentFailure as e:
                 if not recovery.restart(e, out):
                     raise
                 launcher.close(abort=f"agent {e.agent} was lost; the run restarts its agents", restart=True)
-                out.rewind()
-                if observer is not None:
-                    observer.rewind()
-                col = collector()
+                restore_from = latest_checkpoint(store, recovery)
+                if restore_from is None:
+                    from_zero()
                 handles = []  # (if starting them fails, nothing is left to close)
                 handles = start_agents()
     except signals.Stopped as e:
@@ -427,6 +630,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     write_json_atomic(run_dir / "summary.json", summary)
     if stopped is not None:
         raise stopped
+    store.clear()  # recovery data, not an output: a complete run needs none
     return RunResult(summary, run_dir, params, col.stats)
 
 

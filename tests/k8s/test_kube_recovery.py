@@ -36,7 +36,9 @@ def _rows(run_dir: Path) -> int:
 
 def _lockstep(kube_cluster: KubeCluster, namespace: str, run_dir: Path, owner: str, *extra: str) -> subprocess.Popen:
     """``lockstep run launcher=kubernetes`` (run id k8s-rec); its log and stderr as one stream."""
-    cmd = run_command(kube_cluster, namespace, run_dir, "k8s-rec", owner, *FAST, *extra, updates=UPDATES)
+    # the replay from virtual time 0 (checkpoints, which the same sessions carry: tests/recovery)
+    cmd = run_command(kube_cluster, namespace, run_dir, "k8s-rec", owner, *FAST, "recovery.checkpoint_every_s=0",
+                      *extra, updates=UPDATES)
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

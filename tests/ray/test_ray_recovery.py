@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 # about 600 rows in ~10 s on the 2-core VM: time to kill an actor in the middle
 RUN = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=600", "eval.every=200",
        "progress=false", "launcher=ray", "launcher.address=null", "launcher.log_poll_s=0.2",
-       "controller.heartbeat_s=0.5", "network.latency=1ms"]
+       "controller.heartbeat_s=0.5", "network.latency=1ms",
+       "recovery.checkpoint_every_s=0"]  # the replay from virtual time 0 (checkpoints: tests/recovery)
 
 
 def _rows(run_dir: Path) -> int:

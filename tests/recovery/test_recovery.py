@@ -24,7 +24,8 @@ from tests.helpers import agent_pids, alive
 
 # about 1 500 rows in ~20 s on the 2-core VM: long enough to kill something in the middle
 RUN = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=1500", "eval.every=500",
-       "progress=false", "launcher=local", "controller.heartbeat_s=0.5", "network.latency=1ms"]
+       "progress=false", "launcher=local", "controller.heartbeat_s=0.5", "network.latency=1ms",
+       "recovery.checkpoint_every_s=0"]  # replay from virtual time 0 (checkpoints: test_checkpoints.py)
 # summary.json fields that depend on the wall clock or on the history of the run, not on its result
 WALL = ("wall_time_s", "wall_compute_s", "wall_barrier_s", "wall_cpu_s", "speed_ratio", "peak_memory", "recovery", "run_id")
 

@@ -1,0 +1,300 @@
+"""Coordinated checkpoints of the agents (docs/recovery.md, "Checkpoints"): take them, keep them, read them back.
+
+With direct windows the controller asks every agent, every ``recovery.checkpoint_every_s`` wall seconds,
+for a checkpoint at one window ``K`` a little ahead of the furthest agent (call ``checkpoint``). Each agent,
+at the top of its window ``K``, sends its rows of the windows before ``K`` and then its checkpoint: its
+core's snapshot (:func:`agents.checkpoint.snapshot`) and its window loop's view. While it waits for the
+others, the controller reads nothing more of an agent that has answered, so when the last answer is in,
+its collector holds exactly the rows of the windows before ``K``: that is the moment it saves its own
+state. A checkpoint is *committed* when ``checkpoints/<K>/`` holds every agent's file, the controller's
+state and ``manifest.json`` (with each file's SHA-256), and ``checkpoints/latest`` names ``K`` (written,
+then renamed); older ones are deleted then, and all of them when the run completes.
+
+A lost agent, or ``lockstep resume``, starts the new agents from the latest committed checkpoint
+instead of from virtual time 0. A checkpoint that cannot be used (a file missing, truncated or changed, a
+plan that differs) costs one warning and a replay from virtual time 0, as without checkpoints.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from agents.common.files import write_atomic
+
+__all__ = ["Checkpointer", "CheckpointStore", "Checkpoint", "CheckpointUnusable", "DIR_NAME"]
+
+log = logging.getLogger("lockstep.controller")
+
+DIR_NAME = "checkpoints"
+FORMAT = 1
+REFUSALS_BEFORE_GIVING_UP = 3  # NotCheckpointable this many rounds in a row: stop asking
+FIRST_SLACK = 8  # windows between the furthest agent reported and K, at first; doubled after each miss
+
+
+class CheckpointUnusable(RuntimeError):
+    """The latest checkpoint cannot be used (one sentence); the run replays from virtual time 0."""
+
+
+def plan_hash(plan_json: str) -> str:
+    return hashlib.sha256(plan_json.strip().encode()).hexdigest()
+
+
+@dataclass
+class Checkpoint:
+    """A committed checkpoint, read back and verified."""
+
+    window: int
+    path: Path
+    manifest: dict[str, Any]
+    controller: dict[str, Any]  # the controller's state (collector, observer, direct windows' view)
+
+    def agent_blob(self, agent: int) -> bytes:
+        entry = self.manifest["agents"][agent]
+        data = _read_checked(self.path / entry["file"], entry)
+        return data
+
+    @property
+    def virtual_time_ns(self) -> int:
+        return int(self.manifest["virtual_time_ns"])
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_checked(path: Path, entry: dict[str, Any]) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CheckpointUnusable(f"{path} cannot be read ({e.strerror or e})") from e
+    if len(data) != entry["bytes"] or _sha(data) != entry["sha256"]:
+        raise CheckpointUnusable(f"{path} is not the file its manifest.json describes ({len(data)} bytes, "
+                                 f"{entry['bytes']} expected, or another SHA-256): truncated or changed")
+    return data
+
+
+class CheckpointStore:
+    """``RUN_DIR/checkpoints``: commit a checkpoint, find the latest, delete them."""
+
+    def __init__(self, run_dir: Path, plan_json: str):
+        self.root = Path(run_dir) / DIR_NAME
+        self.plan_sha = plan_hash(plan_json)
+        self._writer: threading.Thread | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a checkpoint is still being written (the next round waits for it)."""
+        return self._writer is not None and self._writer.is_alive()
+
+    def commit_async(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes], controller: dict[str, Any],
+                     summary: dict[str, Any], done: Callable[[Path | None, float], None]) -> None:
+        """:meth:`commit` on a thread of its own, so the window loop goes on reading the agents (their
+        inboxes are bounded); ``done(directory or None, wall seconds)`` after it."""
+        self.wait()
+        controller_bytes = pickle.dumps(controller, protocol=pickle.HIGHEST_PROTOCOL)  # now: the state of now
+
+        def write() -> None:
+            t0 = time.perf_counter()
+            try:
+                d = self.commit(window, virtual_time_ns, blobs, controller_bytes, summary)
+            except OSError as e:  # a full disk: the run goes on; recovery uses the last good checkpoint
+                log.warning("could not write checkpoint %d: %s", window, e)
+                d = None
+            done(d, time.perf_counter() - t0)
+
+        self._writer = threading.Thread(target=write, name=f"checkpoint-{window}", daemon=True)
+        self._writer.start()
+
+    def wait(self) -> None:
+        """Until the checkpoint being written (if any) is committed."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    def commit(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes], controller: dict[str, Any] | bytes,
+               summary: dict[str, Any]) -> Path:
+        """Write checkpoint ``window`` and make it the latest; returns its directory."""
+        d = self.root / str(window)
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        agents = []
+        for a in range(len(blobs)):
+            name = f"agent-{a}.ckpt"
+            _write_synced(d / name, blobs[a])
+            agents.append({"file": name, "bytes": len(blobs[a]), "sha256": _sha(blobs[a])})
+        state = controller if isinstance(controller, bytes) else pickle.dumps(controller,
+                                                                              protocol=pickle.HIGHEST_PROTOCOL)
+        _write_synced(d / "controller.pkl", state)
+        manifest = {"format": FORMAT, "window": window, "virtual_time_ns": virtual_time_ns,
+                    "plan_sha256": self.plan_sha, "agents": agents,
+                    "controller": {"file": "controller.pkl", "bytes": len(state), "sha256": _sha(state)},
+                    "wall_clock": time.time(), **summary}
+        write_atomic(d / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        write_atomic(self.root / "latest", f"{window}\n")  # the commit: written, then renamed over the old
+        for old in self.root.iterdir():
+            if old.is_dir() and old.name != str(window):
+                shutil.rmtree(old, ignore_errors=True)
+        return d
+
+    def latest(self) -> Checkpoint | None:
+        """The latest committed checkpoint, verified (None: there is none); CheckpointUnusable if it is bad."""
+        self.wait()
+        pointer = self.root / "latest"
+        if not pointer.exists():
+            return None
+        try:
+            window = int(pointer.read_text().strip())
+        except (OSError, ValueError) as e:
+            raise CheckpointUnusable(f"{pointer} does not name a checkpoint ({e})") from e
+        d = self.root / str(window)
+        try:
+            manifest = json.loads((d / "manifest.json").read_text())
+        except (OSError, ValueError) as e:
+            raise CheckpointUnusable(f"{d / 'manifest.json'} cannot be read ({e})") from e
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("window") != window:
+            raise CheckpointUnusable(f"{d / 'manifest.json'} is not a manifest of checkpoint {window} "
+                                     f"in format {FORMAT}")
+        if manifest.get("plan_sha256") != self.plan_sha:
+            raise CheckpointUnusable(f"checkpoint {window} was taken with another plan (plan.json differs)")
+        try:
+            for entry in manifest["agents"]:
+                _read_checked(d / entry["file"], entry)  # every file now: a bad one must not cost a restart
+            state = pickle.loads(_read_checked(d / "controller.pkl", manifest["controller"]))  # noqa: S301
+        except CheckpointUnusable:
+            raise
+        except Exception as e:  # noqa: BLE001 - a manifest of the wrong shape, an unreadable pickle
+            raise CheckpointUnusable(f"checkpoint {window} in {d} cannot be read ({type(e).__name__}: {e})") from e
+        return Checkpoint(window, d, manifest, state)
+
+    def clear(self) -> None:
+        """A complete run needs no recovery data."""
+        self.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@dataclass
+class _Round:
+    window: int
+    ids: dict[int, int]  # agent -> call id
+    parts: dict[int, list[bytes]] = field(default_factory=dict)
+    done: dict[int, bytes] = field(default_factory=dict)  # agents whose checkpoint is complete (held)
+    answered: set[int] = field(default_factory=set)
+    failed: str | None = None  # why this round will not commit
+
+
+class Checkpointer:
+    """The controller's side of checkpoints with direct windows (driven by :func:`controller.mesh.run_direct`).
+
+    ``commit(window, blobs, view)`` is called when every agent's checkpoint of ``window`` is in and the
+    collector holds exactly the rows before it; ``view`` is run_direct's own state at that moment.
+    """
+
+    def __init__(self, every_s: float, commit: Callable[[int, dict[int, bytes], dict[str, Any]], None],
+                 busy: Callable[[], bool] = lambda: False):
+        self.every_s = every_s
+        self._commit = commit
+        self._busy = busy  # the last checkpoint is still being written
+        self.enabled = every_s > 0
+        self.round: _Round | None = None
+        self.slack = FIRST_SLACK
+        self._last = time.monotonic()
+        self._refusal: tuple[str, int] = ("", 0)
+
+    # ---------------------------------------------------------------- asking
+    def due(self, furthest: int, exact: bool = False) -> int | None:
+        """The window to ask for now (None: not now): ``furthest`` + a slack, or ``furthest`` itself when
+        ``exact`` (the controller's own loop, between two windows)."""
+        if not self.enabled or self.round is not None or time.monotonic() - self._last < self.every_s \
+                or self._busy():
+            return None
+        return furthest if exact else furthest + self.slack
+
+    def asked(self, window: int, ids: dict[int, int]) -> None:
+        self.round = _Round(window, ids)
+        self._last = time.monotonic()
+
+    # -------------------------------------------------------------- answers
+    def is_answer(self, agent: int, reply_id: int) -> bool:
+        r = self.round
+        return r is not None and r.ids.get(agent) == reply_id and agent not in r.answered
+
+    def holding(self, agent: int) -> bool:
+        """Whether the controller must not read more of ``agent`` (its checkpoint is in, others' are not)."""
+        r = self.round
+        return r is not None and r.failed is None and agent in r.done
+
+    def answer(self, agent: int, value: Any) -> str:
+        """One reply frame of ``agent``; returns its status. Raises ValueError for a malformed one."""
+        r = self.round
+        if not (isinstance(value, tuple) and len(value) == 5):
+            raise ValueError(f"expected (status, window, part, parts, data), got {type(value).__name__}")
+        status, window, part, parts, data = value
+        if window != r.window or not isinstance(part, int) or not isinstance(parts, int) or not 0 <= part < parts:
+            raise ValueError(f"an answer for window {window!r}, part {part!r} of {parts!r} (asked: {r.window})")
+        if status == "ok":
+            if not isinstance(data, bytes):
+                raise ValueError("a checkpoint piece that is not bytes")
+            got = r.parts.setdefault(agent, [])
+            if part != len(got):
+                raise ValueError(f"checkpoint piece {part} after {len(got)}")
+            got.append(data)
+            if part < parts - 1:
+                return "partial"
+            r.done[agent] = b"".join(r.parts.pop(agent))
+        elif status in ("missed", "ended", "refused", "refused_permanent"):
+            if r.failed is None:
+                r.failed = status
+            if status == "missed":
+                self.slack = min(self.slack * 2, 1 << 20)
+            elif status == "ended":
+                self.enabled = False
+            else:
+                self._refused(str(data), status == "refused_permanent")
+        else:
+            raise ValueError(f"unknown checkpoint status {status!r}")
+        r.answered.add(agent)
+        return status
+
+    def _refused(self, reason: str, permanent: bool) -> None:
+        same = self._refusal[1] + 1  # refusals in a row (their sentences may name other vworkers)
+        self._refusal = (reason, same)
+        if permanent or same >= REFUSALS_BEFORE_GIVING_UP:
+            if self.enabled:
+                log.warning("no checkpoints in this run: %s; a lost agent makes the run replay from virtual "
+                            "time 0 (docs/recovery.md)", reason)
+            self.enabled = False
+        elif same == 1:
+            log.info("no checkpoint this time: %s", reason)
+
+    def complete(self) -> bool:
+        r = self.round
+        return r is not None and len(r.answered) == len(r.ids)
+
+    def finish(self, view: dict[str, Any]) -> bool:
+        """Every agent answered: commit (when all sent their checkpoint); True when one was committed."""
+        r, self.round = self.round, None
+        self._last = time.monotonic()
+        if r is not None and r.failed == "missed":  # ask again at once, further ahead
+            self._last -= self.every_s
+        if r is None or r.failed is not None:
+            return False
+        self._refusal = ("", 0)
+        self._commit(r.window, r.done, view)
+        return True

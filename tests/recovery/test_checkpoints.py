@@ -1,0 +1,266 @@
+"""Checkpoints (docs/recovery.md, "Checkpoints"): a lost agent or a lost controller restarts the run from the
+latest coordinated checkpoint instead of from virtual time 0, and the run still ends with the outputs of an
+undisturbed one — metrics.csv, eval.csv (but their wall_* columns), params.pt, statelog.jsonl and trace.json.
+
+Real processes, real SIGKILL, real gRPC on 127.0.0.1 (launcher=local, direct windows, the default);
+the run directory's ``checkpoints/latest`` says when a checkpoint is committed (polled, never slept on).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller.checkpoints import FIRST_SLACK, REFUSALS_BEFORE_GIVING_UP, CheckpointStore, Checkpointer, \
+    CheckpointUnusable
+from tests.distributed.conftest import ROOT, assert_same_outputs
+from tests.helpers import agent_pids, alive, wait_until
+
+# ~3 000 rows in ~15 s on the 2-core VM; a checkpoint every 0.5 wall s, so several come before any kill
+RUN = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=3000", "eval.every=500",
+       "progress=false", "launcher=local", "controller.heartbeat_s=0.5", "network.latency=1ms"]
+OFTEN = ["recovery.checkpoint_every_s=0.5"]
+WALL = ("wall_time_s", "wall_compute_s", "wall_barrier_s", "wall_cpu_s", "speed_ratio", "peak_memory", "recovery",
+        "run_id", "config_hash")
+
+
+def _cli(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "controller.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return out
+
+
+def _rows(run_dir: Path) -> int:
+    try:
+        return max(0, len((run_dir / "metrics.csv").read_text().splitlines()) - 1)
+    except FileNotFoundError:
+        return 0
+
+
+def _committed(run_dir: Path) -> dict | None:
+    """The manifest of the latest committed checkpoint, once there is one."""
+    try:
+        k = (run_dir / "checkpoints" / "latest").read_text().strip()
+        return json.loads((run_dir / "checkpoints" / k / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _summary(run_dir: Path) -> dict:
+    s = json.loads((run_dir / "summary.json").read_text())
+    s["compute_batch"].pop("overlap_wait_s", None)
+    return {k: v for k, v in s.items() if k not in WALL}
+
+
+def _trace(run_dir: Path) -> dict:
+    t = json.loads((run_dir / "trace.json").read_text())
+    t["otherData"].pop("run_id")
+    return t
+
+
+def assert_identical(undisturbed: Path, recovered: Path, summary: bool = True) -> None:
+    """Every output of the run the same (the runs' controller settings may differ: not their results)."""
+    assert_same_outputs(undisturbed, recovered)
+    assert (recovered / "statelog.jsonl").read_bytes() == (undisturbed / "statelog.jsonl").read_bytes()
+    assert _trace(recovered) == _trace(undisturbed)
+    if summary:
+        assert _summary(recovered) == _summary(undisturbed)
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "recovery.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory) -> Path:
+    """The reference: no checkpoint at all (recovery.checkpoint_every_s=0)."""
+    d = tmp_path_factory.mktemp("undisturbed") / "run"
+    out = _finish(_cli("run", *RUN, "recovery.checkpoint_every_s=0", f"hydra.run.dir={d}"))
+    assert (d / "summary.json").exists(), out
+    return d
+
+
+def test_taking_checkpoints_changes_no_output_and_a_complete_run_deletes_them(tmp_path, undisturbed):
+    d = tmp_path / "run"
+    proc = _cli("run", *RUN, "recovery.checkpoint_every_s=0.2", f"hydra.run.dir={d}")
+    out = _finish(proc)
+    assert proc.returncode == 0, out
+    assert json.loads((d / "summary.json").read_text())["recovery"]["checkpoints"] >= 3, out
+    assert_identical(undisturbed, d)
+    assert not (d / "checkpoints").exists(), "a complete run keeps no recovery data"
+
+
+@pytest.mark.parametrize("windows", ["direct", "hub"])
+def test_an_agent_killed_after_a_checkpoint_restarts_from_it_and_the_run_ends_as_if_nothing_happened(
+        tmp_path, undisturbed, windows):
+    d = tmp_path / "run"
+    proc = _cli("run", *RUN, *OFTEN, f"controller.windows={windows}", f"hydra.run.dir={d}")
+    try:
+        pids = agent_pids(d, 2, timeout=120)
+        wait_until(lambda: _committed(d) and _rows(d) > 1000, timeout=120,
+                   what="a committed checkpoint and 1000 rows of metrics.csv")
+        os.kill(pids[1], signal.SIGKILL)
+    finally:
+        out = _finish(proc)
+    assert proc.returncode == 0, out
+    assert "agent 1 was lost (its process" in out and "SIGKILL" in out, out
+    events = _events(d)
+    assert [e["event"] for e in events][:2] == ["restart", "restored"], events
+    restored = events[1]
+    assert restored["window"] > 0 and restored["rows_kept"] > 0, "restarted from a checkpoint, not from 0"
+    assert f"restored from checkpoint {restored['window']} (virtual time" in out, out
+    rec = json.loads((d / "summary.json").read_text())["recovery"]
+    assert rec["agent_restarts"] == 1 and rec["restored_from_window"] == restored["window"]
+    assert_identical(undisturbed, d)
+    assert not any(alive(p) for p in pids)
+
+
+def _kill_controller_after_a_checkpoint(d: Path) -> tuple[dict, bytes]:
+    proc = _cli("run", *RUN, *OFTEN, f"hydra.run.dir={d}")
+    try:
+        pids = agent_pids(d, 2, timeout=120)
+        manifest = wait_until(lambda: _rows(d) > 1200 and _committed(d), timeout=120,
+                              what="1200 rows of metrics.csv and a committed checkpoint")
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        _finish(proc, timeout=30)
+    wait_until(lambda: not any(alive(p) for p in pids), timeout=120, what="the orphaned agents to exit")
+    written = (d / "metrics.csv").read_bytes()
+    return _committed(d) or manifest, written[: written.rfind(b"\n") + 1]
+
+
+def test_a_controller_killed_after_a_checkpoint_is_resumed_from_it_with_identical_outputs(tmp_path, undisturbed):
+    d = tmp_path / "run"
+    manifest, whole = _kill_controller_after_a_checkpoint(d)
+    res = _cli("resume", str(d))
+    out = _finish(res)
+    assert res.returncode == 0, out
+    assert "resuming the run from its latest checkpoint" in out, out
+    assert f"restored from checkpoint {manifest['window']} (virtual time" in out, out
+    assert_identical(undisturbed, d)
+    assert (d / "metrics.csv").read_bytes().startswith(whole), "rows written before the crash must be kept"
+    rec = json.loads((d / "summary.json").read_text())["recovery"]
+    assert (rec["resumes"], rec["restored_from_window"]) == (1, manifest["window"])
+    assert not (d / "checkpoints").exists()
+
+
+def test_an_in_process_run_killed_after_a_checkpoint_is_resumed_from_it_with_identical_outputs(tmp_path, undisturbed):
+    """launcher=inprocess: the controller's own window loop takes the checkpoints, the resume restores the cores
+    in its process — and the outputs are those of the run with agent processes (placement independence), its
+    summary that of an undisturbed in-process run (how compute calls were batched depends on the processes)."""
+    inproc = [r if r != "launcher=local" else "launcher=inprocess" for r in RUN]
+    ref = tmp_path / "undisturbed"
+    p = _cli("run", *inproc, "recovery.checkpoint_every_s=0", f"hydra.run.dir={ref}")
+    out = _finish(p)
+    assert p.returncode == 0, out
+    assert_identical(undisturbed, ref, summary=False)
+    d = tmp_path / "run"
+    proc = _cli("run", *inproc, *OFTEN, f"hydra.run.dir={d}")
+    try:
+        wait_until(lambda: _rows(d) > 1200 and _committed(d), timeout=120,
+                   what="1200 rows of metrics.csv and a committed checkpoint")
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        _finish(proc, timeout=30)
+    manifest = _committed(d)
+    res = _cli("resume", str(d))
+    out = _finish(res)
+    assert res.returncode == 0, out
+    assert json.loads((d / "summary.json").read_text())["recovery"]["restored_from_window"] == manifest["window"] > 0
+    assert [e["event"] for e in _events(d)][:2] == ["resume", "restored"]
+    assert_identical(ref, d)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "plan"])
+def test_a_damaged_checkpoint_costs_one_warning_and_a_replay_from_virtual_time_0(tmp_path, undisturbed, damage):
+    d = tmp_path / "run"
+    manifest, _ = _kill_controller_after_a_checkpoint(d)
+    ck = d / "checkpoints" / str(manifest["window"])
+    if damage == "truncated":
+        blob = (ck / "agent-1.ckpt").read_bytes()
+        (ck / "agent-1.ckpt").write_bytes(blob[: len(blob) // 2])
+        why = "agent-1.ckpt is not the file its manifest.json describes"
+    else:
+        manifest["plan_sha256"] = "0" * 64
+        (ck / "manifest.json").write_text(json.dumps(manifest))
+        why = "was taken with another plan"
+    res = _cli("resume", str(d))
+    out = _finish(res)
+    assert res.returncode == 0, out
+    assert out.count("the latest checkpoint cannot be used") == 1 and why in out, out
+    assert "resuming the run: replaying it to the" in out and "restored from checkpoint" not in out, out
+    assert_identical(undisturbed, d)
+    assert json.loads((d / "summary.json").read_text())["recovery"]["restored_from_window"] is None
+
+
+# --- the pieces, in this process -------------------------------------------------------------------------------
+def test_the_store_commits_a_checkpoint_with_its_manifest_and_finds_it_again_verified(tmp_path):
+    store = CheckpointStore(tmp_path, '{"plan": 1}')
+    state = {"collector": {"rows": [1.5, 2]}, "outputs": {"metrics_rows": 7, "eval_rows": 1}}
+    store.commit(10, 5_000, {0: b"a" * 100, 1: b"b" * 50}, state, {"checkpoints_taken": 1})
+    store.commit(25, 9_000, {0: b"c" * 10, 1: b"d" * 20}, state, {"checkpoints_taken": 2})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["25", "latest"], "older ones go"
+    ck = store.latest()
+    assert (ck.window, ck.virtual_time_ns, ck.controller) == (25, 9_000, state)
+    assert ck.agent_blob(0) == b"c" * 10 and ck.agent_blob(1) == b"d" * 20
+    assert CheckpointStore(tmp_path / "elsewhere", "{}").latest() is None
+    with pytest.raises(CheckpointUnusable, match="taken with another plan"):
+        CheckpointStore(tmp_path, '{"plan": 2}').latest()
+    (tmp_path / "checkpoints" / "25" / "controller.pkl").write_bytes(pickle.dumps({"other": 1}))
+    with pytest.raises(CheckpointUnusable, match="controller.pkl is not the file its manifest.json describes"):
+        store.latest()
+    store.clear()
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_checkpoint_round_commits_only_when_every_agent_sent_its_checkpoint_and_holds_those_that_did():
+    committed = []
+    ck = Checkpointer(1e-9, lambda k, blobs, view: committed.append((k, blobs, view)))
+    k = ck.due(100)
+    assert k == 100 + FIRST_SLACK
+    ck.asked(k, {0: 7, 1: 9})
+    assert not ck.is_answer(0, 8) and ck.is_answer(0, 7)
+    assert ck.answer(0, ("ok", k, 0, 2, b"ab")) == "partial" and not ck.holding(0)
+    assert ck.answer(0, ("ok", k, 1, 2, b"cd")) == "ok" and ck.holding(0) and not ck.complete()
+    assert ck.due(200) is None, "one round at a time"
+    assert ck.answer(1, ("ok", k, 0, 1, b"ef")) == "ok" and ck.complete()
+    assert ck.finish({"windows": [k, k]}) and committed == [(k, {0: b"abcd", 1: b"ef"}, {"windows": [k, k]})]
+    assert not ck.holding(0)
+    # an agent already past K: nothing is committed, the others are released, and K goes further next time
+    k = ck.due(300)
+    ck.asked(k, {0: 11, 1: 12})
+    ck.answer(0, ("ok", k, 0, 1, b"x"))
+    ck.answer(1, ("missed", k, 0, 1, ""))
+    assert not ck.holding(0) and ck.complete() and not ck.finish({})
+    assert ck.due(300) == 300 + 2 * FIRST_SLACK and len(committed) == 1
+    with pytest.raises(ValueError, match="an answer for window"):
+        ck.asked(500, {0: 13, 1: 14})
+        ck.answer(0, ("ok", 499, 0, 1, b""))
+
+
+def test_a_strategy_that_refuses_again_and_again_is_not_asked_any_more():
+    ck = Checkpointer(1e-9, lambda *a: None)
+    for i in range(REFUSALS_BEFORE_GIVING_UP):
+        assert ck.enabled
+        k = ck.due(10)
+        ck.asked(k, {0: i})
+        ck.answer(0, ("refused", k, 0, 1, f"vworker {i} waits where its strategy cannot say"))
+        ck.finish({})
+    assert not ck.enabled and ck.due(10) is None
+    once = Checkpointer(1e-9, lambda *a: None)
+    once.asked(once.due(0), {0: 1})
+    once.answer(0, ("refused_permanent", FIRST_SLACK, 0, 1, "ring_allreduce cannot say where it is"))
+    assert not once.enabled
