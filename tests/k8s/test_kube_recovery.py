@@ -34,11 +34,13 @@ def _rows(run_dir: Path) -> int:
         return 0
 
 
+REPLAY = "recovery.checkpoint_every_s=0"  # a lost agent: the run replays from virtual time 0
+CHECKPOINTS = "recovery.checkpoint_every_s=0.5"  # from the latest checkpoint (docs/recovery.md)
+
+
 def _lockstep(kube_cluster: KubeCluster, namespace: str, run_dir: Path, owner: str, *extra: str) -> subprocess.Popen:
     """``lockstep run launcher=kubernetes`` (run id k8s-rec); its log and stderr as one stream."""
-    # the replay from virtual time 0 (checkpoints, which the same sessions carry: tests/recovery)
-    cmd = run_command(kube_cluster, namespace, run_dir, "k8s-rec", owner, *FAST, "recovery.checkpoint_every_s=0",
-                      *extra, updates=UPDATES)
+    cmd = run_command(kube_cluster, namespace, run_dir, "k8s-rec", owner, *FAST, *extra, updates=UPDATES)
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -46,11 +48,13 @@ def _kubelet(kube_cluster: KubeCluster, namespace: str, logs: Path) -> FakeKubel
     return FakeKubelet(kube_cluster.core(), namespace, logs, dns={f"{SERVICE}.{namespace}.svc": "127.0.0.1"})
 
 
-def _kill_agent_mid_run(kubelet: FakeKubelet, proc: subprocess.Popen, run_dir: Path, pod: str) -> str:
-    """SIGKILL the process of ``pod`` once 200 rows are written; the run's output once it ended."""
+def _kill_agent_mid_run(kubelet: FakeKubelet, proc: subprocess.Popen, run_dir: Path, pod: str,
+                        checkpoints: bool = False) -> str:
+    """SIGKILL the process of ``pod`` once 200 rows (and, with ``checkpoints``, a checkpoint) are written; the
+    run's output once it ended."""
     try:
-        wait_until(lambda: _rows(run_dir) > 200 or proc.poll() is not None, timeout=180,
-                   what="200 rows of metrics.csv")
+        wait_until(lambda: (_rows(run_dir) > 200 and (not checkpoints or (run_dir / "checkpoints" / "latest").exists()))
+                   or proc.poll() is not None, timeout=180, what="200 rows of metrics.csv (and a checkpoint)")
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         kubelet.procs[pod].kill()
         out, _ = proc.communicate(timeout=300)
@@ -59,24 +63,25 @@ def _kill_agent_mid_run(kubelet: FakeKubelet, proc: subprocess.Popen, run_dir: P
     return out
 
 
+@pytest.mark.parametrize("checkpoints", [False, True], ids=["replay from 0", "from a checkpoint"])
 def test_an_agent_pod_killed_mid_run_is_replaced_and_the_run_ends_as_if_nothing_happened(
-        kube_cluster, namespace, controller_pod, tmp_path):  # noqa: F811
+        kube_cluster, namespace, controller_pod, tmp_path, checkpoints):  # noqa: F811
     core = kube_cluster.core()
     whole = tmp_path / "undisturbed"
     with _kubelet(kube_cluster, namespace, tmp_path / "kubelet-0") as kubelet:
-        proc = _lockstep(kube_cluster, namespace, whole, controller_pod)
+        proc = _lockstep(kube_cluster, namespace, whole, controller_pod, REPLAY)
         out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
 
     d = tmp_path / "run"
     with _kubelet(kube_cluster, namespace, tmp_path / "kubelet-1") as kubelet:
-        proc = _lockstep(kube_cluster, namespace, d, controller_pod)
-        out = _kill_agent_mid_run(kubelet, proc, d, "lockstep-k8s-rec-agent-1")
+        proc = _lockstep(kube_cluster, namespace, d, controller_pod, CHECKPOINTS if checkpoints else REPLAY)
+        out = _kill_agent_mid_run(kubelet, proc, d, "lockstep-k8s-rec-agent-1", checkpoints)
     assert proc.returncode == 0, out[-3000:]
     assert not kubelet.errors
     # the lost pod is named by the launcher (its exit status) or by its broken session, whichever came first
     assert re.search(r"agent (1|lockstep-k8s-rec-agent-1) was lost \(", out), out[-3000:]
-    assert "the replay caught up with the" in out, out[-3000:]
+    assert "the replay caught up with the" in out or checkpoints, out[-3000:]
     # a new set of pods, with names of their own; each got the new token from its Secret
     assert sorted(kubelet.seen) == ["lockstep-k8s-rec-agent-0", "lockstep-k8s-rec-agent-1",
                                     "lockstep-k8s-rec-r1-agent-0", "lockstep-k8s-rec-r1-agent-1"]
@@ -84,9 +89,14 @@ def test_an_agent_pod_killed_mid_run_is_replaced_and_the_run_ends_as_if_nothing_
         assert pod.metadata.owner_references[0].name == controller_pod
     assert_identical(whole, d, same_config=False)  # each run has a port of its own (controller.port)
     events = [json.loads(line) for line in (d / "recovery.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events] == ["restart", "caught_up"]
-    assert events[0]["rows_written"] > 200
-    assert json.loads((d / "summary.json").read_text())["recovery"]["agent_restarts"] == 1
+    assert events[0]["event"] == "restart" and events[0]["rows_written"] > 200
+    recovery = json.loads((d / "summary.json").read_text())["recovery"]
+    assert recovery["agent_restarts"] == 1
+    if checkpoints:  # the new pods restored the latest checkpoint: the rows before it were not replayed
+        assert events[1]["event"] == "restored" and events[1]["window"] > 0 and events[1]["rows_kept"] > 0, events
+        assert recovery["restored_from_window"] == events[1]["window"]
+    else:
+        assert [e["event"] for e in events] == ["restart", "caught_up"]
     assert leftovers(core, namespace, "k8s-rec") == []  # every pod of both sets, and both Secrets
 
 
@@ -94,7 +104,7 @@ def test_with_recovery_agents_fail_a_killed_agent_pod_stops_the_run_with_its_err
         kube_cluster, namespace, controller_pod, tmp_path):  # noqa: F811
     d = tmp_path / "run"
     with _kubelet(kube_cluster, namespace, tmp_path / "kubelet") as kubelet:
-        proc = _lockstep(kube_cluster, namespace, d, controller_pod, "recovery.agents=fail")
+        proc = _lockstep(kube_cluster, namespace, d, controller_pod, REPLAY, "recovery.agents=fail")
         out = _kill_agent_mid_run(kubelet, proc, d, "lockstep-k8s-rec-agent-1")
     assert proc.returncode == 1, out[-3000:]
     assert re.search(r"the run stopped because agent (1|lockstep-k8s-rec-agent-1) failed: ", out), out[-3000:]

@@ -26,8 +26,9 @@ pytestmark = pytest.mark.slow
 # about 600 rows in ~10 s on the 2-core VM: time to kill an actor in the middle
 RUN = ["workers=8", "agents=2", "model=mlp", "compute=constant", "stop.updates=600", "eval.every=200",
        "progress=false", "launcher=ray", "launcher.address=null", "launcher.log_poll_s=0.2",
-       "controller.heartbeat_s=0.5", "network.latency=1ms",
-       "recovery.checkpoint_every_s=0"]  # the replay from virtual time 0 (checkpoints: tests/recovery)
+       "controller.heartbeat_s=0.5", "network.latency=1ms"]
+REPLAY = "recovery.checkpoint_every_s=0"  # the replay from virtual time 0
+CHECKPOINTS = "recovery.checkpoint_every_s=0.5"  # from the latest checkpoint (docs/recovery.md)
 
 
 def _rows(run_dir: Path) -> int:
@@ -47,25 +48,28 @@ def _lockstep(run_dir: Path, mark: str, *extra: str) -> subprocess.Popen:
 def undisturbed(tmp_path_factory, ray_cluster) -> Path:
     """On the session's cluster (the other Ray tests' too), which saves starting a private one: the same outputs."""
     d = tmp_path_factory.mktemp("undisturbed") / "run"
-    proc = _lockstep(d, "ray-undisturbed", f"launcher.address={ray_cluster}")
+    proc = _lockstep(d, "ray-undisturbed", f"launcher.address={ray_cluster}", REPLAY)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     return d
 
 
-def test_an_agent_actor_killed_mid_run_is_restarted_and_the_run_ends_as_if_nothing_happened(tmp_path, undisturbed):
+@pytest.mark.parametrize("checkpoints", [False, True], ids=["replay from 0", "from a checkpoint"])
+def test_an_agent_actor_killed_mid_run_is_restarted_and_the_run_ends_as_if_nothing_happened(tmp_path, undisturbed,
+                                                                                             checkpoints):
     d, mark = tmp_path / "run", f"ray-restart-{uuid.uuid4().hex[:12]}"
     try:
-        _restart_mid_run(d, mark, undisturbed)
+        _restart_mid_run(d, mark, undisturbed, checkpoints)
     finally:
         kill_marked(mark)
 
 
-def _restart_mid_run(d: Path, mark: str, undisturbed: Path) -> None:
-    proc = _lockstep(d, mark)
+def _restart_mid_run(d: Path, mark: str, undisturbed: Path, checkpoints: bool) -> None:
+    proc = _lockstep(d, mark, CHECKPOINTS if checkpoints else REPLAY)
     try:
         pids = agent_pids(d, 2, timeout=180, what="both actors to build their vworkers (logs copied to the run dir)")
-        wait_until(lambda: _rows(d) > 200 or proc.poll() is not None, timeout=120, what="200 rows of metrics.csv")
+        wait_until(lambda: (_rows(d) > 200 and (not checkpoints or (d / "checkpoints" / "latest").exists()))
+                   or proc.poll() is not None, timeout=120, what="200 rows of metrics.csv (and a checkpoint)")
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         os.kill(pids[1], signal.SIGKILL)
         out, _ = proc.communicate(timeout=300)
@@ -73,15 +77,20 @@ def _restart_mid_run(d: Path, mark: str, undisturbed: Path) -> None:
         proc.kill()
     assert proc.returncode == 0, out[-3000:]
     assert re.search(r"agent 1 was lost \(", out), out[-3000:]
-    assert "the replay caught up with the" in out, out[-3000:]
+    assert "the replay caught up with the" in out or checkpoints, out[-3000:]
     # the new set of actors in a placement group of its own, on the cluster of the first
     assert re.search(r"created 2 agent actors \(placement group lockstep-\S+-r1,", out), out[-3000:]
     assert out.count("started a private Ray cluster in") == 1, out[-3000:]
     assert_identical(undisturbed, d, same_config=False)  # launcher.address differs, and so does config_hash
     events = [json.loads(line) for line in (d / "recovery.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events] == ["restart", "caught_up"]
-    assert events[0]["agent"] == "1" and events[0]["rows_written"] > 200
-    assert json.loads((d / "summary.json").read_text())["recovery"]["agent_restarts"] == 1
+    assert events[0]["event"] == "restart" and events[0]["agent"] == "1" and events[0]["rows_written"] > 200
+    recovery = json.loads((d / "summary.json").read_text())["recovery"]
+    assert recovery["agent_restarts"] == 1
+    if checkpoints:  # the new actors restored the latest checkpoint: the rows before it were not replayed
+        assert events[1]["event"] == "restored" and events[1]["window"] > 0 and events[1]["rows_kept"] > 0, events
+        assert recovery["restored_from_window"] == events[1]["window"]
+    else:
+        assert [e["event"] for e in events] == ["restart", "caught_up"]
     new = agent_pids(d, 2, timeout=5)  # the last actor of each agent: not the first set's
     assert not set(new) & set(pids)
     # the run stopped its private cluster at the end: no process it started (Ray's or an agent of either set) is left
