@@ -402,7 +402,7 @@ class AgentProcess:
         d = unpack_checkpoint(blob)
         old = self.core
         data = old.training.data if old is not None and old.training is not None else None
-        core = restore(old.plan, self.agent_id, d["core"], data=data, metrics=old.metrics, own_process=True)
+        core = restore(old.plan, self.agent_id, d["core"], data=data, metrics=old.metrics)
         self.core = core
         with contextlib.suppress(Exception):
             old.close()

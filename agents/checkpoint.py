@@ -140,8 +140,7 @@ def snapshot(core: Any) -> bytes:
     return len(head).to_bytes(8, "little") + head + buf.getvalue()
 
 
-def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics: Any = None,
-            own_process: bool = False) -> Any:
+def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics: Any = None) -> Any:
     """An AgentCore for ``agent_id`` of ``plan`` in the state :func:`snapshot` saved in ``blob``."""
     from agents.core import use_memory
     from agents.sim.kernel import HALTED

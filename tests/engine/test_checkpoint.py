@@ -15,17 +15,9 @@ from agents.strategies.base import Strategy, VWorkerSpec
 from controller.config import load
 from controller.plan import make_plan
 from tests import helpers
+from tests.faults.test_fault_identity import FAULTS  # every kind of fault at once
 
 BASE = [*helpers.FAST, "agents=1", "workers=4", "eval.every=10", "network.latency=1ms"]
-# every kind of fault at once (as tests/faults/test_fault_identity.py): crashes and restarts, a partition,
-# keyed loss and duplication, a slow NIC, stragglers and a Byzantine worker
-FAULTS = ("faults=[{kind:crash,workers:[w3],at:20ms,until:90ms},"
-          "{kind:partition,groups:[[w1,w2],[w0,w3,w4,w5,ps0]],at:30ms,until:60ms},"
-          "{kind:duplicate,workers:[w5],probability:0.3},"
-          "{kind:loss,workers:[w4],probability:0.2,at:100ms,until:130ms},"
-          "{kind:slow_link,workers:[w2],factor:0.25,at:0,until:80ms},"
-          "{kind:straggler,fraction:0.34,factor:3,probability:0.5},"
-          "{kind:byzantine,workers:[w5],mode:noise,std:0.1}]")
 SLOW = ["compute.gradient=0.005", "eval.every=2"]  # (short runs: a gradient long enough for faults to bite)
 LAYERWISE = ["compute.layerwise=true", "network.bandwidth=1e8", "stop.updates=10", "eval.every=5"]
 END_DEVICES = ["data.placement=end_devices", "data.cache=lru", "data.cache_size=40", "data.end_devices=2",
