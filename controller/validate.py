@@ -63,9 +63,12 @@ def _overrides_for(p: Point) -> list[str]:
           f"network.bandwidth={p.B_bps / 8!r}", "model=flat", f"model.bytes={p.M_bytes}",
           "compute=constant", f"compute.gradient={p.C_s!r}", "compute.update=0",
           f"compute.aggregate={p.aggregate_s!r}", "batch_size=1", "eval.every=0",
-          "eval.samples=10", "progress=false", "launcher=inprocess", "trace.mode=off", "statelog.enabled=false",
+          "eval.samples=10", "progress=false", "launcher=inprocess", "trace.mode=off",
           "agents=1", "metrics.port=null"]
     ov += [f"compute.start_spread={TESTBED_START_SPREAD}", f"compute.jitter={TESTBED_TIMER_JITTER}"]
+    # the state log says whose gradient each update applied (_async_rate); no other scenario needs it
+    ov += (["statelog.enabled=true", "statelog.checksum=false", "statelog.snapshot_every=0"]
+           if p.scenario == "ps_async" else ["statelog.enabled=false"])
     if p.scenario == "ps_async":
         ov += [f"stop.updates={p.K * steps}", f"strategy.start_after={TESTBED_PS_START}"]
     elif p.scenario == "ring":  # rank 0 leaves init_process_group one one-way latency after the others
@@ -99,14 +102,20 @@ def emulate(p: Point, overrides: list[str], workdir: Path | None = None) -> floa
 
     rc = load(_overrides_for(p) + _applicable(p, overrides))
     with tempfile.TemporaryDirectory(prefix="lockstep-validate-", dir=workdir) as d:
+        if p.scenario == "ps_async":  # counted from the state log, which the observer writes (_async_rate)
+            from agents.observe.statelog import read_jsonl
+            from controller.observe import Observer
+
+            observer, summary = Observer(rc, Path(d)), None
+            try:
+                summary = execute(rc, Path(d), observer=observer).summary
+            finally:
+                observer.finish(summary)
+            return _async_rate(p, [(r["t"], r["worker"]) for r in read_jsonl(Path(d) / "statelog.jsonl")
+                                   if r.get("kind") == "result"])
         execute(rc, Path(d))
         rows = read_csv(Path(d) / "metrics.csv")
     times = [int(r["virtual_time_ns"]) for r in rows]
-    if p.scenario == "ps_async":
-        meas = times[p.K * p.warmup:]
-        if len(meas) < 2:
-            raise RuntimeError(f"{p.describe()}: the emulation made {len(times)} updates, too few to time")
-        return (len(meas) - 1) / ((meas[-1] - meas[0]) / 1e9)
     if p.scenario in ("p2p", "fanin"):  # the microbenchmark reports each repetition's time as its "loss"
         return statistics.median(float(r["loss"]) for r in rows[p.warmup:])
     steps = [(b - a) / 1e9 for a, b in zip(times, times[1:])][p.warmup - 1 if p.warmup else 0:]
@@ -115,6 +124,30 @@ def emulate(p: Point, overrides: list[str], workdir: Path | None = None) -> floa
     if not steps:
         raise RuntimeError(f"{p.describe()}: the emulation made {len(times)} updates, too few to time")
     return statistics.median(steps[: p.N])
+
+
+def _async_rate(p: Point, updates: list[tuple[int, str]]) -> float:
+    """Updates/s of an asynchronous PS as realrun and ``lockstep measure`` count them: every worker runs
+    ``warmup + N`` steps; the rate is taken over the updates of worker steps ``>= warmup`` from the first
+    of them up to the first worker's last update (later, fewer workers compete). ``updates`` is
+    ``(virtual time, worker)`` per applied gradient, in order; a worker's steps past ``warmup + N`` do not
+    exist in the measured program and are dropped."""
+    steps = p.warmup + p.N
+    done: dict[str, int] = {}
+    tagged = []  # (time, worker, the worker's step)
+    for t, w in updates:
+        s = done.get(w, 0)
+        done[w] = s + 1
+        if s < steps:
+            tagged.append((t, w, s))
+    last = [t for t, w, s in tagged if s == steps - 1]
+    if not last:
+        raise RuntimeError(f"{p.describe()}: no worker of the emulation finished its {steps} steps")
+    t_end = min(last)
+    meas = [t for t, _, s in tagged if s >= p.warmup and t <= t_end]
+    if len(meas) < 2 or meas[-1] == meas[0]:
+        raise RuntimeError(f"{p.describe()}: the emulation made {len(updates)} updates, too few to time")
+    return (len(meas) - 1) / ((meas[-1] - meas[0]) / 1e9)
 
 
 def validate_points(points: list[Point], overrides: list[str], log: Any = None, seeds: int = 1,

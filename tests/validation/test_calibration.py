@@ -50,7 +50,9 @@ def test_validate_on_the_calibration_runs(capsys):
     # ps_async 11.0 % / 19.6 % (mean / max); before them, one deterministic run: ring 1.5 % / 7.5 %,
     # ps_sync 3.7 % / 17.2 %, ps_async 8.2 % / 20.1 % (the asynchronous PS's first transfer then took a
     # HyStart exit the testbed's captures do not show). With gloo's device thread answering announcements
-    # while the member reduces, and realrun's rank 0 starting one latency late: ring 0.7 % / 3.7 %
+    # while the member reduces, and realrun's rank 0 starting one latency late: ring 0.7 % / 3.7 %. With the
+    # asynchronous PS counted as realrun counts it (2026-11-27, controller/validate.py _async_rate): ring
+    # 0.8 % / 3.7 %, ps_sync 4.1 % / 14.8 %, ps_async 9.5 % / 19.1 % (it read 11.0 % / 19.6 % the old way)
     assert s["ring"]["mean_abs_error"] <= 0.02 and s["ring"]["max_abs_error"] <= 0.05
     assert s["ps_sync"]["mean_abs_error"] <= 0.045 and s["ps_sync"]["max_abs_error"] <= 0.16
     assert s["ps_async"]["mean_abs_error"] <= 0.12 and s["ps_async"]["max_abs_error"] <= 0.21

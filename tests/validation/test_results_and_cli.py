@@ -145,3 +145,39 @@ def test_validate_emulates_the_measured_programs_rank_0_lag_and_late_asynchronou
     assert "strategy.start_after=0.01" in _overrides_for(point("ring"))
     assert f"strategy.start_after={TESTBED_PS_START}" in _overrides_for(point("ps_async"))
     assert not any(o.startswith("strategy.start_after=") for o in _overrides_for(point("ps_sync")))
+
+
+def test_the_asynchronous_ps_rate_is_counted_as_realrun_counts_it():
+    # realrun.py and `lockstep measure`: every worker runs warmup + N steps; the rate is taken over the updates
+    # of worker steps >= warmup, from the first of them to the first worker's last update
+    from controller.results import Point
+    from controller.validate import _async_rate
+
+    p = Point("ps_async", 2, 0.001, 1e9, 1000, 0.001, 1.0, N=2, warmup=1)  # 3 steps per worker
+    even = [(100, "w0"), (150, "w1"), (200, "w0"), (260, "w1"), (300, "w0"), (380, "w1"), (400, "w0")]
+    # counted: 200 (w0 step 1), 260 (w1 step 1), 300 (w0 step 2, its last: the window ends); 380 comes after,
+    # 400 is a fourth step that the measured program never takes
+    assert _async_rate(p, even) == 2 / 100e-9
+    # a worker that falls behind: its step 1 at 350 comes after the window and is not counted
+    assert _async_rate(p, [(100, "w0"), (150, "w1"), (200, "w0"), (300, "w0"), (350, "w1")]) == 1 / 100e-9
+    # steps before warmup are not counted even inside the window: w1's step 0 at 250
+    assert _async_rate(p, [(100, "w0"), (200, "w0"), (250, "w1"), (300, "w0")]) == 1 / 100e-9
+    # a worker past its steps before another began: those steps do not exist in the measured program
+    assert _async_rate(p, [(100, "w0"), (200, "w0"), (300, "w0"), (400, "w0"), (500, "w1")]) == 1 / 100e-9
+    with pytest.raises(RuntimeError, match="no worker of the emulation finished its 3 steps"):
+        _async_rate(p, [(100, "w0"), (200, "w0"), (250, "w1")])
+
+
+def test_validate_counts_the_emulated_asynchronous_ps_from_the_state_log(monkeypatch):
+    # the emulation's updates, with the worker each applied, reach the count above: all K (N + warmup) of them
+    import controller.validate as V
+    from controller.results import Point
+
+    seen = []
+    real = V._async_rate
+    monkeypatch.setattr(V, "_async_rate", lambda p, updates: seen.append(updates) or real(p, updates))
+    p = Point("ps_async", 3, 0.001, 1e9, 100_000, 0.002, 100.0, N=3, warmup=1)
+    value = V.emulate(p, [])
+    [updates] = seen
+    assert len(updates) == 3 * 4 and {w for _, w in updates} == {"w0", "w1", "w2"}
+    assert [t for t, _ in updates] == sorted(t for t, _ in updates) and value == real(p, updates)
