@@ -13,7 +13,8 @@ The format is ``../shared/realrun``'s (torch.distributed/gloo on emulated hosts)
 ``M_bytes``     model (message) bytes (> 0)
 ``C_ms``        compute per step, ms (>= 0; ring and PS scenarios)
 ``median_s``    measured median step (ring, ps_sync) or transfer time (p2p, fanin), s
-``updates_per_s``  measured updates per second (ps_async, instead of ``median_s``)
+``updates_per_s``  measured updates per second (ps_async, instead of ``median_s``), counted as realrun
+                   counts them: worker steps >= warmup, up to the first worker's last (docs/engine.md)
 ==============  =====================================================================
 
 Optional: ``N`` (measured steps, default 10), ``warmup`` (steps before them, default 2),

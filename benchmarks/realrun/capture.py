@@ -13,7 +13,8 @@ Writes into --out-dir:
                        from a private ftrace instance
   hI.pcap              tcpdump of host I's eth0 (headers only, ns timestamps): what leaves the host's
                        qdisc and what delayd released to it
-  meta.json            the addresses, the clocks' offset (CLOCK_REALTIME - CLOCK_MONOTONIC) and loadavg
+  meta.json            the addresses, the clocks' offset (CLOCK_REALTIME - CLOCK_MONOTONIC), loadavg and
+                       trace_events_lost (the oldest events a full trace buffer overwrote; also a warning)
 
 benchmarks/realrun/analyse_capture.py turns these into per-step, per-connection timelines.
 """
@@ -69,8 +70,23 @@ def trace_start(buffer_kb: int) -> None:
     _w(os.path.join(INSTANCE, "tracing_on"), "1")
 
 
-def trace_stop(out: str) -> None:
+def trace_overruns() -> int:
+    """Events the ring buffer overwrote (per_cpu/cpuN/stats "overrun"): the *oldest* ones, so a run that
+    filled it has lost its first transfers -- raise --trace-buffer-kb or take fewer steps."""
+    lost = 0
+    per_cpu = os.path.join(INSTANCE, "per_cpu")
+    for cpu in sorted(os.listdir(per_cpu)) if os.path.isdir(per_cpu) else []:
+        with open(os.path.join(per_cpu, cpu, "stats")) as f:
+            for line in f:
+                if line.startswith("overrun:"):
+                    lost += int(line.split()[1])
+    return lost
+
+
+def trace_stop(out: str) -> int:
+    """Write the instance's events to ``out``; returns the number of events lost to overruns."""
     _w(os.path.join(INSTANCE, "tracing_on"), "0")
+    lost = trace_overruns()
     with open(os.path.join(INSTANCE, "trace")) as f, open(out, "w") as g:
         for line in f:
             if line.startswith("#") or ("10.77.0." not in line and "tcp_probe" in line):
@@ -79,6 +95,7 @@ def trace_stop(out: str) -> None:
     for ev in EVENTS:
         _w(os.path.join(INSTANCE, "events", ev, "enable"), "0")
     os.rmdir(INSTANCE)
+    return lost
 
 
 
@@ -113,7 +130,8 @@ def main() -> int:
     p.add_argument("--sample-hosts", default="all", help="comma-separated host indices, or all")
     p.add_argument("--pcap-hosts", default="all", help="comma-separated host indices, all, or none")
     p.add_argument("--no-trace", action="store_true", help="no ftrace tcp_probe")
-    p.add_argument("--trace-buffer-kb", type=int, default=16384)
+    p.add_argument("--trace-buffer-kb", type=int, default=131072,
+                   help="ftrace buffer per CPU; 16 MB lost the first 2 s of a 10 MB ps_async run")
     p.add_argument("--sysctl", action="append", help="host sysctl KEY=VAL (repeatable)")
     p.add_argument("--out-dir", required=True)
     a = p.parse_args()
@@ -156,6 +174,7 @@ def main() -> int:
                                       stdout=subprocess.PIPE, text=True, preexec_fn=realrun._pdeathsig)
                 assert sp.stdout.readline().strip() == "READY"
                 helpers.append(sp)
+            lost = None
             if not a.no_trace:
                 trace_start(a.trace_buffer_kb)
             offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -163,7 +182,11 @@ def main() -> int:
                 out = realrun._run_workers(topo, rr_args, world, timeout, run_dir)
             finally:
                 if not a.no_trace:
-                    trace_stop(os.path.join(out_dir, "probe.txt"))
+                    lost = trace_stop(os.path.join(out_dir, "probe.txt"))
+                    if lost:
+                        print(f"capture: warning: the trace buffer overflowed and lost the first {lost} tcp_probe "
+                              f"events; raise --trace-buffer-kb (now {a.trace_buffer_kb}) or take fewer --steps",
+                              file=sys.stderr)
                 # the workers have exited, but their last ACKs may still be crossing the delay daemon (one-way
                 # latency <= 10 ms here) and nothing says when they have arrived: give them a bounded moment
                 time.sleep(0.3)
@@ -181,7 +204,7 @@ def main() -> int:
         json.dump(rec, f)
     meta = {"hosts": {h: topo.host_ip(h) for h in range(world)}, "realtime_minus_mono_ns": offset,
             "loadavg_before": load0, "loadavg_after": open("/proc/loadavg").read().split()[:3],
-            "argv": sys.argv[1:], "sample_us": a.sample_us,
+            "argv": sys.argv[1:], "sample_us": a.sample_us, "trace_events_lost": lost,
             "priority": {"policy": os.sched_getscheduler(0), "rt_priority": os.sched_getparam(0).sched_priority,
                          "nice": os.getpriority(os.PRIO_PROCESS, 0)}, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     with open(os.path.join(out_dir, "meta.json"), "w") as f:
