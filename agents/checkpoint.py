@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
-from agents.sim.resume import NotCheckpointable, continues, frames_of, rebuilt  # noqa: F401 - re-exported
+from agents.sim.resume import NotCheckpointable, continues, finishes, frames_of, rebuilt  # noqa: F401 - re-exported
 
-__all__ = ["NotCheckpointable", "snapshot", "restore", "continues", "FORMAT"]
+__all__ = ["NotCheckpointable", "snapshot", "restore", "continues", "finishes", "FORMAT"]
 
 FORMAT = 1
 """Bumped whenever what a checkpoint holds changes: a restore refuses another format."""

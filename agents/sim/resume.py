@@ -5,7 +5,7 @@ the kernel awaitable it waits in (``cr_await``), each with its code and its loca
 :func:`rebuilt` is a coroutine that, resumed with the value the original was waiting for, runs *the rest
 of each frame*, innermost first, from *tails* registered with :func:`continues` — see
 :mod:`agents.checkpoint`, which saves and restores the rest of an agent. The kernel's own suspension
-points are marked with :func:`leaf`.
+points are marked with :func:`leaf`; a frame whose await is its last step registers :func:`finishes`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable
 
 from agents.sim.kernel import park, suspend_until
 
-__all__ = ["NotCheckpointable", "continues", "leaf", "frames_of", "rebuilt"]
+__all__ = ["NotCheckpointable", "continues", "finishes", "leaf", "frames_of", "rebuilt"]
 
 
 class NotCheckpointable(RuntimeError):
@@ -45,6 +45,17 @@ def continues(fn: Callable[..., Any]) -> Callable[[Tail], Tail]:
         _TAIL_CODES.add(tail.__code__)
         return tail
     return register
+
+
+_AWAITED = object()
+
+
+def finishes(fn: Callable[..., Any], result: Any = _AWAITED) -> None:
+    """Register the rest of ``fn``'s frame where the await it is suspended in is its last step: the frame
+    returns what it awaited, or ``result`` (a method that ends in ``await ...`` and returns ``None``, say)."""
+    async def tail(f: dict[str, Any], value: Any, below: str) -> Any:
+        return value if result is _AWAITED else result
+    continues(fn)(tail)
 
 
 def leaf(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agents.sim.kernel import PRIO_RESUME, Kernel, KernelError, park, suspend_until
-from agents.sim.resume import continues, leaf
+from agents.sim.resume import continues, finishes, leaf
 from agents.sim.types import VirtualTime
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -324,6 +324,4 @@ async def _(f: dict[str, Any], value: Any, below: str) -> Any:
     return value
 
 
-@continues(Worker.wait)
-async def _(f: dict[str, Any], value: Any, below: str) -> Any:
-    return None
+finishes(Worker.wait, None)

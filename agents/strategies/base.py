@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 from agents.common.units import parse_duration
 from agents.sim.types import seconds_to_ns
 from agents.sim.worker import Worker
@@ -162,9 +162,7 @@ def _counted(acc: tuple[int, float, int], loss: float, samples: int) -> tuple[in
 
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame above, for a coroutine rebuilt from a checkpoint (keep each in step with its method).
-@continues(TrainingWorker.fetch_batch)
-async def _(f: dict[str, Any], value: Any, below: str) -> Any:
-    return value
+finishes(TrainingWorker.fetch_batch)
 
 
 @continues(TrainingWorker.gradient)
@@ -179,19 +177,9 @@ async def _(f: dict[str, Any], value: Any, below: str) -> Any:
     return f["self"]._gradient_done(f["seq"], f["y"], *value)
 
 
-@continues(TrainingWorker.apply)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
-
-
-@continues(TrainingWorker.aggregate)
-async def _(f: dict[str, Any], value: Any, below: str) -> Any:
-    return value
-
-
-@continues(TrainingWorker.start_late)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
+finishes(TrainingWorker.apply, None)
+finishes(TrainingWorker.aggregate)
+finishes(TrainingWorker.start_late, None)
 
 
 @continues(TrainingWorker.repeat)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 from agents.sim.network import payload_nbytes
 from agents.sim.worker import Worker
 
@@ -441,9 +441,7 @@ async def _(f: dict[str, Any], m: Any, below: str) -> None:
     f["self"].received(m)
 
 
-@continues(ring_allreduce)
-async def _(f: dict[str, Any], value: Any, below: str) -> tuple[torch.Tensor, list[float], int]:
-    return value
+finishes(ring_allreduce)
 
 
 @continues(_Ring.run)
@@ -464,9 +462,7 @@ async def _(f: dict[str, Any], value: Any, below: str) -> None:
     f["self"].reduced(f["i"], value, f["their"])
 
 
-@continues(gloo_ring_allreduce)
-async def _(f: dict[str, Any], value: Any, below: str) -> tuple[torch.Tensor, list[float], int]:
-    return value
+finishes(gloo_ring_allreduce)
 
 
 @continues(_GlooRing.run)

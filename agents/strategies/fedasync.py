@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 from agents.strategies.base import TrainingWorker
 from agents.strategies.fedavg import FedAvg
 
@@ -93,9 +93,7 @@ class FedAsync(FedAvg):
 
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
-@continues(FedAsyncServer.run)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
+finishes(FedAsyncServer.run, None)
 
 
 @continues(FedAsyncServer._next)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 from agents.sim import keyed
 from agents.sim.types import seconds_to_ns
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
@@ -161,9 +161,7 @@ class FedAvg(Strategy):
 
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
-@continues(FedClient.run)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
+finishes(FedClient.run, None)
 
 
 @continues(FedClient._round)
@@ -178,9 +176,7 @@ async def _(f: dict[str, Any], acc: tuple[int, float, int], below: str) -> None:
     f["self"]._trained(f["version"], acc)
 
 
-@continues(FedServer.run)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
+finishes(FedServer.run, None)
 
 
 @continues(FedServer._round)
@@ -195,9 +191,7 @@ async def _(f: dict[str, Any], mean: Any, below: str) -> bool:
     return f["self"]._averaged(f["msgs"], f["weights"], mean)
 
 
-@continues(FedServer._gather)
-async def _(f: dict[str, Any], value: Any, below: str) -> list:
-    return value
+finishes(FedServer._gather)
 
 
 @continues(FedServer._collect)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 from agents.sim import keyed
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
@@ -100,9 +100,7 @@ class Gossip(Strategy):
 
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
-@continues(GossipWorker.run)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
+finishes(GossipWorker.run, None)
 
 
 @continues(GossipWorker._step)

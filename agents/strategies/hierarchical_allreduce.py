@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 from agents.strategies.collective import gloo_ring_allreduce, ring_allreduce
 
@@ -159,9 +159,7 @@ async def _(f: dict[str, Any], value: Any, below: str) -> bool:
     return value
 
 
-@continues(HierarchicalWorker._broadcast)
-async def _(f: dict[str, Any], value: Any, below: str) -> bool:
-    return value
+finishes(HierarchicalWorker._broadcast)
 
 
 @continues(HierarchicalWorker._descend)

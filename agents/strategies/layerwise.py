@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 
 __all__ = ["LayerPlan", "layer_plan", "gradient_timeline", "worker_step", "ring_step", "ps_send_params"]
 
@@ -325,9 +325,7 @@ async def _(f: dict[str, Any], batch: Any, below: str) -> tuple[float, torch.Ten
     return _gradient_on(f["w"], f["params"], *batch)
 
 
-@continues(worker_step)
-async def _(f: dict[str, Any], value: Any, below: str) -> tuple[float, torch.Tensor, int, Any]:
-    return value
+finishes(worker_step)
 
 
 @continues(_WorkerStep.run)
@@ -363,9 +361,7 @@ async def _(f: dict[str, Any], value: Any, below: str) -> None:
     f["self"].pushed()
 
 
-@continues(ring_step)
-async def _(f: dict[str, Any], value: Any, below: str) -> tuple[Any, torch.Tensor, int]:
-    return value
+finishes(ring_step)
 
 
 @continues(_RingStep.run)
@@ -394,9 +390,7 @@ async def _(f: dict[str, Any], value: Any, below: str) -> None:
     f["self"].reduced(f["i"], *value)
 
 
-@continues(ps_send_params)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
+finishes(ps_send_params, None)
 
 
 @continues(_send_fair)

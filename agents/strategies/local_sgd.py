@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 from agents.strategies.base import Strategy, VWorkerSpec
 from agents.strategies.ring_allreduce import RingWorker
 
@@ -53,9 +53,7 @@ class LocalSGD(Strategy):
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame above after the await it is suspended in (``below``), in tail-call form; the
 # frames LocalWorker shares with RingWorker (run, _descend, ...) continue as RingWorker's.
-@continues(LocalWorker._train)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return value
+finishes(LocalWorker._train)
 
 
 @continues(LocalWorker._step)

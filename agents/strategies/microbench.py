@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
 __all__ = ["Microbench", "BenchWorker"]
@@ -114,9 +114,7 @@ class Microbench(Strategy):
 
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
-@continues(BenchWorker.run)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
+finishes(BenchWorker.run, None)
 
 
 @continues(BenchWorker._answer)
@@ -140,9 +138,7 @@ async def _(f: dict[str, Any], value: Any, below: str) -> bool:
     return value
 
 
-@continues(BenchWorker._measured)
-async def _(f: dict[str, Any], value: Any, below: str) -> bool:
-    return False
+finishes(BenchWorker._measured, False)
 
 
 @continues(BenchWorker._p2p)
@@ -157,9 +153,7 @@ async def _(f: dict[str, Any], value: Any, below: str) -> float:
     return f["self"]._took(f["t1"], f["rtt"])
 
 
-@continues(BenchWorker._fanin)
-async def _(f: dict[str, Any], value: Any, below: str) -> float:
-    return value
+finishes(BenchWorker._fanin)
 
 
 @continues(BenchWorker._fanin_wait)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 from agents.observe.statelog import log_model, log_result, log_version
 from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
@@ -451,9 +451,7 @@ async def _(f: dict[str, Any], m: Any, below: str) -> list:
     return await f["self"]._gather_faults(f["got"])
 
 
-@continues(ParameterServer._release)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return value
+finishes(ParameterServer._release)
 
 
 @continues(ParameterServer._release_each)
@@ -489,9 +487,7 @@ async def _(f: dict[str, Any], value: Any, below: str) -> bool:
     return await f["self"]._applied(f["m"], f["version"], f["loss"], f["samples"], f["staleness"])
 
 
-@continues(ParameterServer.apply)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
+finishes(ParameterServer.apply, None)
 
 
 @continues(ParameterServer._run_sync)
@@ -507,9 +503,7 @@ async def _(f: dict[str, Any], value: Any, below: str) -> bool:
     return value
 
 
-@continues(ParameterServer._gather)
-async def _(f: dict[str, Any], value: Any, below: str) -> list:
-    return value
+finishes(ParameterServer._gather)
 
 
 @continues(ParameterServer._gather_all)
@@ -532,9 +526,7 @@ async def _(f: dict[str, Any], value: Any, below: str) -> bool:
     return value
 
 
-@continues(PSWorker.run)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
+finishes(PSWorker.run, None)
 
 
 @continues(PSWorker._loop)
@@ -563,19 +555,9 @@ async def _(f: dict[str, Any], value: Any, below: str) -> bool:
 
 
 # compute.layerwise: the PS's sends that wait (fair egress) and the workers' layer loop
-@continues(ParameterServer._send_params)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
-
-
-@continues(ParameterServer._applied)
-async def _(f: dict[str, Any], value: Any, below: str) -> bool:
-    return False
-
-
-@continues(ParameterServer._synced)
-async def _(f: dict[str, Any], value: Any, below: str) -> bool:
-    return False
+finishes(ParameterServer._send_params, None)
+finishes(ParameterServer._applied, False)
+finishes(ParameterServer._synced, False)
 
 
 @continues(PSWorker._run_layerwise)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 from agents.strategies.collective import gloo_ring_allreduce, ring_allreduce
@@ -92,9 +92,7 @@ class RingAllReduce(Strategy):
 
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
-@continues(RingWorker.allreduce)
-async def _(f: dict[str, Any], value: Any, below: str) -> Any:
-    return value
+finishes(RingWorker.allreduce)
 
 
 @continues(RingWorker.run)
@@ -103,9 +101,7 @@ async def _(f: dict[str, Any], value: Any, below: str) -> None:
         return await f["self"]._train()
 
 
-@continues(RingWorker._train)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return value
+finishes(RingWorker._train)
 
 
 @continues(RingWorker._step)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.checkpoint import continues
+from agents.checkpoint import continues, finishes
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 
 __all__ = ["SGD", "Learner"]
@@ -35,9 +35,7 @@ class SGD(Strategy):
 
 # ------------------------------------------------------------------ checkpoints (agents.checkpoint)
 # The rest of each frame above after the await it is suspended in (``below``), in tail-call form.
-@continues(Learner.run)
-async def _(f: dict[str, Any], value: Any, below: str) -> None:
-    return None
+finishes(Learner.run, None)
 
 
 @continues(Learner._step)
