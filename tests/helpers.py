@@ -186,3 +186,21 @@ def _stabbing(intervals: Any, end: int) -> list[int]:
         if not out or out[-1] < a:
             out.append(b)
     return out
+
+
+def assert_one_agent_recovered(run_dir: Path, checkpoints: bool) -> list[dict[str, Any]]:
+    """``run_dir`` lost one agent and went on: from its latest checkpoint (the rows before it kept, not
+    replayed) or, without checkpoints, by replaying from virtual time 0 until it caught up. Returns the
+    recovery.jsonl events."""
+    import json
+
+    events = [json.loads(line) for line in (run_dir / "recovery.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "restart" and events[0]["rows_written"] > 200, events
+    recovery = json.loads((run_dir / "summary.json").read_text())["recovery"]
+    assert recovery["agent_restarts"] == 1
+    if checkpoints:
+        assert events[1]["event"] == "restored" and events[1]["window"] > 0 and events[1]["rows_kept"] > 0, events
+        assert recovery["restored_from_window"] == events[1]["window"]
+    else:
+        assert [e["event"] for e in events] == ["restart", "caught_up"]
+    return events

@@ -8,13 +8,13 @@ the launcher deleting the lost set of pods and creating a new one, the new token
 """
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import assert_one_agent_recovered
 from tests.recovery.test_recovery import assert_identical
 
 from .conftest import REPO, KubeCluster, wait_until
@@ -88,15 +88,7 @@ def test_an_agent_pod_killed_mid_run_is_replaced_and_the_run_ends_as_if_nothing_
     for pod in kubelet.seen.values():
         assert pod.metadata.owner_references[0].name == controller_pod
     assert_identical(whole, d, same_config=False)  # each run has a port of its own (controller.port)
-    events = [json.loads(line) for line in (d / "recovery.jsonl").read_text().splitlines()]
-    assert events[0]["event"] == "restart" and events[0]["rows_written"] > 200
-    recovery = json.loads((d / "summary.json").read_text())["recovery"]
-    assert recovery["agent_restarts"] == 1
-    if checkpoints:  # the new pods restored the latest checkpoint: the rows before it were not replayed
-        assert events[1]["event"] == "restored" and events[1]["window"] > 0 and events[1]["rows_kept"] > 0, events
-        assert recovery["restored_from_window"] == events[1]["window"]
-    else:
-        assert [e["event"] for e in events] == ["restart", "caught_up"]
+    assert_one_agent_recovered(d, checkpoints)  # the new pods: from the latest checkpoint, or a replay
     assert leftovers(core, namespace, "k8s-rec") == []  # every pod of both sets, and both Secrets
 
 
