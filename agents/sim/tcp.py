@@ -687,6 +687,24 @@ class TcpNetwork:
                       arrived, 0.0)
         self.env.deliver(self.kernel.workers[dst], msg, tr, now)
 
+    # ------------------------------------------------------- history
+    def barrier_history(self, w: "Worker", heard: list[int], answered: set[int]) -> None:
+        """The receiver state a barrier before the first tensor leaves (``delayed_ack`` only; gloo's
+        dissemination barrier, :func:`agents.strategies.collective.gloo_barrier`): ``w`` received a
+        short message from every peer in ``heard`` just now (the first data of the connection: its quick
+        ACKs granted, one spent acknowledging it) and answered those in ``answered`` within the
+        delayed-ACK time (pingpong mode, ``tcp_event_data_sent``)."""
+        if not self.tcp.delayed_ack:
+            return
+        host, now = self._host(w.id), self.kernel.now
+        for src in heard:
+            rcv = host.receivers.get(src)
+            if rcv is None:
+                rcv = host.receivers[src] = _Receiver()
+            rcv.lrcv = now
+            rcv.quick = QUICKACKS - 1
+            rcv.pingpong = src in answered
+
     # ------------------------------------------------------------- notify
     def notify(self, w: "Worker", owner: int, name: str) -> None:
         if owner == w.id:

@@ -220,6 +220,39 @@ def _preamble_apart(w: Worker) -> bool:
     return bool(getattr(tcp, "delayed_ack", False))
 
 
+def barrier_peers(rank: int, n: int) -> tuple[set[int], set[int]]:
+    """The ranks ``rank`` exchanged messages with in gloo's dissemination barrier over ``n`` ranks
+    (``gloo/barrier.cc``; Hensgen, Finkel and Manber 1988): ``(heard_from, answered)``.
+
+    In round ``d = 1, 2, 4, … < n`` a rank posts its receive from ``rank − d`` (announcing it there) and
+    sends to ``rank + d`` once that rank's announcement has come: so it hears from both (an announcement
+    or the data op, each a message on the connection) and answers ``rank + d`` (its data op follows the
+    announcement it heard).
+    """
+    heard, answered = set(), set()
+    d = 1
+    while d < n:
+        heard.update({(rank - d) % n, (rank + d) % n})
+        answered.add((rank + d) % n)
+        d <<= 1
+    heard.discard(rank)
+    answered.discard(rank)
+    return heard, answered
+
+
+def gloo_barrier(w: Worker, ranks: list[str]) -> None:
+    """What the program's ``dist.barrier()`` after ``init_process_group`` (realrun's, and most torch
+    programs') leaves on this vworker's connections, for the ``tcp`` model's receiver (docs/engine.md,
+    "Connections before the first tensor"): a peer it heard from in the barrier counts as heard from
+    just now, and one it answered puts its receiver in pingpong mode. The barrier's own time is not
+    modelled (validate's start spread stands for it)."""
+    prime = getattr(w.env.network, "barrier_history", None)
+    if prime is None or w.name not in ranks:
+        return
+    heard, answered = barrier_peers(ranks.index(w.name), len(ranks))
+    prime(w, [w.env.ids[ranks[r]] for r in sorted(heard)], {w.env.ids[ranks[r]] for r in answered})
+
+
 class _GlooPair:
     """The rendezvous of one member with its two ring neighbours during one all-reduce.
 

@@ -28,7 +28,7 @@ from agents.checkpoint import continues, finishes
 from agents.observe.statelog import log_model, log_result, log_version
 from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
-from agents.strategies.collective import GlooP2P
+from agents.strategies.collective import GlooP2P, gloo_barrier
 
 __all__ = ["PSSync", "PSAsync", "ParameterServer", "PSWorker", "TensorShards"]
 
@@ -131,7 +131,7 @@ class ParameterServer(TrainingWorker):
         params = self.params()
         log_version(self, 0, params)
         self.layerwise = self.env.compute.spec.layerwise  # one message per layer (agents.strategies.layerwise)
-        self.p2p = _gloo(self) if not self.layerwise else None
+        self.p2p = _gloo(self, [f"ps{i}" for i in range(self.n_shards)]) if not self.layerwise else None
         await self.start_late(self.name)  # a PS that starts late (realrun's asynchronous PS reads its counters first)
         await self._serve(params)
 
@@ -303,7 +303,7 @@ class PSWorker(TrainingWorker):
             return
         self._split = shards_of(self.training, len(self.shards)) if len(self.shards) > 1 else None
         self._keeps_model = self._split is not None and self.name == "w0"  # the result vworker of a sharded PS
-        self._p2p = _gloo(self)
+        self._p2p = _gloo(self, self.shards)
         if self.restarted:
             for s in self.shards:
                 self.send(s, None, tag="pull")
@@ -373,9 +373,17 @@ class PSWorker(TrainingWorker):
         return self.send(self.shards[0], (g, version, loss, samples), tag=("g", i))
 
 
-def _gloo(w: TrainingWorker) -> GlooP2P | None:
-    """torch.distributed/gloo's send/recv protocol for this vworker's messages (``collective: gloo``), or None."""
-    return GlooP2P(w) if w.setting("collective", "ideal") == "gloo" else None
+def _gloo(w: TrainingWorker, servers: list[str]) -> GlooP2P | None:
+    """torch.distributed/gloo's send/recv protocol for this vworker's messages (``collective: gloo``), or None.
+
+    The program is realrun's: ranks are the servers, then the workers in order, and it passes
+    ``dist.barrier()`` before its first tensor (:func:`~agents.strategies.collective.gloo_barrier`)."""
+    if w.setting("collective", "ideal") != "gloo":
+        return None
+    p2p = GlooP2P(w)
+    if not w.restarted:
+        gloo_barrier(w, servers + [n for n in w.env.names if n not in servers])
+    return p2p
 
 
 class _PS(Strategy):

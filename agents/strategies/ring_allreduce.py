@@ -20,7 +20,7 @@ from typing import Any
 from agents.checkpoint import continues, finishes
 from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
-from agents.strategies.collective import gloo_ring_allreduce, ring_allreduce
+from agents.strategies.collective import gloo_barrier, gloo_ring_allreduce, ring_allreduce
 
 __all__ = ["RingAllReduce", "RingWorker"]
 
@@ -39,6 +39,8 @@ class RingWorker(TrainingWorker):
     async def run(self) -> None:
         self.make_model()
         self.version = 0
+        if self.setting("collective", "ideal") == "gloo" and not self.restarted:
+            gloo_barrier(self, self.members)  # the program's dist.barrier() before its first all-reduce
         await self.start_late(self.members[0])
         return await self._train()
 

@@ -409,3 +409,62 @@ def test_a_receiver_that_answers_at_once_leaves_short_packets_to_the_delayed_ack
     second = 1_012_304 + 100_000 + 1_001_520 + 100_000 + 1_001_520
     assert second == 3_215_344
     assert acks == [(1_012_304, SEG), (second + 40 * MS, SEG + 100), (100 * MS + 1_001_520, SEG + 200)]
+
+
+class _AfterBarrier(Worker):
+    """b: ``heard``/``answered`` from a in a barrier at 0 (None: no barrier), a 48-byte announcement to a at 1 ms
+    (``notify``), then a's packet."""
+
+    def __init__(self, name, vid, env, heard=None, answered=False, notify=True):
+        super().__init__(name, vid, env)
+        self.heard, self.answered, self.notify = heard, answered, notify
+
+    async def run(self):
+        if self.heard is not None:
+            self.env.network.barrier_history(self, self.heard, {0} if self.answered else set())
+        await self.sleep(MS)
+        if self.notify:
+            self.send("a", None, nbytes=48, tag="rr")
+        await self.recv(tag="m")
+
+
+@pytest.mark.parametrize("heard, answered, notify, delayed", [
+    (None, False, True, False),  # a fresh connection: the first data arms quick ACKs
+    ([0], False, True, True),    # heard in the barrier, answered with the announcement 1 ms later: pingpong
+    ([0], True, False, True),    # answered in the barrier itself: pingpong
+    ([0], False, False, False),  # heard, never answered: quick ACKs (15 left)
+    ([], False, True, False),    # a barrier that did not touch this connection
+])
+def test_a_connection_remembers_the_barrier_before_its_first_tensor(build_kernel, heard, answered, notify, delayed):
+    """gloo's barrier before the first tensor (``delayed_ack``; docs/engine.md, "Connections before the first
+    tensor"): a's 100 bytes leave at 5 ms and reach b at 5 ms + 1 520 ns (190 bytes at 1 Gbit/s) + 1 ms. b
+    acknowledges them at once (quick ACKs), or, in pingpong mode — it answered within ``delack`` of hearing
+    from a — after the 40 ms delayed-ACK timer."""
+    k, env, o = build_kernel({"a": (Sender, {"plan": [(5 * MS, "b", 100)]}),
+                              "b": (_AfterBarrier, {"heard": heard, "answered": answered, "notify": notify})},
+                             latency_ns=MS, bw=125e6, tcp=TcpSpec(host_latency_ns=0, delayed_ack=True))
+    acks = []
+    enqueue = env.network.enqueue
+
+    def record(host, pkt):
+        if pkt.ack and pkt.src == 1:
+            acks.append(k.now)
+        enqueue(host, pkt)
+
+    env.network.enqueue = record
+    k.run_until()
+    arrive = 5 * MS + 1520 + MS
+    assert acks == [arrive + (40 * MS if delayed else 0)]
+
+
+def test_without_delayed_ack_the_barrier_leaves_nothing(build_kernel):
+    """Without ``delayed_ack`` every packet is acknowledged on arrival, barrier or not."""
+    k, env, o = build_kernel({"a": (Sender, {"plan": [(5 * MS, "b", 100)]}),
+                              "b": (_AfterBarrier, {"heard": [0], "answered": True})},
+                             latency_ns=MS, bw=125e6, tcp=TcpSpec(host_latency_ns=0))
+    acks = []
+    enqueue = env.network.enqueue
+    env.network.enqueue = lambda host, pkt: (acks.append(k.now) if pkt.ack and pkt.src == 1 else None,
+                                             enqueue(host, pkt))
+    k.run_until()
+    assert acks == [5 * MS + 1520 + MS]

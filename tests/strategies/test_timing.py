@@ -114,3 +114,45 @@ def test_start_after_starts_the_first_ring_member_late_and_so_the_first_all_redu
     base = times(run(cfg))
     late = times(run([*cfg, "strategy.start_after=250ms"]))
     assert late[0] == base[0] + 250 * MS
+
+
+def test_the_dissemination_barrier_touches_the_connections_gloo_uses():
+    """gloo/barrier.cc over n ranks: in rounds d = 1, 2, 4, ... a rank hears from rank - d and rank + d and
+    answers rank + d. With 9 ranks (a PS and K = 8 workers) rank 0 never talks to ranks 3 and 6."""
+    from agents.strategies.collective import barrier_peers
+
+    assert barrier_peers(0, 1) == (set(), set())
+    assert barrier_peers(0, 2) == ({1}, {1})
+    assert barrier_peers(1, 3) == ({0, 2}, {0, 2})  # d = 1: 0 and 2 (answers 2); d = 2: 2 and 0 (answers 0)
+    assert barrier_peers(0, 5) == ({1, 2, 3, 4}, {1, 2, 4})
+    assert barrier_peers(0, 9) == ({1, 2, 4, 5, 7, 8}, {1, 2, 4, 8})
+    assert barrier_peers(3, 9) == ({1, 2, 4, 5, 7, 8}, {2, 4, 5, 7})  # 3 + 8 = 11 = 2 (mod 9)
+
+
+@pytest.mark.parametrize("strategy, ranks", [
+    ("strategy=ps_sync", ["ps0", "w0", "w1", "w2", "w3"]),
+    ("strategy=ps_async", ["ps0", "w0", "w1", "w2", "w3"]),
+    ("strategy=ring_allreduce", ["w0", "w1", "w2", "w3"]),
+])
+def test_gloo_programs_pass_a_barrier_in_rank_order_before_the_first_tensor(run, monkeypatch, strategy, ranks):
+    """``collective: gloo`` with the tcp network: every vworker hands its barrier peers to the network once, in
+    realrun's rank order (the servers first, then the workers; a ring in ring order)."""
+    from agents.sim.tcp import TcpNetwork
+    from agents.strategies.collective import barrier_peers
+
+    calls = {}
+    original = TcpNetwork.barrier_history
+
+    def record(self, w, heard, answered):
+        names = self.env.names
+        calls[w.name] = (sorted(names[i] for i in heard), sorted(names[i] for i in answered), w.now)
+        return original(self, w, heard, answered)
+
+    monkeypatch.setattr(TcpNetwork, "barrier_history", record)
+    run([strategy, "workers=4", "stop.updates=2", "network=tcp", "network.tcp.delayed_ack=true",
+         "strategy.collective=gloo"])
+    expect = {}
+    for r, name in enumerate(ranks):
+        heard, answered = barrier_peers(r, len(ranks))
+        expect[name] = (sorted(ranks[i] for i in heard), sorted(ranks[i] for i in answered), 0)
+    assert calls == expect
