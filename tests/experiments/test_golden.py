@@ -3,7 +3,8 @@
 Stored in tests/experiments/golden/<name>.json; regenerate after an intended change with
 ``LOCKSTEP_UPDATE_GOLDEN=1 pytest tests/experiments/test_golden.py`` and review the diff.
 Experiments whose compute model is timed on this machine (``profiled``) run with
-``compute=constant`` here so the stored virtual times do not depend on the host.
+``compute=constant`` here so the stored virtual times do not depend on the host. Those and the other
+counts are exact; the final loss only to 1e-3, since the float kernels differ between CPUs.
 """
 from __future__ import annotations
 
@@ -36,4 +37,6 @@ def test_shortened_experiment_reproduces_its_stored_summary(run, name):
     expected = json.loads(path.read_text())
     assert {k: got[k] for k in EXACT} == {k: expected[k] for k in EXACT}
     assert got["overrides"] == expected["overrides"]
-    assert got["final_loss"] == pytest.approx(expected["final_loss"], rel=1e-5)
+    # torch's CPU kernels round differently by instruction set: sim4distrdl_edge's loss after 6 updates is
+    # 0.3637156 where torch uses AVX-512 (the machine it was stored on) and 0.3637472 (+8.7e-5) with AVX2
+    assert got["final_loss"] == pytest.approx(expected["final_loss"], rel=1e-3)
