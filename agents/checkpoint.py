@@ -7,9 +7,18 @@ suspended — as bytes. Restoring them in a fresh process gives a core that runs
 exactly as the saved one would have (tests/engine/test_checkpoint.py).
 
 Everything but the coroutines is plain data, pickled as one graph (so an object two vworkers share is
-still shared after a restore; tensor storages are saved once each, ahead of the graph, so a view and its
+still shared after a restore; tensor storages are saved once each, next to the graph, so a view and its
 base share memory again too — pickle alone would copy each view). The loaded data set, the Prometheus
 metrics and the executor's thread are the process's own and are attached again, not saved.
+
+**Bytes.** A checkpoint is ``[8-byte length of the head][head][graph][storages]``: the head (a small pickle)
+lists each storage's offset and size in the last part, which is every storage's bytes copied once into one
+buffer. :func:`snapshot` returns it as a :class:`Blob`, the parts side by side, never joined: a copy of the
+storages is the only copy a checkpoint costs the agent, however large (10 000 vworkers: 3.3 GB; the layout
+before it copied them three times over, and the 10 000-vworker run was killed for want of memory). The
+copy is needed where the run goes on while the checkpoint is written on another thread; an in-process
+core, which the controller writes before it runs again, is saved ``live``: its storages viewed in place,
+not copied at all (docs/recovery.md, "Cost").
 
 **Coroutines.** Python cannot pickle a suspended coroutine. It can read one: the chain of frames from
 ``run()`` down to the kernel awaitable it waits in (``cr_await``), each with its code and its locals.
@@ -42,13 +51,15 @@ import types
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 
+from agents.common.files import Blob
 from agents.sim.resume import NotCheckpointable, continues, finishes, frames_of, rebuilt  # noqa: F401 - re-exported
 
-__all__ = ["NotCheckpointable", "snapshot", "restore", "continues", "finishes", "FORMAT"]
+__all__ = ["Blob", "NotCheckpointable", "snapshot", "restore", "continues", "finishes", "FORMAT"]
 
-FORMAT = 1
+FORMAT = 2
 """Bumped whenever what a checkpoint holds changes: a restore refuses another format."""
 
 with warnings.catch_warnings():  # what a tensor's pickling hands over: deprecated, and still what it uses
@@ -93,18 +104,45 @@ class _Unpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"a checkpoint refers to {pid!r}, which this process does not have") from None
 
 
-def _storage_bytes(storages: dict[tuple, Any]) -> dict[tuple, bytes]:
-    return {k: torch.empty(0, dtype=torch.uint8, device=u.device).set_(u).cpu().numpy().tobytes()
-            for k, u in storages.items()}
+def _storage_copy(storages: dict[tuple, Any]) -> tuple[list[tuple], memoryview]:
+    """Every storage's bytes copied once, side by side: ``([(key, offset, nbytes)], the buffer)``."""
+    table, total = [], 0
+    for key, u in storages.items():
+        table.append((key, total, u.nbytes()))
+        total += u.nbytes()
+    out = torch.empty(total, dtype=torch.uint8)  # not zero-filled: every byte is written below
+    for (key, off, n), u in zip(table, storages.values()):
+        if n:
+            out[off:off + n].copy_(torch.empty(0, dtype=torch.uint8, device=u.device).set_(u))
+    return table, memoryview(out.numpy()).cast("B")
 
 
-def _storages(saved: dict[tuple, bytes]) -> dict[tuple, Any]:
+def _storage_views(storages: dict[tuple, Any]) -> tuple[list[tuple], list[memoryview]]:
+    """Like :func:`_storage_copy`, the same layout, but views of the storages themselves (a device's are
+    copied to the host): for a caller that writes them before anything changes them."""
+    table, views, total = [], [], 0
+    for key, u in storages.items():
+        n = u.nbytes()
+        table.append((key, total, n))
+        total += n
+        t = torch.empty(0, dtype=torch.uint8, device=u.device).set_(u)
+        views.append(memoryview(t.cpu().numpy()).cast("B"))
+    return table, views
+
+
+def _storages(table: list[tuple], region: memoryview) -> dict[tuple, Any]:
+    """The storages of a checkpoint, each a fresh tensor's (the checkpoint's buffer is not kept alive)."""
     out = {}
-    for (kind, index, ptr, n), b in saved.items():
-        t = torch.frombuffer(bytearray(b), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+    for key, off, n in table:
+        kind, index = key[0], key[1]
+        if not (isinstance(off, int) and isinstance(n, int) and 0 <= off and off + n <= region.nbytes):
+            raise ValueError(f"a storage of {n!r} bytes at {off!r}, outside the {region.nbytes} bytes saved")
+        t = torch.empty(n, dtype=torch.uint8)
+        if n:
+            t.numpy()[:] = np.frombuffer(region, dtype=np.uint8, count=n, offset=off)
         if kind != "cpu":
             t = t.to(torch.device(kind, index))
-        out[(kind, index, ptr, n)] = t.untyped_storage()
+        out[key] = t.untyped_storage()
     return out
 
 
@@ -118,8 +156,12 @@ def _shared(core: Any) -> dict[str, Any]:
     return out
 
 
-def snapshot(core: Any) -> bytes:
-    """The state of ``core`` between two windows, as bytes (raises :class:`NotCheckpointable`)."""
+def snapshot(core: Any, live: bool = False) -> Blob:
+    """The state of ``core`` between two windows (raises :class:`NotCheckpointable`).
+
+    ``live``: the caller writes the checkpoint before ``core`` runs again (an in-process agent between two
+    of the controller's windows), so the storages are not copied but viewed in place (``Blob.live``) —
+    unless the executor has a background thread, which could change them meanwhile."""
     positions = {}
     for w in core.workers.values():
         if w.coro is None or type(w.coro) is not types.CoroutineType:
@@ -134,14 +176,34 @@ def snapshot(core: Any) -> bytes:
         with ex.paused() if ex is not None else contextlib.nullcontext():  # no batch half-run meanwhile
             p = _Pickler(buf, shared)
             p.dump(state)
-            head = pickle.dumps({"format": FORMAT, "storages": _storage_bytes(p.storages)}, protocol=5)
+            live = live and (ex is None or not ex.threaded)
+            table, region = _storage_views(p.storages) if live else _storage_copy(p.storages)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise NotCheckpointable(f"agent {core.agent_id}'s state cannot be saved: {e}") from e
-    return len(head).to_bytes(8, "little") + head + buf.getvalue()
+    graph = buf.getbuffer()
+    head = pickle.dumps({"format": FORMAT, "storages": table, "graph": graph.nbytes}, protocol=5)
+    return Blob([len(head).to_bytes(8, "little"), head, graph, *(region if live else [region])], live=live)
 
 
-def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics: Any = None) -> Any:
-    """An AgentCore for ``agent_id`` of ``plan`` in the state :func:`snapshot` saved in ``blob``."""
+def _parts(blob: Any) -> tuple[dict[str, Any], memoryview, memoryview]:
+    """``(head, graph, storages)`` of a checkpoint's bytes (ValueError or NotCheckpointable if they are not)."""
+    mv = memoryview(blob.tobytes() if isinstance(blob, Blob) else blob).cast("B")
+    n = int.from_bytes(mv[:8], "little")
+    if mv.nbytes < 8 or n > mv.nbytes - 8:
+        raise ValueError(f"{mv.nbytes} bytes do not hold a head of {n} bytes")
+    head = pickle.loads(mv[8:8 + n])  # noqa: S301 - a checkpoint is trusted like config.yaml (docs/security.md)
+    if not isinstance(head, dict) or head.get("format") != FORMAT:
+        raise NotCheckpointable(f"has format {head.get('format') if isinstance(head, dict) else None!r}; this "
+                                f"lockstep reads format {FORMAT}")
+    g = 8 + n + int(head["graph"])
+    if g > mv.nbytes:
+        raise ValueError(f"{mv.nbytes} bytes do not hold a graph of {head['graph']} bytes")
+    return head, mv[8 + n:g], mv[g:]
+
+
+def restore(plan: Any, agent_id: int, blob: Any, *, data: Any = None, metrics: Any = None) -> Any:
+    """An AgentCore for ``agent_id`` of ``plan`` in the state :func:`snapshot` saved in ``blob`` (its bytes, a
+    memoryview of them, or the :class:`Blob`)."""
     from agents.core import use_memory
     from agents.sim.kernel import HALTED
     from agents.workloads.data import load_fashion_mnist
@@ -160,15 +222,10 @@ def restore(plan: Any, agent_id: int, blob: bytes, *, data: Any = None, metrics:
     if data is not None:
         shared["data"] = data
     try:
-        n = int.from_bytes(blob[:8], "little")
-        head = pickle.loads(blob[8:8 + n])
-        if not isinstance(head, dict) or head.get("format") != FORMAT:
-            raise NotCheckpointable(f"the checkpoint of agent {agent_id} has format "
-                                    f"{head.get('format') if isinstance(head, dict) else None!r}; this lockstep "
-                                    f"reads format {FORMAT}")
-        state = _Unpickler(io.BytesIO(blob[8 + n:]), shared, _storages(head["storages"])).load()
-    except NotCheckpointable:
-        raise
+        head, graph, region = _parts(blob)
+        state = _Unpickler(io.BytesIO(graph), shared, _storages(head["storages"], region)).load()
+    except NotCheckpointable as e:
+        raise NotCheckpointable(f"the checkpoint of agent {agent_id} {e}") from None
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: one sentence
         raise NotCheckpointable(f"the checkpoint of agent {agent_id} cannot be read: {type(e).__name__}: {e}") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:

@@ -898,25 +898,38 @@ class MeshSession:
 
 
 # ------------------------------------------------------------- checkpoints
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 
-def pack_checkpoint(window: int, view: dict[str, Any], core: bytes) -> bytes:
-    """One agent's checkpoint: the loop's view at the top of ``window`` and its core's snapshot."""
+def pack_checkpoint(window: int, view: dict[str, Any], core: Any) -> Any:
+    """One agent's checkpoint: the loop's view at the top of ``window`` and its core's snapshot (a
+    :class:`~agents.common.files.Blob`), as a Blob: ``[8-byte length of the head][head][core]``, the head a
+    small pickle, the core's pieces not copied."""
     import pickle
 
-    return pickle.dumps({"format": CHECKPOINT_FORMAT, "window": window, "view": view, "core": core},
+    from agents.common.files import Blob
+
+    head = pickle.dumps({"format": CHECKPOINT_FORMAT, "window": window, "view": view, "core": len(core)},
                         protocol=pickle.HIGHEST_PROTOCOL)
+    if isinstance(core, Blob):
+        return Blob([len(head).to_bytes(8, "little"), head, *core.pieces], live=core.live)
+    return Blob([len(head).to_bytes(8, "little"), head, core])
 
 
-def unpack_checkpoint(blob: bytes) -> dict[str, Any]:
-    """The inverse of :func:`pack_checkpoint`. Only for bytes from this agent's authenticated controller,
-    which read them from its run directory (docs/security.md: a checkpoint is trusted like config.yaml)."""
+def unpack_checkpoint(blob: Any) -> dict[str, Any]:
+    """The inverse of :func:`pack_checkpoint` (the core: a view of ``blob``'s bytes, not a copy). Only for
+    bytes from this agent's authenticated controller, which read them from its run directory
+    (docs/security.md: a checkpoint is trusted like config.yaml)."""
     import pickle
 
-    d = pickle.loads(blob)  # noqa: S301 - see the docstring
-    if not isinstance(d, dict) or d.get("format") != CHECKPOINT_FORMAT:
+    from agents.common.files import Blob
+
+    mv = memoryview(blob.tobytes() if isinstance(blob, Blob) else blob).cast("B")
+    n = int.from_bytes(mv[:8], "little")
+    d = pickle.loads(mv[8:8 + n]) if 8 <= mv.nbytes and n <= mv.nbytes - 8 else None  # noqa: S301 - see above
+    if not isinstance(d, dict) or d.get("format") != CHECKPOINT_FORMAT or d.get("core") != mv.nbytes - 8 - n:
         raise ValueError(f"not a lockstep agent checkpoint of format {CHECKPOINT_FORMAT}")
+    d["core"] = mv[8 + n:]
     return d
 
 
@@ -925,7 +938,7 @@ def piece_bytes(writer: Any) -> int:
     return max(1024, min(4 << 20, writer.max_message_bytes // 2))
 
 
-def checkpoint_reply(writer: Any, call_id: int, status: str, window: int, blob: bytes = b"",
+def checkpoint_reply(writer: Any, call_id: int, status: str, window: int, blob: Any = b"",
                      reason: str = "") -> list:
     """The reply frames to call ``checkpoint``: ``(status, window, part, parts, bytes or reason)`` each.
 
@@ -933,10 +946,16 @@ def checkpoint_reply(writer: Any, call_id: int, status: str, window: int, blob: 
     ended (the windows ended before it), refused / refused_permanent (NotCheckpointable: its sentence)."""
     frames: list = []
     step = piece_bytes(writer)
-    pieces = [blob[i:i + step] for i in range(0, len(blob), step)] if status == "ok" else [reason]
+    if status != "ok":
+        pieces: list = [reason]
+    elif hasattr(blob, "chunks"):  # a Blob: views of its pieces, each copied only into its own frame
+        pieces = blob.chunks(step) or [b""]
+    else:
+        pieces = [blob[i:i + step] for i in range(0, len(blob), step)]
     for i, piece in enumerate(pieces):
         f = pb.AgentFrame()
         f.reply.id = call_id
-        wire.encode_value((status, window, i, len(pieces), piece), f.reply.value)
+        value = bytes(piece) if status == "ok" else piece  # one piece copied at a time, into its frame
+        wire.encode_value((status, window, i, len(pieces), value), f.reply.value)
         frames.extend(writer.frames(f))
     return frames

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from agents.common.files import write_atomic
+from agents.common.files import Blob, write_atomic
 
 __all__ = ["Checkpointer", "CheckpointStore", "Checkpoint", "CheckpointUnusable", "DIR_NAME"]
 
@@ -38,6 +38,7 @@ DIR_NAME = "checkpoints"
 FORMAT = 1
 REFUSALS_BEFORE_GIVING_UP = 3  # NotCheckpointable this many rounds in a row: stop asking
 FIRST_SLACK = 8  # windows between the furthest agent reported and K, at first; doubled after each miss
+COST_SHARE = 10  # a checkpoint that took c wall seconds to write: the next is asked for no sooner than 10 c later
 
 
 class CheckpointUnusable(RuntimeError):
@@ -67,8 +68,23 @@ class Checkpoint:
         return int(self.manifest["virtual_time_ns"])
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _sha(data: bytes | Blob) -> str:
+    return data.sha256() if isinstance(data, Blob) else hashlib.sha256(data).hexdigest()
+
+
+def _check(path: Path, entry: dict[str, Any]) -> None:
+    """:func:`_read_checked` without keeping the bytes: the file is hashed a piece at a time."""
+    h, n = hashlib.sha256(), 0
+    try:
+        with open(path, "rb") as f:
+            while piece := f.read(16 << 20):
+                h.update(piece)
+                n += len(piece)
+    except OSError as e:
+        raise CheckpointUnusable(f"{path} cannot be read ({e.strerror or e})") from e
+    if n != entry["bytes"] or h.hexdigest() != entry["sha256"]:
+        raise CheckpointUnusable(f"{path} is not the file its manifest.json describes ({n} bytes, "
+                                 f"{entry['bytes']} expected, or another SHA-256): truncated or changed")
 
 
 def _read_checked(path: Path, entry: dict[str, Any]) -> bytes:
@@ -95,24 +111,35 @@ class CheckpointStore:
         """Whether a checkpoint is still being written (the next round waits for it)."""
         return self._writer is not None and self._writer.is_alive()
 
-    def commit_async(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes], controller: dict[str, Any],
-                     summary: dict[str, Any], done: Callable[[Path | None, float], None]) -> None:
+    def commit_async(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes | Blob],
+                     controller: dict[str, Any], summary: dict[str, Any],
+                     done: Callable[[Path | None, float], None]) -> None:
         """:meth:`commit` on a thread of its own, so the window loop goes on reading the agents (their
         inboxes are bounded); ``done(directory or None, wall seconds)`` after it."""
         self.wait()
         controller_bytes = pickle.dumps(controller, protocol=pickle.HIGHEST_PROTOCOL)  # now: the state of now
-
-        def write() -> None:
-            t0 = time.perf_counter()
-            try:
-                d = self.commit(window, virtual_time_ns, blobs, controller_bytes, summary)
-            except OSError as e:  # a full disk: the run goes on; recovery uses the last good checkpoint
-                log.warning("could not write checkpoint %d: %s", window, e)
-                d = None
-            done(d, time.perf_counter() - t0)
-
-        self._writer = threading.Thread(target=write, name=f"checkpoint-{window}", daemon=True)
+        self._writer = threading.Thread(target=self._write, name=f"checkpoint-{window}", daemon=True,
+                                        args=(window, virtual_time_ns, blobs, controller_bytes, summary, done))
         self._writer.start()
+
+    def commit_now(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes | Blob],
+                   controller: dict[str, Any], summary: dict[str, Any],
+                   done: Callable[[Path | None, float], None]) -> None:
+        """:meth:`commit_async`, but written before it returns: for blobs that view memory the run changes
+        once it goes on (``Blob.live``: in-process cores, whose tensors are then not copied)."""
+        self.wait()
+        self._write(window, virtual_time_ns, blobs, pickle.dumps(controller, protocol=pickle.HIGHEST_PROTOCOL),
+                    summary, done)
+
+    def _write(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes | Blob], controller: bytes,
+               summary: dict[str, Any], done: Callable[[Path | None, float], None]) -> None:
+        t0 = time.perf_counter()
+        try:
+            d = self.commit(window, virtual_time_ns, blobs, controller, summary)
+        except OSError as e:  # a full disk: the run goes on; recovery uses the last good checkpoint
+            log.warning("could not write checkpoint %d: %s", window, e)
+            d = None
+        done(d, time.perf_counter() - t0)
 
     def wait(self) -> None:
         """Until the checkpoint being written (if any) is committed."""
@@ -120,8 +147,8 @@ class CheckpointStore:
             self._writer.join()
             self._writer = None
 
-    def commit(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes], controller: dict[str, Any] | bytes,
-               summary: dict[str, Any]) -> Path:
+    def commit(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes | Blob],
+               controller: dict[str, Any] | bytes, summary: dict[str, Any]) -> Path:
         """Write checkpoint ``window`` and make it the latest; returns its directory."""
         d = self.root / str(window)
         if d.exists():
@@ -168,7 +195,7 @@ class CheckpointStore:
             raise CheckpointUnusable(f"checkpoint {window} was taken with another plan (plan.json differs)")
         try:
             for entry in manifest["agents"]:
-                _read_checked(d / entry["file"], entry)  # every file now: a bad one must not cost a restart
+                _check(d / entry["file"], entry)  # every file now: a bad one must not cost a restart
             state = pickle.loads(_read_checked(d / "controller.pkl", manifest["controller"]))  # noqa: S301
         except CheckpointUnusable:
             raise
@@ -182,9 +209,12 @@ class CheckpointStore:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _write_synced(path: Path, data: bytes) -> None:
+def _write_synced(path: Path, data: bytes | Blob) -> None:
     with open(path, "wb") as f:
-        f.write(data)
+        if isinstance(data, Blob):
+            data.write_to(f)
+        else:
+            f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
@@ -212,6 +242,7 @@ class Checkpointer:
         self._commit = commit
         self._busy = busy  # the last checkpoint is still being written
         self.enabled = every_s > 0
+        self.spacing = every_s  # wall seconds from one round to the next: every_s, or more after a costly write
         self.round: _Round | None = None
         self.slack = FIRST_SLACK
         self._last = time.monotonic()
@@ -221,10 +252,15 @@ class Checkpointer:
     def due(self, furthest: int, exact: bool = False) -> int | None:
         """The window to ask for now (None: not now): ``furthest`` + a slack, or ``furthest`` itself when
         ``exact`` (the controller's own loop, between two windows)."""
-        if not self.enabled or self.round is not None or time.monotonic() - self._last < self.every_s \
+        if not self.enabled or self.round is not None or time.monotonic() - self._last < self.spacing \
                 or self._busy():
             return None
         return furthest if exact else furthest + self.slack
+
+    def written(self, seconds: float) -> None:
+        """The last checkpoint took ``seconds`` to write: space the next ones so that writing them takes at
+        most about 1/COST_SHARE of the wall time (a 10 000-vworker run's 3.3 GB took 9.9 s: 99 s apart)."""
+        self.spacing = max(self.every_s, COST_SHARE * seconds)
 
     def asked(self, window: int, ids: dict[int, int]) -> None:
         self.round = _Round(window, ids)
@@ -249,7 +285,7 @@ class Checkpointer:
         if window != r.window or not isinstance(part, int) or not isinstance(parts, int) or not 0 <= part < parts:
             raise ValueError(f"an answer for window {window!r}, part {part!r} of {parts!r} (asked: {r.window})")
         if status == "ok":
-            if not isinstance(data, bytes):
+            if not isinstance(data, (bytes, Blob)):  # a Blob: an in-process agent's, whole
                 raise ValueError("a checkpoint piece that is not bytes")
             got = r.parts.setdefault(agent, [])
             if part != len(got):
@@ -257,7 +293,8 @@ class Checkpointer:
             got.append(data)
             if part < parts - 1:
                 return "partial"
-            r.done[agent] = b"".join(r.parts.pop(agent))
+            got = r.parts.pop(agent)
+            r.done[agent] = got[0] if len(got) == 1 else Blob(got)  # written piece by piece, never joined
         elif status in ("missed", "ended", "refused", "refused_permanent"):
             if r.failed is None:
                 r.failed = status
@@ -292,7 +329,7 @@ class Checkpointer:
         r, self.round = self.round, None
         self._last = time.monotonic()
         if r is not None and r.failed == "missed":  # ask again at once, further ahead
-            self._last -= self.every_s
+            self._last -= self.spacing
         if r is None or r.failed is not None:
             return False
         self._refusal = ("", 0)

@@ -66,7 +66,8 @@ class InProcessAgent:
         from agents.mesh import pack_checkpoint
 
         try:
-            return [("ok", window, 0, 1, pack_checkpoint(window, None, snapshot(self.core)))]
+            # live: the controller writes it before this core runs again (controller.run: commit_checkpoint)
+            return [("ok", window, 0, 1, pack_checkpoint(window, None, snapshot(self.core, live=True)))]
         except NotCheckpointable as e:
             return [("refused_permanent" if getattr(e, "permanent", False) else "refused", window, 0, 1, str(e))]
 
@@ -378,8 +379,9 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         recovery.progress(out)
 
     start_view: dict[str, Any] | None = None  # the window loop's view at the checkpoint the agents restored
+    checkpointer: Checkpointer | None = None  # drive()'s, told how long each commit took to write
 
-    def commit_checkpoint(window: int, blobs: dict[int, bytes], view: dict[str, Any]) -> None:
+    def commit_checkpoint(window: int, blobs: dict[int, Any], view: dict[str, Any]) -> None:
         """Every agent's checkpoint of ``window`` is in, and the collector holds the rows before it: its state
         is taken now, the files are written on a thread (controller/checkpoints.py)."""
         if "frontier" in view:  # direct windows
@@ -393,9 +395,14 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         def done(d: Path | None, took_s: float) -> None:
             if d is not None:
                 recovery.checkpoint_committed(window, vt, took_s, nbytes)
+                if checkpointer is not None:
+                    checkpointer.written(took_s)
 
-        store.commit_async(window, vt, blobs, state, {"outputs": out.position(), "updates": col.n_updates,
-                                                      "checkpoints_taken": recovery.checkpoints + 1}, done)
+        summary = {"outputs": out.position(), "updates": col.n_updates, "checkpoints_taken": recovery.checkpoints + 1}
+        if any(getattr(b, "live", False) for b in blobs.values()):  # views of in-process cores: written now
+            store.commit_now(window, vt, blobs, state, summary, done)
+        else:
+            store.commit_async(window, vt, blobs, state, summary, done)
 
     def hub_checkpoints(ck: Checkpointer) -> Any:
         """Checkpoints of the controller's own window loop: between two windows, every agent is idle."""
@@ -450,9 +457,9 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
 
     def drive() -> tuple[Any, int, Any, dict[str, Any]]:
         """The windows, then the final calls (parameters, final evaluation, info) of the current agents."""
-        nonlocal stop, finished
+        nonlocal stop, finished, checkpointer
         every = rc.recovery.checkpoint_every_s
-        ck = Checkpointer(every, commit_checkpoint, lambda: store.busy) if every > 0 else None
+        ck = checkpointer = Checkpointer(every, commit_checkpoint, lambda: store.busy) if every > 0 else None
         if direct:
             from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
 

@@ -1,14 +1,15 @@
-"""Writing files that a reader (or a crash) never sees half-written."""
+"""Writing files that a reader (or a crash) never sees half-written, and bytes held in pieces."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_file", "write_atomic"]
+__all__ = ["Blob", "atomic_file", "write_atomic"]
 
 
 @contextlib.contextmanager
@@ -36,3 +37,36 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
     with atomic_file(path, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)
     return Path(path)
+
+
+class Blob:
+    """Bytes held as the pieces whose concatenation they are (a checkpoint: joining them would copy it whole)."""
+
+    __slots__ = ("pieces", "nbytes", "live")
+
+    def __init__(self, pieces: list[Any], live: bool = False):
+        """``live``: some pieces are views of memory that their owner changes once it goes on — write them
+        before it does."""
+        self.pieces = [m for m in (memoryview(p).cast("B") for p in pieces) if m.nbytes]
+        self.nbytes = sum(m.nbytes for m in self.pieces)
+        self.live = live
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def chunks(self, size: int) -> list[memoryview]:
+        """Views of at most ``size`` bytes each, in order (none copied)."""
+        return [m[i:i + size] for m in self.pieces for i in range(0, m.nbytes, size)]
+
+    def sha256(self) -> str:
+        h = hashlib.sha256()
+        for m in self.pieces:
+            h.update(m)
+        return h.hexdigest()
+
+    def write_to(self, f: Any) -> None:
+        for m in self.pieces:
+            f.write(m)
+
+    def tobytes(self) -> bytes:
+        return b"".join(self.pieces)

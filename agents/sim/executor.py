@@ -232,6 +232,11 @@ class Executor:
             self._thread = threading.Thread(target=self._background, name="lockstep-executor", daemon=True)
             self._thread.start()
 
+    @property
+    def threaded(self) -> bool:
+        """Whether a background thread runs batches (it may change tensors while the kernel waits)."""
+        return self._thread is not None
+
     # ---------------------------------------------------------- checkpoints (agents.checkpoint)
     @contextlib.contextmanager
     def paused(self):

@@ -2,6 +2,10 @@
 finishes the run exactly as the core it was taken from — the same rows, parameters, events and end time."""
 from __future__ import annotations
 
+import hashlib
+import pickle
+
+import numpy as np
 import pytest
 import torch
 
@@ -211,7 +215,13 @@ def test_a_damaged_or_foreign_checkpoint_is_refused_with_one_sentence(data):
     core.advance(10_000_001)
     blob = checkpoint.snapshot(core)
     with pytest.raises(NotCheckpointable, match=r"^the checkpoint of agent 0 cannot be read: "):
-        checkpoint.restore(plan, 0, blob[: len(blob) // 2], data=data)
+        checkpoint.restore(plan, 0, blob.tobytes()[: len(blob) // 2], data=data)
+    with pytest.raises(NotCheckpointable, match=r"^the checkpoint of agent 0 cannot be read: "):
+        checkpoint.restore(plan, 0, blob.tobytes()[:5], data=data)
+    older = pickle.dumps({"format": 1, "storages": {}}, protocol=5)  # what a lockstep before format 2 began with
+    with pytest.raises(NotCheckpointable, match=r"^the checkpoint of agent 0 has format 1; this lockstep reads "
+                                                r"format 2$"):
+        checkpoint.restore(plan, 0, len(older).to_bytes(8, "little") + older, data=data)
     other = make_plan(load([*BASE, "strategy=ps_async"]), run_id="another")
     with pytest.raises(NotCheckpointable, match=r"^the checkpoint is agent 0's of run ckpt, not agent 0's of run "
                                                 r"another$"):
@@ -223,6 +233,53 @@ def test_a_checkpoint_holds_the_data_set_by_reference_not_by_value(data):
     core.advance(10_000_001)
     blob = checkpoint.snapshot(core)
     assert len(blob) < data.train_x.numel() * data.train_x.element_size() // 10
+
+
+def test_a_checkpoint_copies_each_storage_once_and_is_never_joined(data):
+    """The agent's checkpoint is its pieces side by side — head, graph, and one buffer with every storage's
+    bytes — so saving 3 GB of tensors costs 3 GB more, not three times that (docs/recovery.md)."""
+    core = AgentCore(_plan(["strategy=ps_async"]), 0, data=data)
+    core.advance(10_000_001)
+    at = (core.kernel.now, core.kernel.events_processed, core.workers["ps0"].params())
+    blob = checkpoint.snapshot(core)
+    n_head = int.from_bytes(blob.pieces[0], "little")
+    head = pickle.loads(blob.pieces[1])
+    assert [m.nbytes for m in blob.pieces[:3]] == [8, n_head, head["graph"]] and len(blob.pieces) == 4
+    table = head["storages"]
+    assert blob.pieces[3].nbytes == sum(n for _, _, n in table) >= at[2].nbytes
+    assert [off for _, off, _ in table] == [sum(n for _, _, n in table[:i]) for i in range(len(table))]
+    # the buffer is a copy: the run goes on (and changes its tensors) while the checkpoint is written
+    whole = blob.tobytes()
+    core.advance(INFINITY)
+    assert not torch.equal(core.workers["ps0"].params(), at[2])
+    assert blob.tobytes() == whole and len(blob) == len(whole)
+    assert blob.sha256() == hashlib.sha256(whole).hexdigest()
+    for saved in (blob, whole, memoryview(whole)):
+        c = checkpoint.restore(core.plan, 0, saved, data=data)
+        assert (c.kernel.now, c.kernel.events_processed) == at[:2]
+        assert torch.equal(c.workers["ps0"].params(), at[2])
+        c.close()
+    core.close()
+
+
+def test_a_live_checkpoint_views_the_tensors_in_place_for_a_caller_that_writes_it_at_once(data):
+    """An in-process core between two of the controller's windows is written before it runs again, so its
+    storages are not copied at all (controller.run: commit_now)."""
+    core = AgentCore(_plan(["strategy=ps_async"]), 0, data=data)
+    core.advance(10_000_001)
+    at = (core.kernel.now, core.kernel.events_processed, core.workers["ps0"].params())
+    live = checkpoint.snapshot(core, live=True)
+    copied = checkpoint.snapshot(core)
+    assert live.live and not copied.live and len(live) == len(copied)
+    addresses = {np.frombuffer(m, dtype=np.uint8).ctypes.data for m in live.pieces[3:]}
+    params = list(core.workers["ps0"].model.parameters())
+    assert all(p.untyped_storage().data_ptr() in addresses for p in params), "the model's own memory"
+    assert not {np.frombuffer(copied.pieces[3], dtype=np.uint8).ctypes.data} & addresses
+    whole = live.tobytes()
+    c = checkpoint.restore(core.plan, 0, whole, data=data)
+    assert (c.kernel.now, c.kernel.events_processed) == at[:2] and torch.equal(c.workers["ps0"].params(), at[2])
+    c.close()
+    core.close()
 
 
 NEVER_RUN = {  # tails no run can reach, kept so that a later change cannot make a frame unsaveable

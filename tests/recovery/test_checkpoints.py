@@ -14,10 +14,12 @@ import pickle
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from agents.common.files import Blob
 from controller.checkpoints import FIRST_SLACK, REFUSALS_BEFORE_GIVING_UP, CheckpointStore, Checkpointer, \
     CheckpointUnusable
 from tests.distributed.conftest import ROOT, assert_same_outputs
@@ -214,7 +216,8 @@ def test_the_store_commits_a_checkpoint_with_its_manifest_and_finds_it_again_ver
     store = CheckpointStore(tmp_path, '{"plan": 1}')
     state = {"collector": {"rows": [1.5, 2]}, "outputs": {"metrics_rows": 7, "eval_rows": 1}}
     store.commit(10, 5_000, {0: b"a" * 100, 1: b"b" * 50}, state, {"checkpoints_taken": 1})
-    store.commit(25, 9_000, {0: b"c" * 10, 1: b"d" * 20}, state, {"checkpoints_taken": 2})
+    store.commit(25, 9_000, {0: Blob([b"c" * 4, memoryview(b"c" * 6)]), 1: b"d" * 20}, state,
+                 {"checkpoints_taken": 2})  # an in-process agent's checkpoint: a Blob, written piece by piece
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["25", "latest"], "older ones go"
     ck = store.latest()
     assert (ck.window, ck.virtual_time_ns, ck.controller) == (25, 9_000, state)
@@ -240,7 +243,10 @@ def test_a_checkpoint_round_commits_only_when_every_agent_sent_its_checkpoint_an
     assert ck.answer(0, ("ok", k, 1, 2, b"cd")) == "ok" and ck.holding(0) and not ck.complete()
     assert ck.due(200) is None, "one round at a time"
     assert ck.answer(1, ("ok", k, 0, 1, b"ef")) == "ok" and ck.complete()
-    assert ck.finish({"windows": [k, k]}) and committed == [(k, {0: b"abcd", 1: b"ef"}, {"windows": [k, k]})]
+    assert ck.finish({"windows": [k, k]}) and len(committed) == 1
+    assert {a: bytes(b.tobytes() if isinstance(b, Blob) else b) for a, b in committed[0][1].items()} == \
+        {0: b"abcd", 1: b"ef"} and committed[0][::2] == (k, {"windows": [k, k]})
+    assert isinstance(committed[0][1][0], Blob), "an agent's pieces are written one by one, never joined"
     assert not ck.holding(0)
     # an agent already past K: nothing is committed, the others are released, and K goes further next time
     k = ck.due(300)
@@ -252,6 +258,25 @@ def test_a_checkpoint_round_commits_only_when_every_agent_sent_its_checkpoint_an
     with pytest.raises(ValueError, match="an answer for window"):
         ck.asked(500, {0: 13, 1: 14})
         ck.answer(0, ("ok", 499, 0, 1, b""))
+
+
+def test_a_checkpoint_that_took_long_to_write_spaces_the_next_ones():
+    committed = []
+    ck = Checkpointer(10.0, lambda k, blobs, view: committed.append(blobs))
+    assert ck.due(0, exact=True) is None, "10 s after the start at the earliest"
+    ck._last -= 10.0
+    ck.asked(ck.due(0, exact=True), {0: 1})
+    blob = Blob([b"in-process ", bytearray(b"agent")])  # an in-process agent answers with its Blob, whole
+    ck.answer(0, ("ok", 0, 0, 1, blob))
+    assert ck.finish({}) and committed == [{0: blob}]
+    ck.written(9.9)  # a 3.3 GB checkpoint (10 000 vworkers) took 9.9 s to write: the next one 99 s later
+    assert ck.spacing == pytest.approx(99.0)
+    ck._last = time.monotonic() - 98.0
+    assert ck.due(5, exact=True) is None
+    ck._last = time.monotonic() - 100.0
+    assert ck.due(5, exact=True) == 5
+    ck.written(0.2)  # a small one: every_s again
+    assert ck.spacing == 10.0
 
 
 def test_a_strategy_that_refuses_again_and_again_is_not_asked_any_more():
