@@ -294,8 +294,9 @@ class RecoveryConfig:
                                  "to where it was, bit-identically; fail: the run stops with the agent's error")
     max_restarts: int = doc(10, "restarts of the agents one run may make before it fails", lo=0)
     checkpoint_every_s: float = doc(10.0, "wall seconds between coordinated checkpoints of the agents "
-                                    "(RUN_DIR/checkpoints): a lost agent or lockstep resume restarts from "
-                                    "the latest instead of virtual time 0; 0: never", lo=0)
+                                    "(RUN_DIR/checkpoints; at least 10 times the last one's write time): a lost "
+                                    "agent or lockstep resume restarts from the latest instead of virtual time 0; "
+                                    "0: never", lo=0)
     resume: ResumeMode = doc(ResumeMode.never, "auto: lockstep run into a run directory that holds an unfinished "
                              "run resumes it (as lockstep resume RUN_DIR; the Helm chart's Job sets it); never: "
                              "start afresh")
