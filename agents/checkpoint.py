@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.common.files import Blob
+from agents.common.files import Blob, headed, read_headed
 from agents.sim.resume import NotCheckpointable, continues, finishes, frames_of, rebuilt  # noqa: F401 - re-exported
 
 __all__ = ["Blob", "NotCheckpointable", "snapshot", "restore", "continues", "finishes", "FORMAT"]
@@ -104,30 +104,21 @@ class _Unpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"a checkpoint refers to {pid!r}, which this process does not have") from None
 
 
-def _storage_copy(storages: dict[tuple, Any]) -> tuple[list[tuple], memoryview]:
-    """Every storage's bytes copied once, side by side: ``([(key, offset, nbytes)], the buffer)``."""
+def _storage_pieces(storages: dict[tuple, Any], copy: bool) -> tuple[list[tuple], list[memoryview]]:
+    """Every storage's bytes side by side: ``([(key, offset, nbytes)], pieces)`` — copied once into one
+    buffer, or with ``copy=False`` views of the storages themselves (a device's are copied to the host), for
+    a caller that writes them before anything changes them."""
     table, total = [], 0
     for key, u in storages.items():
         table.append((key, total, u.nbytes()))
         total += u.nbytes()
+    whole = [torch.empty(0, dtype=torch.uint8, device=u.device).set_(u) for u in storages.values()]
+    if not copy:
+        return table, [memoryview(t.cpu().numpy()).cast("B") for t in whole]
     out = torch.empty(total, dtype=torch.uint8)  # not zero-filled: every byte is written below
-    for (key, off, n), u in zip(table, storages.values()):
-        if n:
-            out[off:off + n].copy_(torch.empty(0, dtype=torch.uint8, device=u.device).set_(u))
-    return table, memoryview(out.numpy()).cast("B")
-
-
-def _storage_views(storages: dict[tuple, Any]) -> tuple[list[tuple], list[memoryview]]:
-    """Like :func:`_storage_copy`, the same layout, but views of the storages themselves (a device's are
-    copied to the host): for a caller that writes them before anything changes them."""
-    table, views, total = [], [], 0
-    for key, u in storages.items():
-        n = u.nbytes()
-        table.append((key, total, n))
-        total += n
-        t = torch.empty(0, dtype=torch.uint8, device=u.device).set_(u)
-        views.append(memoryview(t.cpu().numpy()).cast("B"))
-    return table, views
+    for (_, off, n), t in zip(table, whole):
+        out[off:off + n].copy_(t)
+    return table, [memoryview(out.numpy()).cast("B")]
 
 
 def _storages(table: list[tuple], region: memoryview) -> dict[tuple, Any]:
@@ -177,28 +168,23 @@ def snapshot(core: Any, live: bool = False) -> Blob:
             p = _Pickler(buf, shared)
             p.dump(state)
             live = live and (ex is None or not ex.threaded)
-            table, region = _storage_views(p.storages) if live else _storage_copy(p.storages)
+            table, pieces = _storage_pieces(p.storages, copy=not live)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise NotCheckpointable(f"agent {core.agent_id}'s state cannot be saved: {e}") from e
     graph = buf.getbuffer()
-    head = pickle.dumps({"format": FORMAT, "storages": table, "graph": graph.nbytes}, protocol=5)
-    return Blob([len(head).to_bytes(8, "little"), head, graph, *(region if live else [region])], live=live)
+    return headed({"format": FORMAT, "storages": table, "graph": graph.nbytes}, [graph, *pieces], live=live)
 
 
 def _parts(blob: Any) -> tuple[dict[str, Any], memoryview, memoryview]:
     """``(head, graph, storages)`` of a checkpoint's bytes (ValueError or NotCheckpointable if they are not)."""
-    mv = memoryview(blob.tobytes() if isinstance(blob, Blob) else blob).cast("B")
-    n = int.from_bytes(mv[:8], "little")
-    if mv.nbytes < 8 or n > mv.nbytes - 8:
-        raise ValueError(f"{mv.nbytes} bytes do not hold a head of {n} bytes")
-    head = pickle.loads(mv[8:8 + n])  # noqa: S301 - a checkpoint is trusted like config.yaml (docs/security.md)
+    head, rest = read_headed(blob)  # a checkpoint is trusted like config.yaml (docs/security.md)
     if not isinstance(head, dict) or head.get("format") != FORMAT:
         raise NotCheckpointable(f"has format {head.get('format') if isinstance(head, dict) else None!r}; this "
                                 f"lockstep reads format {FORMAT}")
-    g = 8 + n + int(head["graph"])
-    if g > mv.nbytes:
-        raise ValueError(f"{mv.nbytes} bytes do not hold a graph of {head['graph']} bytes")
-    return head, mv[8 + n:g], mv[g:]
+    g = int(head["graph"])
+    if g > rest.nbytes:
+        raise ValueError(f"{rest.nbytes} bytes do not hold a graph of {g} bytes")
+    return head, rest[:g], rest[g:]
 
 
 def restore(plan: Any, agent_id: int, blob: Any, *, data: Any = None, metrics: Any = None) -> Any:

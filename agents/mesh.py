@@ -903,33 +903,28 @@ CHECKPOINT_FORMAT = 2
 
 def pack_checkpoint(window: int, view: dict[str, Any], core: Any) -> Any:
     """One agent's checkpoint: the loop's view at the top of ``window`` and its core's snapshot (a
-    :class:`~agents.common.files.Blob`), as a Blob: ``[8-byte length of the head][head][core]``, the head a
-    small pickle, the core's pieces not copied."""
-    import pickle
+    :class:`~agents.common.files.Blob`), as a Blob: a small head (:func:`~agents.common.files.headed`) and the
+    core's pieces, not copied."""
+    from agents.common.files import Blob, headed
 
-    from agents.common.files import Blob
-
-    head = pickle.dumps({"format": CHECKPOINT_FORMAT, "window": window, "view": view, "core": len(core)},
-                        protocol=pickle.HIGHEST_PROTOCOL)
-    if isinstance(core, Blob):
-        return Blob([len(head).to_bytes(8, "little"), head, *core.pieces], live=core.live)
-    return Blob([len(head).to_bytes(8, "little"), head, core])
+    pieces = core.pieces if isinstance(core, Blob) else [core]
+    return headed({"format": CHECKPOINT_FORMAT, "window": window, "view": view, "core": len(core)}, pieces,
+                  live=getattr(core, "live", False))
 
 
 def unpack_checkpoint(blob: Any) -> dict[str, Any]:
     """The inverse of :func:`pack_checkpoint` (the core: a view of ``blob``'s bytes, not a copy). Only for
     bytes from this agent's authenticated controller, which read them from its run directory
     (docs/security.md: a checkpoint is trusted like config.yaml)."""
-    import pickle
+    from agents.common.files import read_headed
 
-    from agents.common.files import Blob
-
-    mv = memoryview(blob.tobytes() if isinstance(blob, Blob) else blob).cast("B")
-    n = int.from_bytes(mv[:8], "little")
-    d = pickle.loads(mv[8:8 + n]) if 8 <= mv.nbytes and n <= mv.nbytes - 8 else None  # noqa: S301 - see above
-    if not isinstance(d, dict) or d.get("format") != CHECKPOINT_FORMAT or d.get("core") != mv.nbytes - 8 - n:
+    try:
+        d, core = read_headed(blob)
+    except ValueError:
+        d = core = None
+    if not isinstance(d, dict) or d.get("format") != CHECKPOINT_FORMAT or d.get("core") != core.nbytes:
         raise ValueError(f"not a lockstep agent checkpoint of format {CHECKPOINT_FORMAT}")
-    d["core"] = mv[8 + n:]
+    d["core"] = core
     return d
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import pickle
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Blob", "atomic_file", "write_atomic"]
+__all__ = ["Blob", "atomic_file", "headed", "read_headed", "write_atomic"]
 
 
 @contextlib.contextmanager
@@ -70,3 +71,19 @@ class Blob:
 
     def tobytes(self) -> bytes:
         return b"".join(self.pieces)
+
+
+def headed(head: Any, pieces: list[Any], live: bool = False) -> Blob:
+    """``[8-byte length of the pickled head][head][pieces…]`` as a :class:`Blob` (the pieces not copied)."""
+    h = pickle.dumps(head, protocol=pickle.HIGHEST_PROTOCOL)
+    return Blob([len(h).to_bytes(8, "little"), h, *pieces], live=live)
+
+
+def read_headed(data: Any) -> tuple[Any, memoryview]:
+    """The inverse of :func:`headed` on its bytes (or the Blob): ``(head, a view of the rest)``; ValueError
+    when they are too short. The head is unpickled: only for bytes trusted like the run's config."""
+    mv = memoryview(data.tobytes() if isinstance(data, Blob) else data).cast("B")
+    n = int.from_bytes(mv[:8], "little")
+    if mv.nbytes < 8 or n > mv.nbytes - 8:
+        raise ValueError(f"{mv.nbytes} bytes do not hold a head of {n} bytes")
+    return pickle.loads(mv[8:8 + n]), mv[8 + n:]  # noqa: S301 - see the docstring
