@@ -25,9 +25,12 @@ synchronous PS round takes exactly Eq. 7 of the throughput-prediction paper
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
 
 from agents.sim import keyed
 from agents.sim.kernel import PRIO_NET, Kernel, Timer
@@ -223,22 +226,10 @@ class Transfer:
         self.done: VirtualTime | None = None  # ingress finished (receiver side)
 
 
-class _Flow:
-    """One transfer sharing a link: bytes still to move, its cap (the sender's rate), its current rate."""
-
-    __slots__ = ("remaining", "cap", "rate", "item")
-
-    def __init__(self, remaining: float, cap: float, item: Any):
-        self.remaining, self.cap, self.rate, self.item = remaining, cap, 0.0, item
-
-    def left_ns(self) -> VirtualTime:
-        return transfer_ns(max(self.remaining, 0.0), self.rate)
-
-
 class SharedFlows:
-    """Flows sharing capacity as virtual time passes (here and agents/sim/topology.py): the subclass has
-    ``kernel``, ``flows`` (each with ``remaining`` bytes, ``rate`` and ``left_ns()``), ``last`` (when they were
-    last brought up to date), ``timer`` (the next completion) and ``_reschedule()``."""
+    """Flows sharing capacity as virtual time passes (agents/sim/topology.py): the subclass has ``kernel``,
+    ``flows`` (each with ``remaining`` bytes, ``rate`` and ``left_ns()``), ``last`` (when they were last
+    brought up to date), ``timer`` (the next completion) and ``_reschedule()``."""
 
     __slots__ = ()
 
@@ -260,44 +251,160 @@ class SharedFlows:
         return done
 
 
-class _SharedLink(SharedFlows):
-    """Processor sharing of one NIC direction among active flows, each optionally capped."""
+# A link holds its flows as columns: Python lists while it has few, float64 arrays from VECTOR_FROM flows on
+# (back to lists below VECTOR_FROM // 2). Both do the same IEEE-754 operations in the same order on each
+# flow (numpy's elementwise +, -, *, / and rint round exactly as Python's floats and round() do), so a run's
+# times do not depend on the switch; tests/engine/test_shared_link.py checks both against a flow-by-flow
+# reference. Below ~40 flows numpy's per-call cost is more than the loop it saves
+# (python benchmarks/bench_shared_link.py).
+VECTOR_FROM = 40
+_INF = math.inf
 
-    __slots__ = ("kernel", "owner", "capacity", "flows", "last", "timer", "on_done")
+
+@functools.lru_cache(maxsize=256)
+def _even_shares(capacity: float, cap: float, n: int) -> tuple[float, ...]:
+    """Water-filling of ``capacity`` among ``n`` flows with the same cap, in their order: each takes
+    ``min(cap, left / k)`` of what the ones before it left (equal in exact arithmetic, not always in floats)."""
+    out, left = [], capacity
+    for k in range(n, 0, -1):
+        r = min(cap, left / k)
+        out.append(r)
+        left -= r
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _even_shares_array(capacity: float, cap: float, n: int) -> np.ndarray:
+    a = np.array(_even_shares(capacity, cap, n), dtype=np.float64)
+    a.flags.writeable = False
+    return a
+
+
+def _shares(capacity: float, caps: list[float]) -> list[float]:
+    """Max-min fair shares with per-flow caps (water-filling), smallest cap first; ties keep arrival order."""
+    rates = [0.0] * len(caps)
+    left, n = capacity, len(caps)
+    for i in sorted(range(len(caps)), key=caps.__getitem__):
+        rates[i] = r = min(caps[i], left / n)
+        left -= r
+        n -= 1
+    return rates
+
+
+class _SharedLink:
+    """Processor sharing of one NIC direction among active flows, each optionally capped.
+
+    Every arrival and departure re-shares the link (max-min, water-filling) and replaces the completion
+    timer. The per-event work is a few passes over the flows' columns, vectorised on a busy link (a PS's
+    NIC with thousands of senders), with the shares of a link whose flows all have the same cap (the usual
+    case) computed once per (capacity, cap, count)."""
+
+    __slots__ = ("kernel", "owner", "capacity", "left", "caps", "items", "rates", "even", "last", "timer",
+                 "on_done")
 
     def __init__(self, kernel: Kernel, owner: "Worker", capacity: float,
                  on_done: Callable[[Any], None]):
         self.kernel, self.owner, self.capacity, self.on_done = kernel, owner, capacity, on_done
-        self.flows: list[_Flow] = []
+        self.left: list[float] | np.ndarray = []  # bytes each flow still has to move, in arrival order
+        self.caps: list[float] | np.ndarray = []  # each flow's cap (its sender's rate; inf on an egress)
+        self.rates: tuple[float, ...] | list[float] | np.ndarray = ()  # each flow's current share
+        self.items: list[Any] = []
+        self.even = True  # every flow has the same cap
         self.last: VirtualTime = 0
         self.timer: Timer | None = None  # the next completion; replaced at every arrival or departure
 
     def add(self, nbytes: float, cap: float, item: Any) -> None:
         self._advance()
-        self.flows.append(_Flow(float(nbytes), cap, item))
+        if self.items and cap != self.caps[0]:
+            self.even = False
+        if isinstance(self.left, list):
+            self.left.append(float(nbytes))
+            self.caps.append(cap)
+            if len(self.left) >= VECTOR_FROM:
+                self.left, self.caps = np.array(self.left), np.array(self.caps)
+        else:
+            self.left = np.concatenate((self.left, (float(nbytes),)))
+            self.caps = np.concatenate((self.caps, (cap,)))
+        self.items.append(item)
         self._reschedule()
 
-    def _rates(self) -> None:
-        # max-min fair share with per-flow caps (water-filling); stable order keeps it deterministic
-        left, n = self.capacity, len(self.flows)
-        for f in sorted(self.flows, key=lambda f: f.cap):
-            f.rate = min(f.cap, left / n)
-            left -= f.rate
-            n -= 1
+    def _advance(self) -> None:
+        now = self.kernel.now
+        dt = now - self.last
+        if dt and self.items:
+            if isinstance(self.left, list):
+                left = self.left
+                for i, r in enumerate(self.rates):
+                    left[i] -= r * dt / NS_PER_S
+            else:
+                step = self.rates * dt
+                step /= NS_PER_S
+                self.left -= step
+        self.last = now
+
+    def _left_ns(self) -> list[int] | np.ndarray:
+        """Each flow's time to finish at its current share: ``transfer_ns(max(left, 0), rate)``, flow by flow
+        (as floats of whole ns in the vectorised form)."""
+        if isinstance(self.left, list):
+            ns = []
+            for b, r in zip(self.left, self.rates):
+                ns.append(0 if b <= 0 or r == _INF else int(round(b * NS_PER_S / r)))
+            return ns
+        ns = np.maximum(self.left, 0.0)  # a flow's rate is never 0 (bandwidths and slow-link factors are > 0)
+        ns *= NS_PER_S
+        ns /= self.rates
+        return np.rint(ns, out=ns)
+
+    def _share(self) -> None:
+        n = len(self.items)
+        if isinstance(self.left, list):
+            self.rates = (_even_shares(self.capacity, self.caps[0], n) if self.even
+                          else _shares(self.capacity, self.caps))
+        else:
+            self.rates = (_even_shares_array(self.capacity, float(self.caps[0]), n) if self.even
+                          else np.array(_shares(self.capacity, self.caps.tolist())))
 
     def _reschedule(self) -> None:
         if self.timer is not None:
             self.timer.cancel()  # superseded by this arrival or departure
             self.timer = None
-        if not self.flows:
+        if not self.items:
             return
-        self._rates()
-        dt = min(f.left_ns() for f in self.flows)
+        self._share()
+        ns = self._left_ns()
+        dt = min(ns) if isinstance(ns, list) else int(ns.min())
         self.timer = self.kernel.timer(self.kernel.now + dt, PRIO_NET, self.owner, self._tick)
 
     def _tick(self) -> None:
-        for f in self._finish():
-            self.on_done(f.item)
+        """The completion timer: bring the flows up to now, drop those done (in arrival order), re-share."""
+        self.timer = None
+        self._advance()
+        ns = self._left_ns()
+        if isinstance(ns, list):
+            gone = [i for i, t in enumerate(ns) if t == 0]
+            if len(gone) == len(ns):  # the usual on a vworker's egress: its one message is out
+                done, self.items, self.left, self.caps = self.items, [], [], []
+            else:
+                done = [self.items[i] for i in gone]
+                for i in reversed(gone):
+                    del self.items[i], self.left[i], self.caps[i]
+        else:
+            keep = ns != 0
+            gone = np.flatnonzero(~keep).tolist()
+            done = [self.items[i] for i in gone]
+            for i in reversed(gone):
+                del self.items[i]
+            self.left, self.caps = self.left[keep], self.caps[keep]
+            if len(self.items) < VECTOR_FROM // 2:
+                self.left, self.caps = self.left.tolist(), self.caps.tolist()
+        if not self.items:
+            self.even = True
+        elif not self.even:
+            self.even = (all(c == self.caps[0] for c in self.caps) if isinstance(self.caps, list)
+                         else bool((self.caps == self.caps[0]).all()))
+        self._reschedule()
+        for item in done:
+            self.on_done(item)
 
 
 class _Nic:
