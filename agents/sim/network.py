@@ -266,10 +266,19 @@ def _even_shares(capacity: float, cap: float, n: int) -> tuple[float, ...]:
     """Water-filling of ``capacity`` among ``n`` flows with the same cap, in their order: each takes
     ``min(cap, left / k)`` of what the ones before it left (equal in exact arithmetic, not always in floats)."""
     out, left = [], capacity
-    for k in range(n, 0, -1):
-        r = min(cap, left / k)
-        out.append(r)
-        left -= r
+    append = out.append
+    if cap >= capacity:  # no flow reaches its cap (left <= capacity throughout): min(cap, left / k) is left / k
+        for k in range(n, 0, -1):
+            r = left / k
+            append(r)
+            left -= r
+    else:
+        for k in range(n, 0, -1):
+            r = left / k
+            if not r < cap:  # min(cap, r), as min() picks it: cap unless r is smaller
+                r = cap
+            append(r)
+            left -= r
     return tuple(out)
 
 
