@@ -13,7 +13,7 @@ import heapq
 import sys
 import time
 
-from _common import ROOT, load_average  # noqa: F401  (puts the repository on sys.path)
+from _common import load_average  # also puts the repository on sys.path
 
 from agents.sim import network
 from agents.sim.network import _SharedLink

@@ -227,7 +227,8 @@ class Transfer:
 
 
 class SharedFlows:
-    """Flows sharing capacity as virtual time passes (agents/sim/topology.py): the subclass has ``kernel``,
+    """Flows sharing capacity as virtual time passes (agents/sim/topology.py; the reference link of
+    tests/engine/test_shared_link.py): the subclass has ``kernel``,
     ``flows`` (each with ``remaining`` bytes, ``rate`` and ``left_ns()``), ``last`` (when they were last
     brought up to date), ``timer`` (the next completion) and ``_reschedule()``."""
 

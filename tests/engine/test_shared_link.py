@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.sim import network
-from agents.sim.network import _SharedLink, transfer_ns
-from agents.sim.types import NS_PER_S
+from agents.sim.network import SharedFlows, _SharedLink, transfer_ns
 
 
 class _Flow:
@@ -29,8 +28,9 @@ class _Flow:
         return transfer_ns(max(self.remaining, 0.0), self.rate)
 
 
-class Reference:
-    """The shared link before columns: per-flow objects, a stable sort by cap and a water-fill per event."""
+class Reference(SharedFlows):
+    """The shared link before columns (verbatim): per-flow objects, a stable sort by cap and a water-fill per
+    event; bringing flows up to now and dropping the finished ones is ``SharedFlows``, as it was."""
 
     def __init__(self, kernel, owner, capacity, on_done):
         self.kernel, self.owner, self.capacity, self.on_done = kernel, owner, capacity, on_done
@@ -40,14 +40,6 @@ class Reference:
         self._advance()
         self.flows.append(_Flow(float(nbytes), cap, item))
         self._reschedule()
-
-    def _advance(self):
-        now = self.kernel.now
-        dt = now - self.last
-        if dt:
-            for f in self.flows:
-                f.remaining -= f.rate * dt / NS_PER_S
-        self.last = now
 
     def _reschedule(self):
         if self.timer is not None:
@@ -64,12 +56,7 @@ class Reference:
         self.timer = self.kernel.timer(self.kernel.now + dt, 0, self.owner, self._tick)
 
     def _tick(self):
-        self.timer = None
-        self._advance()
-        done = [f for f in self.flows if f.left_ns() == 0]
-        self.flows = [f for f in self.flows if f.left_ns() != 0]
-        self._reschedule()
-        for f in done:
+        for f in self._finish():
             self.on_done(f.item)
 
 
