@@ -37,6 +37,20 @@ __all__ = ["main", "worker_main", "run_scenario"]
 GOODPUT = 1448 / 1538  # TCP payload per wire byte on Ethernet (docs/engine.md): B_eff = GOODPUT x line rate
 
 
+def hystart_detect(sysctl: Path = Path("/proc/sys/net/ipv4"),
+                   params: Path = Path("/sys/module/tcp_cubic/parameters")) -> int | None:
+    """Which of CUBIC's HyStart detections this host runs, as results files record it (``hystart_detect``:
+    0 off, 1 ACK train, 2 delay, 3 both), or None where its congestion control is not CUBIC or the module's
+    parameters cannot be read."""
+    try:
+        if (sysctl / "tcp_congestion_control").read_text().strip() != "cubic":
+            return None
+        on, detect = int((params / "hystart").read_text()), int((params / "hystart_detect").read_text())
+    except (OSError, ValueError):
+        return None
+    return detect & 3 if on else 0
+
+
 def _now() -> float:
     return time.perf_counter()
 
@@ -191,6 +205,9 @@ def worker_main(a: argparse.Namespace) -> int:
     else:
         raise ValueError(f"unknown scenario {a.scenario!r}")
     res["step_times_s"] = times[a.warmup:]
+    h = hystart_detect()
+    if h is not None:
+        res["hystart_detect"] = h
     dist.barrier()
     dist.destroy_process_group()
     Path(a.outfile).write_text(json.dumps(res))
@@ -250,7 +267,7 @@ def _record(scenario: str, K: int, L_ms: float, B_mbit: float, M: int, C_ms: flo
         rec["updates_per_s"] = r0["updates_per_s"]
     else:
         rec["median_s"] = statistics.median(r0["step_times_s"])
-    for key in ("p2p", "ps_average_s_median"):
+    for key in ("p2p", "ps_average_s_median", "hystart_detect"):
         if key in r0:
             rec[key] = r0[key]
     return rec

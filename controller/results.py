@@ -20,7 +20,10 @@ The format is ``../shared/realrun``'s (torch.distributed/gloo on emulated hosts)
 Optional: ``N`` (measured steps, default 10), ``warmup`` (steps before them, default 2),
 ``ps_average_s_median`` (the PS's averaging time per step; validate uses it as the
 emulation's aggregate time), ``p2p`` (``rtt_small_s``: a tiny ping-pong's round trip, used by
-calibrate). Everything else (realrun records much more) is ignored.
+calibrate), ``hystart_detect`` (which of CUBIC's HyStart detections the hosts ran: 0 = HyStart off, 1 = the
+ACK train, 2 = the delay increase, 3 = both, Linux's default and the default here — ``tcp_cubic``'s
+``hystart`` and ``hystart_detect`` module parameters; validate emulates the same). Everything else (realrun
+records much more) is ignored.
 
 A configuration measured more than once (the same scenario, K, L, B, M, C, N and warmup on several lines:
 one measurement is one draw of a noisy testbed) is one point for ``validate`` unless it is asked for
@@ -38,6 +41,8 @@ from typing import Any
 __all__ = ["ResultsError", "Point", "SCENARIOS", "load_results", "group_repeats"]
 
 SCENARIOS = ("ring", "ps_sync", "ps_async", "p2p", "fanin")
+# how a point measured with other HyStart detections than Linux's default (3: both) is described
+HYSTART_NAMES = {0: " HyStart off", 1: " HyStart ACK train only", 2: " HyStart delay only", 3: ""}
 
 
 class ResultsError(ValueError):
@@ -61,6 +66,7 @@ class Point:
     aggregate_s: float = 0.0  # the PS's averaging time per step, when the run measured it
     line: int = 0
     runs: tuple[float, ...] = ()  # group_repeats: the measured value of each run, in file order
+    hystart: int = 3  # CUBIC's HyStart detections on the measured hosts: bit 1 ACK train, bit 2 delay (0: off)
 
     @property
     def metric(self) -> str:
@@ -68,12 +74,12 @@ class Point:
 
     def describe(self) -> str:
         return (f"{self.scenario} K={self.K} L={self.L_s * 1e3:g}ms B={self.B_bps / 1e6:g}Mbit/s "
-                f"M={self.M_bytes / 1e6:g}MB C={self.C_s * 1e3:g}ms")
+                f"M={self.M_bytes / 1e6:g}MB C={self.C_s * 1e3:g}ms" + HYSTART_NAMES[self.hystart])
 
     @property
     def setup(self) -> tuple:
         """What the emulation of this point depends on, but the PS's measured averaging time."""
-        return (self.scenario, self.K, self.L_s, self.B_bps, self.M_bytes, self.C_s, self.N, self.warmup)
+        return (self.scenario, self.K, self.L_s, self.B_bps, self.M_bytes, self.C_s, self.N, self.warmup, self.hystart)
 
 
 def group_repeats(points: list[Point]) -> list[Point]:
@@ -89,7 +95,7 @@ def group_repeats(points: list[Point]) -> list[Point]:
         out.append(Point(first.scenario, first.K, first.L_s, first.B_bps, first.M_bytes, first.C_s,
                          statistics.median(r.measured for r in runs), first.N, first.warmup,
                          statistics.median(rtts) if rtts else None, statistics.median(r.aggregate_s for r in runs),
-                         first.line, tuple(r.measured for r in runs)))
+                         first.line, tuple(r.measured for r in runs), first.hystart))
     return out
 
 
@@ -131,7 +137,11 @@ def parse_point(rec: Any, where: str, line: int = 0) -> Point:
         rtt = float(p2p["rtt_small_s"])
     agg = rec.get("ps_average_s_median")
     agg = float(agg) if isinstance(agg, (int, float)) and not isinstance(agg, bool) and agg >= 0 else 0.0
-    return Point(scen, K, L, B, M, C, measured, N, warmup, rtt, agg, line)
+    hystart = rec.get("hystart_detect", 3)
+    if not isinstance(hystart, int) or isinstance(hystart, bool) or hystart not in HYSTART_NAMES:
+        raise ResultsError(f"{where}: hystart_detect={hystart!r} is not valid; accepted: 0 (HyStart off), 1 (ACK "
+                           "train), 2 (delay) or 3 (both, the default).")
+    return Point(scen, K, L, B, M, C, measured, N, warmup, rtt, agg, line, (), hystart)
 
 
 def load_results(path: str | Path, scenarios: tuple[str, ...] = SCENARIOS) -> list[Point]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.results import Point, ResultsError, group_repeats, load_results
+from controller.results import HYSTART_NAMES, Point, ResultsError, group_repeats, load_results
 
 __all__ = ["main", "emulate", "Row", "validate_points", "summarize"]
 
@@ -66,6 +66,9 @@ def _overrides_for(p: Point) -> list[str]:
           "eval.samples=10", "progress=false", "launcher=inprocess", "trace.mode=off",
           "agents=1", "metrics.port=null"]
     ov += [f"compute.start_spread={TESTBED_START_SPREAD}", f"compute.jitter={TESTBED_TIMER_JITTER}"]
+    if p.hystart != 3:  # the hosts ran CUBIC with other HyStart detections (results.py: hystart_detect)
+        ov += [f"network.tcp.hystart_ack_train={bool(p.hystart & 1)}",
+               f"network.tcp.hystart_delay={bool(p.hystart & 2)}"]
     # the state log says whose gradient each update applied (_async_rate); no other scenario needs it
     ov += (["statelog.enabled=true", "statelog.checksum=false", "statelog.snapshot_every=0"]
            if p.scenario == "ps_async" else ["statelog.enabled=false"])
@@ -229,7 +232,7 @@ def table(rows: list[Row]) -> str:
         p = r.point
         lines.append(f"{p.scenario:9s} {p.K:3d} {p.L_s * 1e3:6g} {p.B_bps / 1e6:9g} {p.M_bytes / 1e6:6g} "
                      f"{p.C_s * 1e3:5g} {_fmt(p, p.measured):>16s} {_fmt(p, r.emulated):>16s} "
-                     f"{100 * r.error:+7.1f}% {max(1, len(p.runs)):5d}")
+                     f"{100 * r.error:+7.1f}% {max(1, len(p.runs)):5d}{HYSTART_NAMES[p.hystart]}")
     lines.append("")
     for scen, s in summarize(rows).items():
         lines.append(f"{scen:9s} {int(s['points']):3d} points: mean |error| {100 * s['mean_abs_error']:.1f} %, "
@@ -323,7 +326,8 @@ def main(argv: list[str]) -> int:
     if a.json:
         print(json.dumps({"rows": [{"scenario": r.point.scenario, "K": r.point.K, "L_ms": r.point.L_s * 1e3,
                                     "B_mbit": r.point.B_bps / 1e6, "M_bytes": r.point.M_bytes,
-                                    "C_ms": r.point.C_s * 1e3, "measured": r.point.measured,
+                                    "C_ms": r.point.C_s * 1e3, "hystart_detect": r.point.hystart,
+                                    "measured": r.point.measured,
                                     "emulated": r.emulated, "error": r.error, "line": r.point.line,
                                     "runs": list(r.point.runs) or [r.point.measured],
                                     "emulated_runs": list(r.runs) or [r.emulated]}

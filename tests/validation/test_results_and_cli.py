@@ -27,6 +27,12 @@ def write(tmp_path, *recs, raw=None):
     ({**GOOD, "L_ms": -1.0}, "line 1: L_ms=-1.0 is not valid; accepted: a number >= 0."),
     ({**GOOD, "scenario": "ps_async"}, "line 1: the field 'updates_per_s' is missing; accepted: a number > 0."),
     ({**GOOD, "K": 2.5}, "line 1: K=2.5 is not valid; accepted: an integer >= 1."),
+    ({**GOOD, "hystart_detect": 4}, "line 1: hystart_detect=4 is not valid; accepted: 0 (HyStart off), 1 (ACK train), "
+                                    "2 (delay) or 3 (both, the default)."),
+    ({**GOOD, "hystart_detect": 3.0}, "line 1: hystart_detect=3.0 is not valid; accepted: 0 (HyStart off), 1 (ACK "
+                                      "train), 2 (delay) or 3 (both, the default)."),
+    ({**GOOD, "hystart_detect": True}, "line 1: hystart_detect=True is not valid; accepted: 0 (HyStart off), 1 (ACK "
+                                       "train), 2 (delay) or 3 (both, the default)."),
 ])
 @pytest.mark.parametrize("command", [validate_main, calibrate_main])
 def test_a_bad_results_file_is_one_sentence_and_exit_2(tmp_path, capsys, rec, sentence, command):
@@ -62,6 +68,47 @@ def test_the_minimal_format_is_realrun_s_required_subset(tmp_path):
     assert (ring.scenario, ring.K, ring.L_s, ring.B_bps, ring.M_bytes, ring.C_s, ring.measured, ring.N,
             ring.warmup) == ("ring", 2, 0.001, 1e9, 1000000, 0.02, 0.033, 10, 2)
     assert (ps.scenario, ps.measured, ps.rtt_small_s) == ("ps_async", 75.5, 0.0024)
+
+
+def test_validate_emulates_the_hystart_detections_the_measured_hosts_ran(tmp_path):
+    # a record may say which of CUBIC's HyStart detections its hosts ran (tcp_cubic's hystart and
+    # hystart_detect module parameters); validate's tcp model then runs the same, and runs with different
+    # detections are different configurations, not repeats of one
+    from controller.validate import _overrides_for
+
+    p = write(tmp_path, GOOD, {**GOOD, "hystart_detect": 0, "median_s": 0.030}, {**GOOD, "hystart_detect": 1},
+              {**GOOD, "hystart_detect": 2}, {**GOOD, "hystart_detect": 3, "median_s": 0.035})
+    points = load_results(p)
+    assert [q.hystart for q in points] == [3, 0, 1, 2, 3]
+    grouped = group_repeats(points)
+    assert [(q.hystart, q.runs) for q in grouped] == [(3, (0.033, 0.035)), (0, (0.030,)), (1, (0.033,)),
+                                                      (2, (0.033,))]
+    settings = [[o for o in _overrides_for(q) if o.startswith("network.tcp.hystart")] for q in grouped]
+    assert settings == [[], ["network.tcp.hystart_ack_train=False", "network.tcp.hystart_delay=False"],
+                        ["network.tcp.hystart_ack_train=True", "network.tcp.hystart_delay=False"],
+                        ["network.tcp.hystart_ack_train=False", "network.tcp.hystart_delay=True"]]
+    assert [q.describe().endswith(tail) for q, tail in zip(grouped, ("C=20ms", "HyStart off", "ACK train only",
+                                                                     "delay only"))] == [True] * 4
+
+
+def test_measure_records_the_hystart_detections_of_a_cubic_host(tmp_path):
+    from pathlib import Path
+
+    from controller.measure import hystart_detect
+
+    sysctl, params = tmp_path / "ipv4", tmp_path / "tcp_cubic"
+    sysctl.mkdir(), params.mkdir()
+    for cc, on, detect, want in (("cubic", 1, 3, 3), ("cubic", 1, 2, 2), ("cubic", 0, 3, 0), ("bbr", 1, 3, None)):
+        (sysctl / "tcp_congestion_control").write_text(cc + "\n")
+        (params / "hystart").write_text(f"{on}\n")
+        (params / "hystart_detect").write_text(f"{detect}\n")
+        assert hystart_detect(sysctl, params) == want
+    (params / "hystart").unlink()
+    (sysctl / "tcp_congestion_control").write_text("cubic\n")
+    assert hystart_detect(sysctl, params) is None  # no tcp_cubic module parameters: nothing recorded
+    cc = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+    if cc.exists() and cc.read_text().strip() != "cubic":  # this machine, as it is
+        assert hystart_detect() is None
 
 
 @pytest.mark.parametrize("argv, sentence", [
