@@ -17,6 +17,7 @@ from controller.validate import emulate, main as validate_main, summarize, valid
 ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION = ROOT / "benchmarks" / "data" / "realrun-calibration.jsonl"
 HYSTART_DETECT = ROOT / "benchmarks" / "data" / "lab" / "hystart-detect.jsonl"
+HYSTART_DETECT_PS = ROOT / "benchmarks" / "data" / "lab" / "hystart-detect-ps.jsonl"
 
 
 def test_calibrate_recovers_host_latency_and_framing_from_results_the_model_generated():
@@ -65,19 +66,24 @@ def test_validate_on_the_calibration_runs(capsys):
 
 
 @pytest.mark.slow
-def test_the_transport_model_matches_the_testbed_where_hystart_does_not_decide():
-    """ps_async, K = 4, 1 ms, 100 Mbit/s, 1 MB (the calibration's most unfair point) measured with CUBIC's HyStart
-    off, with its ACK-train detection only, its delay detection only and both (Linux's default), 3-5 runs each
-    (benchmarks/data/lab/hystart-detect.jsonl; docs/benchmarks.md, "HyStart decides the PS points"). With no HyStart
-    exit, or with the ACK train's alone, the model is within 2 % of the median run; the gap of the default is how the
-    testbed mixes the two detections' exits from run to run."""
-    rows = validate_points(group_repeats(load_results(HYSTART_DETECT)), ["network=tcp", "strategy.collective=gloo"],
-                           seeds=5, jobs=2)
-    error = {r.point.hystart: r.error for r in rows}
-    assert sorted(error) == [0, 1, 2, 3]
-    # measured 2026-11-27 (5 seeds): off -1.9 %, ACK train -0.5 %, delay +6.8 %, both -7.5 %
-    assert abs(error[0]) <= 0.02 and abs(error[1]) <= 0.02
-    assert abs(error[2]) <= 0.08 and abs(error[3]) <= 0.09
+def test_the_asynchronous_ps_matches_the_testbed_where_hystart_does_not_decide():
+    """ps_async, K = 4, 100 Mbit/s, 1 MB, at 1 ms (the calibration's most unfair point) and 10 ms, measured with
+    CUBIC's HyStart off, with its ACK-train detection only, its delay detection only and both (Linux's default),
+    3-5 runs each (benchmarks/data/lab/hystart-detect*.jsonl; docs/benchmarks.md, "HyStart decides the PS points").
+    With no HyStart exit, or with the ACK train's alone, the model is within 3 % of the median run at both; the
+    gap of the default at 1 ms is how the testbed mixes the two detections' exits from run to run. (The
+    synchronous PS of the second file is not asserted: at K = 4 it misses by 7-12 % under every setting.)"""
+    rows = validate_points(group_repeats(load_results(HYSTART_DETECT, ("ps_async",))
+                                         + load_results(HYSTART_DETECT_PS, ("ps_async",))),
+                           ["network=tcp", "strategy.collective=gloo"], seeds=5, jobs=2)
+    error = {(r.point.L_s, r.point.hystart): r.error for r in rows}
+    assert sorted(error) == [(0.001, 0), (0.001, 1), (0.001, 2), (0.001, 3), (0.01, 0), (0.01, 1), (0.01, 2),
+                             (0.01, 3)]
+    # measured 2026-11-27 (5 seeds): 1 ms: off -1.9 %, ACK train -0.5 %, delay +6.8 %, both -7.5 %;
+    # 10 ms: off +1.5 %, ACK train +2.9 %, delay -0.4 %, both +0.1 %
+    assert abs(error[0.001, 0]) <= 0.02 and abs(error[0.001, 1]) <= 0.02
+    assert abs(error[0.001, 2]) <= 0.08 and abs(error[0.001, 3]) <= 0.09
+    assert all(abs(error[0.01, h]) <= 0.04 for h in range(4))
 
 
 @pytest.mark.slow
