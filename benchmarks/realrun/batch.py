@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
 
@@ -86,20 +85,15 @@ def run_batch(a):
         la = open("/proc/loadavg").read().split()[:3]
         argv = ["--scenario", p["scenario"], "--workers", str(p["workers"]), "--latency-ms", str(p["latency_ms"]),
                 "--rate-mbit", str(p["rate_mbit"]), "--compute-ms", str(C), "--model-bytes", str(p["model_bytes"]),
-                "--steps", str(p.get("steps", 10)), "--out", a.out, "-q"]
+                "--steps", str(p.get("steps", 10)), "-q"]
         args = realrun.build_parser().parse_args(argv)
         ts = time.time()
         try:
-            if a.hystart_detect is None:
-                rec = realrun.run_one(args, verbose=False)
-            else:  # the record, with the HyStart detections it ran under
-                with tempfile.TemporaryDirectory() as d:
-                    args.out = os.path.join(d, "one.jsonl")
-                    rec = realrun.run_one(args, verbose=False)
-                    line = json.loads(open(args.out).read().splitlines()[-1])
-                line["hystart_detect"] = a.hystart_detect
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(line) + "\n")
+            rec = realrun.run_one(args, verbose=False)  # no --out: the record is written here, with the setting
+            if a.hystart_detect is not None:
+                rec["hystart_detect"] = a.hystart_detect
+            with open(a.out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
             extra = f" ups={rec['updates_per_s']:.2f}" if rec.get("updates_per_s") else ""
             print(f"[{i + 1}/{len(pts)}] {p['scenario']:8s} K={p['workers']} L={p['latency_ms']} B={p['rate_mbit']} "
                   f"M={p['model_bytes']} C={C} median {rec['median_s'] * 1e3:.1f} ms{extra} "
