@@ -262,41 +262,41 @@ VECTOR_FROM = 40
 _INF = math.inf
 
 
+def _even_share(capacity: float, cap: float, n: int) -> float | None:
+    """The one share of ``n`` flows with the same cap that none of them reaches: ``capacity / n``; None when
+    the cap is below it (then :func:`_capped_shares`)."""
+    share = capacity / n
+    return None if cap < share else share
+
+
 @functools.lru_cache(maxsize=256)
-def _even_shares(capacity: float, cap: float, n: int) -> tuple[float, ...]:
-    """Water-filling of ``capacity`` among ``n`` flows with the same cap, in their order: each takes
-    ``min(cap, left / k)`` of what the ones before it left (equal in exact arithmetic, not always in floats)."""
-    out, left = [], capacity
-    append = out.append
-    if cap >= capacity:  # no flow reaches its cap (left <= capacity throughout): min(cap, left / k) is left / k
-        for k in range(n, 0, -1):
-            r = left / k
-            append(r)
-            left -= r
-    else:
-        for k in range(n, 0, -1):
-            r = left / k
-            if not r < cap:  # min(cap, r), as min() picks it: cap unless r is smaller
-                r = cap
-            append(r)
-            left -= r
-    return tuple(out)
+def _capped_shares(capacity: float, cap: float, n: int) -> tuple[float, ...]:
+    """:func:`_shares` for ``n`` flows with the same cap, in their order, when the cap is below ``capacity / n``."""
+    return tuple(_shares(capacity, [cap] * n))
 
 
 @functools.lru_cache(maxsize=64)
-def _even_shares_array(capacity: float, cap: float, n: int) -> np.ndarray:
-    a = np.array(_even_shares(capacity, cap, n), dtype=np.float64)
+def _capped_shares_array(capacity: float, cap: float, n: int) -> np.ndarray:
+    a = np.array(_capped_shares(capacity, cap, n), dtype=np.float64)
     a.flags.writeable = False
     return a
 
 
 def _shares(capacity: float, caps: list[float]) -> list[float]:
-    """Max-min fair shares with per-flow caps (water-filling), smallest cap first; ties keep arrival order."""
+    """Max-min fair shares with per-flow caps (water-filling): smallest cap first (ties in arrival order), a flow
+    whose cap is below the fair share of what is left keeps its cap; the others all get that fair share, the
+    same float (as the bottleneck's flows do in agents/sim/topology.py)."""
     rates = [0.0] * len(caps)
     left, n = capacity, len(caps)
-    for i in sorted(range(len(caps)), key=caps.__getitem__):
-        rates[i] = r = min(caps[i], left / n)
-        left -= r
+    order = sorted(range(len(caps)), key=caps.__getitem__)
+    for j, i in enumerate(order):
+        share = left / n
+        if not caps[i] < share:
+            for i in order[j:]:
+                rates[i] = share
+            break
+        rates[i] = caps[i]
+        left -= caps[i]
         n -= 1
     return rates
 
@@ -367,12 +367,18 @@ class _SharedLink:
 
     def _share(self) -> None:
         n = len(self.items)
-        if isinstance(self.left, list):
-            self.rates = (_even_shares(self.capacity, self.caps[0], n) if self.even
-                          else _shares(self.capacity, self.caps))
+        vector = not isinstance(self.left, list)
+        if self.even:
+            share = _even_share(self.capacity, float(self.caps[0]), n)
+            if share is not None:  # one float for every flow: a scalar that numpy broadcasts, no pass per count
+                self.rates = share if vector else (share,) * n
+            elif vector:
+                self.rates = _capped_shares_array(self.capacity, float(self.caps[0]), n)
+            else:
+                self.rates = _capped_shares(self.capacity, self.caps[0], n)
         else:
-            self.rates = (_even_shares_array(self.capacity, float(self.caps[0]), n) if self.even
-                          else np.array(_shares(self.capacity, self.caps.tolist())))
+            self.rates = np.array(_shares(self.capacity, self.caps.tolist())) if vector else _shares(
+                self.capacity, self.caps)
 
     def _reschedule(self) -> None:
         if self.timer is not None:

@@ -3,7 +3,8 @@
 The link keeps its flows as columns and vectorises the per-event arithmetic from ``VECTOR_FROM`` flows on.
 A run's virtual times must not move by a nanosecond for that (the golden outputs pin whole runs), so every
 completion time here is compared exactly with ``Reference``: the link as it was written before, one
-``_Flow`` object at a time, sorted by cap at every event.
+``_Flow`` object at a time, sorted by cap at every event (with today's sharing rule: the flows no cap holds back
+share what is left as one float).
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ class _Flow:
 
 
 class Reference(SharedFlows):
-    """The shared link before columns (verbatim): per-flow objects, a stable sort by cap and a water-fill per
-    event; bringing flows up to now and dropping the finished ones is ``SharedFlows``, as it was."""
+    """The shared link before columns: per-flow objects, a stable sort by cap and a water-fill per event;
+    bringing flows up to now and dropping the finished ones is ``SharedFlows``, as it was."""
 
     def __init__(self, kernel, owner, capacity, on_done):
         self.kernel, self.owner, self.capacity, self.on_done = kernel, owner, capacity, on_done
@@ -48,9 +49,14 @@ class Reference(SharedFlows):
         if not self.flows:
             return
         left, n = self.capacity, len(self.flows)
-        for f in sorted(self.flows, key=lambda f: f.cap):
-            f.rate = min(f.cap, left / n)
-            left -= f.rate
+        order = sorted(self.flows, key=lambda f: f.cap)
+        for j, f in enumerate(order):
+            if not f.cap < left / n:  # the rest share what is left equally: one float for all of them
+                for g in order[j:]:
+                    g.rate = left / n
+                break
+            f.rate = f.cap
+            left -= f.cap
             n -= 1
         dt = min(f.left_ns() for f in self.flows)
         self.timer = self.kernel.timer(self.kernel.now + dt, 0, self.owner, self._tick)
