@@ -166,10 +166,11 @@ class Recovery:
         self._record(event="resume", rows_written=rows)
         self._replay_from = time.perf_counter()
 
-    def checkpoint_committed(self, window: int, virtual_time_ns: int, took_s: float, nbytes: int) -> None:
+    def checkpoint_committed(self, window: int, virtual_time_ns: int, took_s: float, nbytes: int,
+                             waited_s: float = 0.0) -> None:
         self.checkpoints += 1
-        log.info("checkpoint of window %d (virtual time %.6f s) committed: %.1f MB in %.2f wall s", window,
-                 virtual_time_ns / 1e9, nbytes / 1e6, took_s)
+        log.info("checkpoint of window %d (virtual time %.6f s) committed: %.1f MB in %.2f wall s (the run "
+                 "waited %.2f s)", window, virtual_time_ns / 1e9, nbytes / 1e6, took_s, waited_s)
 
     def restored(self, window: int, virtual_time_ns: int, out: Any) -> None:
         """The agents start from checkpoint ``window``: only the rows after it are replayed."""

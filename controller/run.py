@@ -392,9 +392,9 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                  "observer": observer.checkpoint_state() if observer is not None else None}
         nbytes = sum(len(b) for b in blobs.values())
 
-        def done(d: Path | None, took_s: float) -> None:
+        def done(d: Path | None, took_s: float, waited_s: float) -> None:
             if d is not None:
-                recovery.checkpoint_committed(window, vt, took_s, nbytes)
+                recovery.checkpoint_committed(window, vt, took_s, nbytes, waited_s)
                 if checkpointer is not None:
                     checkpointer.written(took_s)
 

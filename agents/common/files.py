@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import pickle
 import tempfile
@@ -58,16 +57,6 @@ class Blob:
     def chunks(self, size: int) -> list[memoryview]:
         """Views of at most ``size`` bytes each, in order (none copied)."""
         return [m[i:i + size] for m in self.pieces for i in range(0, m.nbytes, size)]
-
-    def sha256(self) -> str:
-        h = hashlib.sha256()
-        for m in self.pieces:
-            h.update(m)
-        return h.hexdigest()
-
-    def write_to(self, f: Any) -> None:
-        for m in self.pieces:
-            f.write(m)
 
     def tobytes(self) -> bytes:
         return b"".join(self.pieces)

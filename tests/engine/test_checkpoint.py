@@ -2,7 +2,6 @@
 finishes the run exactly as the core it was taken from — the same rows, parameters, events and end time."""
 from __future__ import annotations
 
-import hashlib
 import pickle
 
 import numpy as np
@@ -253,7 +252,7 @@ def test_a_checkpoint_copies_each_storage_once_and_is_never_joined(data):
     core.advance(INFINITY)
     assert not torch.equal(core.workers["ps0"].params(), at[2])
     assert blob.tobytes() == whole and len(blob) == len(whole)
-    assert blob.sha256() == hashlib.sha256(whole).hexdigest()
+    assert b"".join(blob.chunks(4096)) == whole
     for saved in (blob, whole, memoryview(whole)):
         c = checkpoint.restore(core.plan, 0, saved, data=data)
         assert (c.kernel.now, c.kernel.events_processed) == at[:2]

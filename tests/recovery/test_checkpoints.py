@@ -7,6 +7,7 @@ the run directory's ``checkpoints/latest`` says when a checkpoint is committed (
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -14,7 +15,9 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -230,6 +233,64 @@ def test_the_store_commits_a_checkpoint_with_its_manifest_and_finds_it_again_ver
         store.latest()
     store.clear()
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_an_in_process_commit_returns_once_the_bytes_are_in_the_files_and_syncs_and_commits_on_a_thread(
+        tmp_path, monkeypatch):
+    from controller import checkpoints
+
+    synced, release = [], threading.Event()
+
+    def slow_sync(path):  # the disk: held until the test lets it go
+        assert release.wait(timeout=60)
+        synced.append(path.name)
+
+    monkeypatch.setattr(checkpoints, "_sync", slow_sync)
+    store, done = CheckpointStore(tmp_path, "{}"), []
+    tensor = bytearray(b"x" * 1000)
+    store.commit_now(4, 900, {0: Blob([b"head", memoryview(tensor)], live=True)}, {"c": 2}, {},
+                     lambda d, took, waited: done.append((d, waited <= took)))
+    ck = tmp_path / "checkpoints" / "4"
+    assert (ck / "agent-0.ckpt").read_bytes() == b"head" + b"x" * 1000
+    assert store.busy and not (ck / "manifest.json").exists() and not (tmp_path / "checkpoints" / "latest").exists()
+    tensor[:] = b"y" * 1000  # the run goes on and changes its tensors: the file keeps what they were
+    release.set()
+    store.wait()
+    assert synced == ["agent-0.ckpt", "controller.pkl"] and done == [(ck, True)]
+    got = store.latest()
+    assert (got.window, got.virtual_time_ns, got.controller, got.agent_blob(0)) == (4, 900, {"c": 2},
+                                                                                      b"head" + b"x" * 1000)
+
+
+def test_the_manifest_gives_each_files_crc32_which_finds_one_changed_byte_and_a_format_1_manifest_still_reads(
+        tmp_path):
+    store = CheckpointStore(tmp_path, "{}")
+    blob = Blob([b"head", memoryview(bytes(range(256)) * 4)])
+    d = store.commit(3, 700, {0: blob}, {"c": 1}, {})
+    manifest = json.loads((d / "manifest.json").read_text())
+    whole = b"head" + bytes(range(256)) * 4
+    assert manifest["format"] == 2
+    assert manifest["agents"] == [{"file": "agent-0.ckpt", "bytes": 1028, "crc32": f"{zlib.crc32(whole):08x}"}]
+    assert (d / "agent-0.ckpt").read_bytes() == whole
+    changed = bytearray(whole)
+    changed[500] ^= 1  # the same length, one bit else
+    (d / "agent-0.ckpt").write_bytes(bytes(changed))
+    with pytest.raises(CheckpointUnusable, match=r"agent-0.ckpt is not the file .* or another CRC32\)"):
+        store.latest()
+    # a checkpoint written before CRC-32 (format 1: SHA-256 of each file) is read and checked as it was
+    (d / "agent-0.ckpt").write_bytes(whole)
+    state = (d / "controller.pkl").read_bytes()
+    manifest |= {"format": 1, "agents": [{"file": "agent-0.ckpt", "bytes": 1028,
+                                           "sha256": hashlib.sha256(whole).hexdigest()}],
+                 "controller": {"file": "controller.pkl", "bytes": len(state),
+                                "sha256": hashlib.sha256(state).hexdigest()}}
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    ck = store.latest()
+    assert (ck.window, ck.controller, ck.agent_blob(0)) == (3, {"c": 1}, whole)
+    manifest["agents"][0]["sha256"] = "0" * 64
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointUnusable, match=r"agent-0.ckpt is not the file .* or another SHA256\)"):
+        store.latest()
 
 
 def test_a_checkpoint_round_commits_only_when_every_agent_sent_its_checkpoint_and_holds_those_that_did():
