@@ -292,8 +292,8 @@ def _shares(capacity: float, caps: list[float]) -> list[float]:
     for j, i in enumerate(order):
         share = left / n
         if not caps[i] < share:
-            for i in order[j:]:
-                rates[i] = share
+            for k in order[j:]:
+                rates[k] = share
             break
         rates[i] = caps[i]
         left -= caps[i]
@@ -317,7 +317,8 @@ class _SharedLink:
         self.kernel, self.owner, self.capacity, self.on_done = kernel, owner, capacity, on_done
         self.left: list[float] | np.ndarray = []  # bytes each flow still has to move, in arrival order
         self.caps: list[float] | np.ndarray = []  # each flow's cap (its sender's rate; inf on an egress)
-        self.rates: tuple[float, ...] | list[float] | np.ndarray = ()  # each flow's current share
+        # each flow's current share; on columns, one float when every flow has the same share
+        self.rates: tuple[float, ...] | list[float] | np.ndarray | float = ()
         self.items: list[Any] = []
         self.even = True  # every flow has the same cap
         self.last: VirtualTime = 0
