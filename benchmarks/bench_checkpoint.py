@@ -18,14 +18,13 @@ import statistics
 import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 from _common import load_average  # also puts the repository on sys.path
 
 from agents.common.files import Blob, write_atomic
-from controller.checkpoints import CheckpointStore
+from controller.checkpoints import CheckpointStore, _Crc32
 
 
 def _commit_before(root: Path, blob: Blob) -> None:
@@ -54,35 +53,30 @@ def main() -> None:
     blob = Blob([whole[i * piece:(i + 1) * piece] for i in range(pieces)])  # distinct pages, as a run's tensors
     print(f"bench_checkpoint: {pieces} pieces of {piece / 1e3:.0f} kB ({blob.nbytes / 1e9:.2f} GB), best of "
           f"{repeats}; load average {load_average()}", flush=True)
+    def hash_all(h) -> None:
+        for m in blob.pieces:
+            h.update(m)
+
+    def commit_now(root: Path) -> None:
+        """The run's wait is what this call takes; the commit that follows is timed by ``done``."""
+        store = CheckpointStore(root, "{}")
+        store.commit_now(1, 0, {0: blob}, {}, {}, lambda _dir, took, _waited: timings["now: committed"].append(took))
+        waits.append(store)
+
     timings: dict[str, list[float]] = {"sha256 alone": [], "crc32 alone": [], "before: the run waits": [],
                                        "now: the run waits": [], "now: committed": []}
-    took_now: list[float] = []
+    waits: list[CheckpointStore] = []
     with tempfile.TemporaryDirectory(dir=where) as d:
+        variants = {"sha256 alone": lambda: hash_all(hashlib.sha256()), "crc32 alone": lambda: hash_all(_Crc32()),
+                    "before: the run waits": lambda: _commit_before(Path(d), blob),
+                    "now: the run waits": lambda: commit_now(Path(d))}
         for _ in range(repeats):
-            for name in timings:
+            for name, variant in variants.items():
                 t0 = time.perf_counter()
-                if name == "sha256 alone":
-                    h = hashlib.sha256()
-                    for m in blob.pieces:
-                        h.update(m)
-                elif name == "crc32 alone":
-                    c = 0
-                    for m in blob.pieces:
-                        c = zlib.crc32(m, c)
-                elif name == "before: the run waits":
-                    _commit_before(Path(d), blob)
-                elif name == "now: the run waits":
-                    store = CheckpointStore(Path(d), "{}")
-                    store.commit_now(1, 0, {0: blob}, {}, {}, lambda _dir, took, _waited: took_now.append(took))
-                    timings[name].append(time.perf_counter() - t0)
-                    store.wait()
-                    timings["now: committed"].append(took_now.pop())
-                    print(f"  {name}: {timings[name][-1]:.2f} s (committed after "
-                          f"{timings['now: committed'][-1]:.2f} s)", flush=True)
-                    continue
-                else:
-                    continue
+                variant()
                 timings[name].append(time.perf_counter() - t0)
+                while waits:  # the commit goes on after the run's wait: let it end before the next variant
+                    waits.pop().wait()
                 print(f"  {name}: {timings[name][-1]:.2f} s", flush=True)
     for name, ts in timings.items():
         print(f"{name:>30}: best {min(ts):6.2f} s, median {statistics.median(ts):6.2f} s "

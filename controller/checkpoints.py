@@ -143,8 +143,9 @@ class CheckpointStore:
         inboxes are bounded); ``done(directory or None, wall seconds, wall seconds the run waited)`` after it."""
         self.wait()
         controller_bytes = pickle.dumps(controller, protocol=pickle.HIGHEST_PROTOCOL)  # now: the state of now
-        self._writer = threading.Thread(target=self._write, name=f"checkpoint-{window}", daemon=True,
-                                        args=(window, virtual_time_ns, blobs, controller_bytes, summary, done))
+        self._writer = threading.Thread(
+            target=self._write, name=f"checkpoint-{window}", daemon=True,
+            args=(window, lambda: self._files(window, blobs, controller_bytes), virtual_time_ns, summary, done))
         self._writer.start()
 
     def commit_now(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes | Blob],
@@ -160,21 +161,22 @@ class CheckpointStore:
             files = self._files(window, blobs, pickle.dumps(controller, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError as e:
             log.warning("could not write checkpoint %d: %s", window, e)
-            done(None, time.perf_counter() - t0, time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            done(None, took, took)
             return
         self._writer = threading.Thread(target=self._write, name=f"checkpoint-{window}", daemon=True,
-                                        args=(window, virtual_time_ns, files, None, summary, done, t0,
+                                        args=(window, lambda: files, virtual_time_ns, summary, done, t0,
                                               time.perf_counter() - t0))
         self._writer.start()
 
-    def _write(self, window: int, virtual_time_ns: int, blobs: dict[int, bytes | Blob] | _Files,
-               controller: bytes | None, summary: dict[str, Any],
+    def _write(self, window: int, files: Callable[[], _Files], virtual_time_ns: int, summary: dict[str, Any],
                done: Callable[[Path | None, float, float], None], t0: float | None = None,
                waited: float = 0.0) -> None:
+        """On the writer thread: the files (written by ``files()``, or already), synced and committed; then
+        ``done``. ``t0``: when the checkpoint began, if before this thread; ``waited``: how long the run waited."""
         t0 = time.perf_counter() if t0 is None else t0
         try:
-            files = blobs if isinstance(blobs, _Files) else self._files(window, blobs, controller)
-            d = self._seal(files, virtual_time_ns, summary)
+            d = self._seal(files(), virtual_time_ns, summary)
         except OSError as e:  # a full disk: the run goes on; recovery uses the last good checkpoint
             log.warning("could not write checkpoint %d: %s", window, e)
             d = None

@@ -370,13 +370,12 @@ class _SharedLink:
         n = len(self.items)
         vector = not isinstance(self.left, list)
         if self.even:
-            share = _even_share(self.capacity, float(self.caps[0]), n)
+            cap = float(self.caps[0])
+            share = _even_share(self.capacity, cap, n)
             if share is not None:  # one float for every flow: a scalar that numpy broadcasts, no pass per count
                 self.rates = share if vector else (share,) * n
-            elif vector:
-                self.rates = _capped_shares_array(self.capacity, float(self.caps[0]), n)
             else:
-                self.rates = _capped_shares(self.capacity, self.caps[0], n)
+                self.rates = (_capped_shares_array if vector else _capped_shares)(self.capacity, cap, n)
         else:
             self.rates = np.array(_shares(self.capacity, self.caps.tolist())) if vector else _shares(
                 self.capacity, self.caps)

@@ -47,7 +47,7 @@ def poll(out: str, hosts: int, period_s: float) -> None:
     while not os.path.exists("/run/netns/rr-h0"):
         if time.time() > deadline:
             sys.exit("rr-h0 never appeared")
-        time.sleep(0.002)
+        time.sleep(0.002)  # polls for the namespace, with the deadline above
     t0 = time.perf_counter()
     with open(out, "w") as f:
         while os.path.exists("/run/netns/rr-h0"):
@@ -57,16 +57,18 @@ def poll(out: str, hosts: int, period_s: float) -> None:
                                        capture_output=True, text=True, timeout=5)
                 except (OSError, subprocess.SubprocessError):
                     continue
-                f.write(json.dumps({"t": round(time.perf_counter() - t0, 4), "ns": ns,
+                f.write(json.dumps({"t": round(time.perf_counter() - t0, 4), "ns": ns, "period_ms": period_s * 1e3,
                                     "conns": parse(r.stdout)}) + "\n")
-            time.sleep(period_s)
+            time.sleep(period_s)  # the sampling period: ssthresh, once set, stays until the socket closes
 
 
-def record(realrun_json: str, poll_jsonl: str, period_ms: float = 50) -> dict:
+def record(realrun_json: str, poll_jsonl: str) -> dict:
     rr = json.load(open(realrun_json))
     seen: dict[tuple, dict] = {}
+    period_ms = None
     for line in open(poll_jsonl):
         r = json.loads(line)
+        period_ms = r["period_ms"]
         for c in r["conns"]:
             s = seen.setdefault((r["ns"], c["local"], c["peer"]),
                                 {"ssthresh": None, "minrtt_ms": None, "bytes_acked": 0, "cwnd_max": 0})
