@@ -22,11 +22,13 @@ def run(run_dir: Path, overrides: list[str], local: bool, **settings):
 
 
 def fresh_runs(variants: dict[str, list[str]], repeats: int, keys: tuple[str, ...] = (
-        "wall_time_s", "wall_barrier_s", "windows", "compute_batch", "peak_memory", "wall_cpu_s")) -> dict[str, list[dict]]:
+        "wall_time_s", "wall_barrier_s", "windows", "compute_batch", "peak_memory", "wall_cpu_s"),
+        setup: dict[str, str] | None = None) -> dict[str, list[dict]]:
     """Run every variant ``repeats`` times, interleaved (A B C A B C ...), each in a fresh Python process
     (a second run in one process would find torch imported and the data loaded); the summaries' ``keys``.
 
-    A variant whose overrides contain ``launcher=local`` runs its agents as local gRPC processes.
+    A variant whose overrides contain ``launcher=local`` runs its agents as local gRPC processes. ``setup``: per
+    variant, Python statements its process runs before the run (a baseline's patch).
     """
     import json
     import resource
@@ -39,6 +41,7 @@ def fresh_runs(variants: dict[str, list[str]], repeats: int, keys: tuple[str, ..
         for i in range(repeats):
             for j, (name, overrides) in enumerate(variants.items()):
                 code = ("import json, sys, time; from pathlib import Path; sys.path.insert(0, %r); from _common import run; "
+                        + (setup or {}).get(name, "") + "\n"
                         "o = json.loads(sys.argv[2]); t0 = time.time(); "
                         "s = run(Path(sys.argv[1]), o, local='launcher=local' in o).summary; t1 = time.time(); "
                         "out = {k: s.get(k) for k in json.loads(sys.argv[3])}; out['t_execute'] = [t0, t1]; "

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 
 from agents.checkpoint import continues, finishes
 from agents.sim import keyed
 from agents.sim.types import seconds_to_ns
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
+from agents.workloads.models import optimizer
 
 __all__ = ["FedAvg", "FedServer", "FedClient", "sample_clients"]
 
@@ -65,7 +65,7 @@ class FedClient(TrainingWorker):
         params, version = m.payload
         self.load(params)
         spec = self.training.spec
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=spec.lr, momentum=spec.momentum)
+        self.opt = optimizer("sgd", self.model.parameters(), spec.lr, spec.momentum)
         self._trained(version, await self.train_local(self.local_steps()))
 
     def _trained(self, version: int, acc: tuple[int, float, int]) -> None:

@@ -29,6 +29,7 @@ from agents.observe.statelog import log_model, log_result, log_version
 from agents.strategies import layerwise
 from agents.strategies.base import Strategy, TrainingWorker, VWorkerSpec
 from agents.strategies.collective import GlooP2P, gloo_barrier
+from agents.workloads.models import step
 
 __all__ = ["PSSync", "PSAsync", "ParameterServer", "PSWorker", "TensorShards"]
 
@@ -80,7 +81,7 @@ def _apply_owned(model: torch.nn.Module, opt: torch.optim.Optimizer, owned: list
             offset += p.numel()
         else:
             p.grad = None  # torch.optim skips parameters without a gradient
-    opt.step()
+    step(opt)
 
 
 class ParameterServer(TrainingWorker):

@@ -6,6 +6,7 @@ module's own ``reset_parameters`` gives bit-identical weights for the same seed.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 from agents.common.units import parse_size
 from agents.sim.keyed import key_int
 
-__all__ = ["MLP", "ThesisCNN", "SmallResNet", "Flat", "MODELS", "build_model", "param_bytes",
+__all__ = ["MLP", "ThesisCNN", "SmallResNet", "Flat", "MODELS", "build_model", "optimizer", "step", "param_bytes",
            "flat_params", "set_flat_params", "gradient", "evaluate"]
 
 
@@ -152,6 +153,48 @@ class Flat(nn.Module):
 MODELS = {"mlp": f"{__name__}.MLP", "cnn": f"{__name__}.ThesisCNN", "resnet": f"{__name__}.SmallResNet",
           "flat": f"{__name__}.Flat"}
 """Short names accepted by ``build_model`` and as ``model._target_``."""
+
+
+# torch.optim imports torch._dynamo, the compiler, on the first call of an optimizer's step and of these
+# methods (1.9 s of a process's start-up on this VM: each agent paid it before its first update) only to keep a
+# compiler from tracing them. lockstep never compiles: ``optimizer`` and ``step`` run them without it.
+_DYNAMO_WRAPPED = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+
+
+def _unwrap_dynamo_disable() -> None:
+    """Give each wrapped method the cached "disabled" function torch's wrapper looks for: itself.
+
+    torch/_compile.py's wrapper runs ``fn.__dynamo_disable`` if set, and otherwise imports torch._dynamo to
+    make it. Left alone where the wrapper is not the one this was written for, or the compiler is loaded.
+    """
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        return
+    for name in _DYNAMO_WRAPPED:
+        fn = getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
+        if fn is not None and getattr(fn, "__dynamo_disable", None) is None:
+            fn.__dynamo_disable = fn
+
+
+def optimizer(name: str, params: Any, lr: float, momentum: float = 0.0) -> torch.optim.Optimizer:
+    """torch's SGD (with ``momentum``) or Adam over ``params``, made without importing torch's compiler."""
+    _unwrap_dynamo_disable()
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    raise ValueError(f"optimizer={name!r}: expected sgd or adam")
+
+
+def step(opt: torch.optim.Optimizer) -> None:
+    """``opt.step()`` as the same call on the same tensors (identical floats), without torch's wrappers around it.
+
+    They are the profiler's label, the step hooks (lockstep registers none), and ``_use_grad``: no-grad mode plus
+    a compiler graph break, whose first call imports torch._dynamo. Here no-grad mode is kept and the import skipped.
+    """
+    with torch.no_grad():
+        inspect.unwrap(type(opt).step)(opt)
 
 
 def build_model(cfg_or_target: str | Mapping[str, Any] | DictConfig, seed: int) -> nn.Module:

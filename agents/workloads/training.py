@@ -20,7 +20,8 @@ from agents.sim.compute import resolve_device
 from agents.sim.executor import batch_rule
 from agents.workloads.batches import BatchStream
 from agents.workloads.data import Dataset, load_fashion_mnist
-from agents.workloads.models import build_model, evaluate, flat_params, gradient, param_bytes, set_flat_params
+from agents.workloads.models import (build_model, evaluate, flat_params, gradient, optimizer, param_bytes,
+                                     set_flat_params, step)
 from agents.workloads.partition import partition
 
 __all__ = ["WorkloadSpec", "Training"]
@@ -121,11 +122,7 @@ class Training:
     def new_model(self) -> tuple[nn.Module, torch.optim.Optimizer]:
         """A model holding the initial parameters, and its optimizer (for a PS or a local learner)."""
         model = build_model(self.spec.model, self.seed).to(self.device)
-        if self.spec.optimizer == "adam":
-            opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=self.spec.lr)
-        else:
-            opt = torch.optim.SGD(model.parameters(), lr=self.spec.lr, momentum=self.spec.momentum)
-        return model, opt
+        return model, optimizer(self.spec.optimizer, model.parameters(), self.spec.lr, self.spec.momentum)
 
     # ---- the compute functions (each is a real computation, timed by the compute model)
     @batch_rule("gradient_at_batched")
@@ -208,7 +205,7 @@ class Training:
             g = grad[offset:offset + n].view_as(p)  # a view, no copy: the optimizers only read p.grad
             p.grad = g if g.device == p.device else g.to(p.device)
             offset += n
-        opt.step()
+        step(opt)
 
     @staticmethod
     def aggregate(grads: list[Tensor], weights: list[float] | None = None) -> Tensor:

@@ -93,7 +93,7 @@ def _measured(rc: Any, plan: Any) -> tuple[list[float], float, float, str]:
     import torch
 
     from agents.sim.compute import ComputeModel
-    from agents.workloads.models import flat_params, param_bytes
+    from agents.workloads.models import flat_params, optimizer, param_bytes
     from agents.workloads.training import Training
 
     spec = plan.compute
@@ -114,8 +114,7 @@ def _measured(rc: Any, plan: Any) -> tuple[list[float], float, float, str]:
     def args_for(b: int) -> tuple:
         return (params, torch.zeros((b, *IMAGE_SHAPE)), torch.zeros(b, dtype=torch.long))
 
-    opt = torch.optim.SGD(model.parameters(), lr=wl.lr, momentum=wl.momentum) if wl.optimizer == "sgd" else \
-        torch.optim.Adam(model.parameters(), lr=wl.lr)
+    opt = optimizer(wl.optimizer, model.parameters(), wl.lr, wl.momentum)
     g = torch.zeros_like(params)
     k = max(1, len(wl.data_holders))
     calls = {"update": (Training.apply, (model, opt, g), 2.0 * g.numel()),
