@@ -1,9 +1,8 @@
 """An agent process forked from a warm server instead of started afresh (``launcher.start_method=forkserver``).
 
 ``launcher=local`` starts agents through :mod:`multiprocessing`'s *forkserver*: one server process, started
-once per controller process, imports torch, grpc, lockstep's agent and ``torch._dynamo`` (which the first
-``torch.optim`` constructor would import) and reads the installed Fashion-MNIST — this module is its
-preload — and then forks one child per agent. A child starts with all of that imported, so an agent is Ready in the time it takes to load its data
+once per controller process, imports torch, grpc and lockstep's agent and reads the installed Fashion-MNIST —
+this module is its preload — and then forks one child per agent. A child starts with all of that imported, so an agent is Ready in the time it takes to load its data
 and build its vworkers, and ``agents=N`` pays the imports once instead of N times (docs/benchmarks.md,
 "agents=2 against one process"). The server is a fresh interpreter, never a copy of the controller: it has
 never created a gRPC channel, opened a run's files or installed the controller's signal handlers, so a
@@ -16,7 +15,6 @@ import os
 import signal
 
 import torch
-import torch._dynamo  # noqa: F401 - preloaded: imported by torch.optim's first constructor otherwise
 
 import agents.agent  # noqa: F401 - preloaded: grpc, torch and the engine
 from agents.__main__ import exit_now, main
