@@ -16,9 +16,10 @@ stations, this model moves what a Linux host really hands to its NIC: TSO/GSO pa
 * **TCP** (Linux 6.x defaults, loss-free network): initial window 10 segments, slow start
   on ACKs while cwnd-limited, HyStart, CUBIC's growth without a loss (at most 5 % per RTT),
   the RTT estimator and retransmission timeout (min 200 ms), restart after idle (cwnd halved
-  per RTO of idle, ``tcp_slow_start_after_idle``), the application-limited decay, TSO
-  autosizing and TSQ. One ACK per received packet; with ``delayed_ack``, Linux's receiver policy
-  instead (quick ACKs, ACK on read for short packets, the delayed-ACK timer, ACKs riding data).
+  per RTO of idle, ``tcp_slow_start_after_idle``), the application-limited decay (not while the
+  application waits for room in the autotuned send buffer), TSO autosizing and TSQ. One ACK per
+  received packet; with ``delayed_ack``, Linux's receiver policy instead (quick ACKs, ACK on read
+  for short packets, the delayed-ACK timer, ACKs riding data).
 * **Host software**: a message reaches its application ``host_latency`` after its last
   byte (system calls, a thread wake-up), plus a keyed exponential jitter of mean
   ``host_jitter`` drawn per message — what makes real workers drift apart.
@@ -67,6 +68,7 @@ class TcpSpec:
     hystart_delay: bool = True       # leave slow start when the round's minimum RTT rises (HyStart)
     hystart_ack_train: bool = True   # ... or on an ACK train of half the minimum RTT (Linux: both)
     tsq_limit_bytes: int = 4 * 1024 * 1024  # net.ipv4.tcp_limit_output_bytes
+    wmem_max_bytes: int = 4 * 1024 * 1024  # net.ipv4.tcp_wmem[2]: the largest send buffer autotuning gives
     host_latency_ns: int = 257_000  # application-visible delay of a delivered message (calibrated)
     host_jitter_ns: int = 0         # mean of a keyed exponential extra delay per message
     small_messages_first: bool = True  # CUBIC's minimum RTT starts at a small message's round trip
@@ -80,7 +82,7 @@ class TcpSpec:
     def __post_init__(self) -> None:
         if self.mss <= 0:
             raise ValueError(f"tcp: mtu={self.mtu} leaves no payload after header_bytes={self.header_bytes}")
-        for name in ("initial_window", "gso_max_bytes", "clock_hz"):
+        for name in ("initial_window", "gso_max_bytes", "clock_hz", "wmem_max_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"tcp: {name}={getattr(self, name)} must be positive")
         for name in ("frame_bytes", "rto_min_ns", "host_latency_ns", "host_jitter_ns", "tsq_limit_bytes"):
@@ -212,6 +214,7 @@ class _Sender:
         self.cwnd_used = 0
         self.cwnd_stamp: VirtualTime = 0
         self.cwnd_cnt = 0
+        self.sndbuf = _sndbuf(s, s.initial_window, 0)  # tcp_init_buffer_space's first tcp_sndbuf_expand
         # CUBIC without a loss: W_max stays 0
         self.epoch_start: int | None = None
         self.last_cwnd = 0
@@ -339,11 +342,12 @@ class _Sender:
         else:
             self.cwnd_used = max(self.cwnd_used, self.packets_out)
             if self.net.tcp.slow_start_after_idle and now - self.cwnd_stamp >= self.rto:
-                win_used = max(self.cwnd_used, self.net.tcp.initial_window)
-                if win_used < self.cwnd:
-                    self.ssthresh = self._current_ssthresh()
-                    self.cwnd = (self.cwnd + win_used) >> 1
-                self.cwnd_used = 0
+                if not self._nospace():  # tcp_cwnd_application_limited: only once the application wrote all
+                    win_used = max(self.cwnd_used, self.net.tcp.initial_window)
+                    if win_used < self.cwnd:
+                        self.ssthresh = self._current_ssthresh()
+                        self.cwnd = (self.cwnd + win_used) >> 1
+                    self.cwnd_used = 0
                 self.cwnd_stamp = now
 
     def _cwnd_limited(self) -> bool:
@@ -394,6 +398,18 @@ class _Sender:
                     self.cwnd_cnt -= d * w
                     self.cwnd += d
         self.try_send()
+        self._check_space()
+
+    def _nospace(self) -> bool:
+        """SOCK_NOSPACE: the application has more to write than the send buffer holds (what is unacknowledged
+        stays in it), so it waits for room."""
+        return self.write_seq - self.una > self.sndbuf
+
+    def _check_space(self) -> None:
+        """tcp_check_space after an ACK: while the application waits for room and the window is not full,
+        the buffer grows to twice the window (tcp_new_space, tcp_should_expand_sndbuf, tcp_sndbuf_expand)."""
+        if self.packets_out < self.cwnd and self._nospace():
+            self.sndbuf = _sndbuf(self.net.tcp, self.cwnd, self.sndbuf)
 
     def _rtt_sample(self, m: VirtualTime) -> None:
         """tcp_rtt_estimator and __tcp_set_rto (Jacobson/Karels with Linux's mdev_max and RTO floor)."""
@@ -717,6 +733,14 @@ class TcpNetwork:
     def _on_notify(self, data: tuple[int, str]) -> None:
         owner, name = data
         self.kernel.workers[owner].ring(name)
+
+
+def _sndbuf(spec: TcpSpec, cwnd: int, sndbuf: int) -> int:
+    """tcp_sndbuf_expand: room for twice the window at ``per_mss`` bytes a segment — the segment with
+    MAX_TCP_HEADER (192) and skb_shared_info (320) rounded up to a power of two, plus an sk_buff (256): 2 304
+    bytes for an MSS of 1 448, as the testbed's sockets report (sndbuf 2 419 200 = 2 × 525 × 2 304)."""
+    per_mss = (1 << (spec.mss + 192 + 320 - 1).bit_length()) + 256
+    return max(sndbuf, min(2 * max(cwnd, spec.initial_window) * per_mss, spec.wmem_max_bytes))
 
 
 def _ser(nbytes: int, rate: float) -> VirtualTime:

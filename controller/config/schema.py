@@ -317,6 +317,9 @@ class TcpConfig:
                        unit="duration", lo=0)
     clock_hz: int = doc(250, "the kernel's jiffy clock (CONFIG_HZ), the RTO's resolution", lo=1)
     tsq_limit_bytes: int = doc(4194304, "TSQ's cap per connection (net.ipv4.tcp_limit_output_bytes)", lo=0)
+    wmem_max_bytes: int = doc(4194304, "the largest send buffer autotuning gives a socket (net.ipv4.tcp_wmem[2]); "
+                                       "a sender whose application waits for room in it keeps an unused window",
+                              lo=1)
     slow_start_after_idle: bool = doc(True, "restart after idle and decay of unused windows "
                                             "(net.ipv4.tcp_slow_start_after_idle)")
     hystart_delay: bool = doc(True, "HyStart: leave slow start when a round's minimum RTT rises")

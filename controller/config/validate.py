@@ -714,6 +714,7 @@ def _tcp(t: S.TcpConfig, p: _Problems) -> TcpSpec | None:
         return TcpSpec(mtu=t.mtu, header_bytes=t.header_bytes, frame_bytes=t.frame_bytes,
                        initial_window=t.initial_window, gso_max_bytes=t.gso_max_bytes,
                        nic_burst_bytes=t.nic_burst_bytes, clock_hz=t.clock_hz, tsq_limit_bytes=t.tsq_limit_bytes,
+                       wmem_max_bytes=t.wmem_max_bytes,
                        slow_start_after_idle=t.slow_start_after_idle, hystart_delay=t.hystart_delay,
                        hystart_ack_train=t.hystart_ack_train, small_messages_first=t.small_messages_first,
                        delayed_ack=t.delayed_ack, **ns)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.sim.tcp import TcpSpec, goodput_fraction, wire_bytes
+from agents.sim.tcp import TcpSpec, _sndbuf, goodput_fraction, wire_bytes
 from agents.sim.worker import Worker
 from agents.strategies.collective import GlooP2P, _GlooPair, gloo_ring_allreduce
 
@@ -131,6 +131,52 @@ def test_a_packet_carries_at_most_half_the_window(build_kernel):
     k.run_until()
     assert o["b"].got == [("a", 10 * SEG, ns(15380, B) + MS)]  # back to back: the same line time in all
 
+
+
+def test_the_send_buffer_holds_twice_the_window_as_linux_sizes_it():
+    # tcp_sndbuf_expand: 2 x max(cwnd, 10) x per_mss, per_mss = roundup_pow2(1448 + 192 + 320) + 256 = 2 304;
+    # the testbed's sockets report 46 080 for a new connection and 2 419 200 after a window of 525
+    assert _sndbuf(TCP, 10, 0) == 2 * 10 * 2304 == 46_080
+    assert _sndbuf(TCP, 525, 46_080) == 2 * 525 * 2304 == 2_419_200
+    assert _sndbuf(TCP, 1000, 0) == 4 * 1024 * 1024  # net.ipv4.tcp_wmem[2]
+    assert _sndbuf(TCP, 10, 100_000) == 100_000      # it never shrinks
+
+
+@pytest.mark.parametrize("waiting, in_flight, sndbuf", [
+    (True, 40, 2 * 100 * 2304),  # the application waits and the window is not full: twice the window
+    (True, 100, 46_080),         # the window is full: tcp_should_expand_sndbuf says no
+    (False, 40, 46_080),         # everything written fits: no SOCK_NOSPACE, no expansion
+])
+def test_the_send_buffer_grows_to_twice_the_window_only_while_the_application_waits_for_room(
+        build_kernel, waiting, in_flight, sndbuf):
+    k, env, _ = build_kernel({"a": (Sender, {"plan": [(0, "b", 10 * SEG)]}), "b": (Sink, {})},
+                             latency_ns=MS, bw=125e6, tcp=TCP)
+    k.run_until()
+    snd = env.network._hosts[0].senders[1]
+    assert snd.sndbuf == 46_080  # a 10-segment message never waited for room
+    snd.cwnd, snd.packets_out = 100, in_flight
+    snd.write_seq = snd.una + snd.sndbuf + (1 if waiting else 0)
+    snd._check_space()
+    assert snd.sndbuf == sndbuf
+
+
+@pytest.mark.parametrize("waiting, cwnd, ssthresh, used", [
+    (False, (100 + 20) >> 1, 75, 0),  # tcp_cwnd_application_limited: halfway to the window used, ssthresh 3/4 cwnd
+    (True, 100, 50, 20),             # SOCK_NOSPACE: the application waits for room, the window is kept
+])
+def test_an_unfilled_window_decays_after_an_rto_only_if_the_application_has_written_everything(
+        build_kernel, waiting, cwnd, ssthresh, used):
+    # The testbed's PS downlinks keep cwnd 396 for 5 s with 110-187 segments in flight (TSQ, not the window,
+    # limits them) while 1.2-2.4 MB wait in the 2.4 MB send buffer (docs/engine.md, "The send buffer").
+    k, env, _ = build_kernel({"a": (Sender, {"plan": [(0, "b", 10 * SEG)]}), "b": (Sink, {})},
+                             latency_ns=MS, bw=125e6, tcp=TCP)
+    k.run_until()
+    snd = env.network._hosts[0].senders[1]
+    snd.cwnd, snd.ssthresh, snd.packets_out, snd.max_packets_out, snd.is_cwnd_limited = 100, 50, 20, 20, False
+    snd.cwnd_used, snd.cwnd_stamp = 0, k.now - snd.rto
+    snd.write_seq = snd.una + snd.sndbuf + (1 if waiting else 0)
+    snd._cwnd_validate(False)
+    assert (snd.cwnd, snd.ssthresh, snd.cwnd_used, snd.cwnd_stamp) == (cwnd, ssthresh, used, k.now)
 
 @pytest.mark.parametrize("small_first, found_at, ssthresh", [
     # min RTT = a small message's round trip: 2 L + two 91-byte segments and two 90-byte ACKs on the

@@ -54,10 +54,13 @@ def test_validate_on_the_calibration_runs(capsys):
     # HyStart exit the testbed's captures do not show). With gloo's device thread answering announcements
     # while the member reduces, and realrun's rank 0 starting one latency late: ring 0.7 % / 3.7 %. With the
     # asynchronous PS counted as realrun counts it (2026-11-27, controller/validate.py _async_rate): ring
-    # 0.8 % / 3.7 %, ps_sync 4.1 % / 14.8 %, ps_async 9.5 % / 19.1 % (it read 11.0 % / 19.6 % the old way)
+    # 0.8 % / 3.7 %, ps_sync 4.1 % / 14.8 %, ps_async 9.5 % / 19.1 % (it read 11.0 % / 19.6 % the old way).
+    # With the send buffer (2026-11-28: no decay of an unused window while the application waits for room):
+    # ring 0.8 % / 3.7 %, ps_sync 3.3 % / 10.4 %, ps_async 10.2 % / 23.6 % (its 1 ms, 100 Mbit/s, 1 MB point,
+    # whose repeated runs spread over 7.2-10.2 updates/s, -19.1 -> -23.6 %; docs/benchmarks.md, "The send buffer")
     assert s["ring"]["mean_abs_error"] <= 0.02 and s["ring"]["max_abs_error"] <= 0.05
-    assert s["ps_sync"]["mean_abs_error"] <= 0.045 and s["ps_sync"]["max_abs_error"] <= 0.16
-    assert s["ps_async"]["mean_abs_error"] <= 0.12 and s["ps_async"]["max_abs_error"] <= 0.21
+    assert s["ps_sync"]["mean_abs_error"] <= 0.04 and s["ps_sync"]["max_abs_error"] <= 0.12
+    assert s["ps_async"]["mean_abs_error"] <= 0.12 and s["ps_async"]["max_abs_error"] <= 0.25
     met = (s["ring"]["max_abs_error"] <= 0.05 and s["ps_sync"]["mean_abs_error"] <= 0.02
            and s["ps_sync"]["max_abs_error"] <= 0.05 and s["ps_async"]["mean_abs_error"] <= 0.05)
     if not met:
@@ -70,8 +73,9 @@ def test_the_asynchronous_ps_matches_the_testbed_where_hystart_does_not_decide()
     """ps_async, K = 4, 100 Mbit/s, 1 MB, at 1 ms (the calibration's most unfair point) and 10 ms, measured with
     CUBIC's HyStart off, with its ACK-train detection only, its delay detection only and both (Linux's default),
     3-5 runs each (benchmarks/data/lab/hystart-detect*.jsonl; docs/benchmarks.md, "HyStart decides the PS points").
-    With no HyStart exit, or with the ACK train's alone, the model is within 3 % of the median run at both; the
-    gap of the default at 1 ms is how the testbed mixes the two detections' exits from run to run. (The
+    With no HyStart exit the model is within 1 % of the median run at both, and within 3 % under every setting at
+    10 ms; at 1 ms the exits decide: the gap of the default is how the testbed mixes the two detections' exits
+    from run to run, and the ACK train's exits alone now read 6 % slow (docs/benchmarks.md, "The send buffer"). (The
     synchronous PS of the second file is not asserted: at K = 4 it misses by 7-12 % under every setting.)"""
     rows = validate_points(group_repeats(load_results(HYSTART_DETECT, ("ps_async",))
                                          + load_results(HYSTART_DETECT_PS, ("ps_async",))),
@@ -80,10 +84,11 @@ def test_the_asynchronous_ps_matches_the_testbed_where_hystart_does_not_decide()
     assert sorted(error) == [(0.001, 0), (0.001, 1), (0.001, 2), (0.001, 3), (0.01, 0), (0.01, 1), (0.01, 2),
                              (0.01, 3)]
     # measured 2026-11-27 (5 seeds): 1 ms: off -1.9 %, ACK train -0.5 %, delay +6.8 %, both -7.5 %;
-    # 10 ms: off +1.5 %, ACK train +2.9 %, delay -0.4 %, both +0.1 %
-    assert abs(error[0.001, 0]) <= 0.02 and abs(error[0.001, 1]) <= 0.02
-    assert abs(error[0.001, 2]) <= 0.08 and abs(error[0.001, 3]) <= 0.09
-    assert all(abs(error[0.01, h]) <= 0.04 for h in range(4))
+    # 10 ms: off +1.5 %, ACK train +2.9 %, delay -0.4 %, both +0.1 %. With the send buffer (2026-11-28):
+    # 1 ms: off -0.3 %, ACK train -6.3 %, delay +2.2 %, both -12.9 %; 10 ms: -0.9, -0.2, +0.6, +1.1 %
+    assert abs(error[0.001, 0]) <= 0.01 and abs(error[0.001, 1]) <= 0.07
+    assert abs(error[0.001, 2]) <= 0.03 and abs(error[0.001, 3]) <= 0.14
+    assert all(abs(error[0.01, h]) <= 0.02 for h in range(4))
 
 
 @pytest.mark.slow
