@@ -40,8 +40,9 @@ def fresh_runs(variants: dict[str, list[str]], repeats: int, keys: tuple[str, ..
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
             for j, (name, overrides) in enumerate(variants.items()):
-                code = ("import json, sys, time; from pathlib import Path; sys.path.insert(0, %r); from _common import run\n"
-                        % str(ROOT / "benchmarks")) + (setup or {}).get(name, "") + (
+                head = ("import json, sys, time; from pathlib import Path; sys.path.insert(0, %r); "
+                        "from _common import run\n" % str(ROOT / "benchmarks"))
+                code = head + (setup or {}).get(name, "") + (
                         "\no = json.loads(sys.argv[2]); t0 = time.time(); "
                         "s = run(Path(sys.argv[1]), o, local='launcher=local' in o).summary; t1 = time.time(); "
                         "out = {k: s.get(k) for k in json.loads(sys.argv[3])}; out['t_execute'] = [t0, t1]; "
