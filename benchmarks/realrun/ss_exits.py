@@ -4,12 +4,16 @@ lasts (docs/benchmarks.md, "Where the testbed's connections leave slow start").
 
   python benchmarks/realrun/ss_exits.py poll POLL.jsonl HOSTS [PERIOD_MS]   # start before realrun.py, as root
   python benchmarks/realrun/ss_exits.py record REALRUN.json POLL.jsonl       # one JSON line on stdout
+  python benchmarks/realrun/ss_exits.py transfers REALRUN.json POLL.jsonl    # a JSON line per PS downlink transfer
 
 ``poll`` waits for realrun's namespace ``rr-h0`` and polls ``rr-h0`` … ``rr-h{HOSTS-1}`` every PERIOD_MS (50) until
 ``rr-h0`` is gone. ``record`` prints the run's point and updates/s with, for every connection that carried at
 least 1 MB, its ``ssthresh`` when first seen set — the congestion window at which it left slow start (CUBIC sets
 ssthresh to cwnd on a HyStart exit; no loss happened, ``tcp_retrans_segs`` is 0) — its min RTT and its largest
 window. Direction: ``downlink`` for sockets in ``rr-h0`` (the PS sending), ``uplink`` for the others.
+``transfers`` prints, for every transfer of one message (at least 1 MB) on a PS downlink (acknowledged bytes moving, then still
+for 0.3 s), when it began and ended, the window and ``ssthresh`` at its first and last sample, the RTO, and the idle
+time before it: how a synchronous PS's downlinks restart and share its NIC (docs/benchmarks.md, "The send buffer").
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import subprocess
 import sys
 import time
 
-KEYS = ("cwnd", "ssthresh", "minrtt", "bytes_acked")
+KEYS = ("cwnd", "ssthresh", "minrtt", "bytes_acked", "rto", "unacked")
 
 
 def parse(text: str) -> list[dict]:
@@ -38,6 +42,9 @@ def parse(text: str) -> list[dict]:
                 m = re.search(rf"(?:^|\s){k}:([\d.]+)", line)
                 if m:
                     cur[k] = float(m.group(1))
+            m = re.search(r"(?:^|\s)rtt:([\d.]+)/", line)
+            if m:
+                cur["rtt"] = float(m.group(1))
     return conns
 
 
@@ -86,11 +93,49 @@ def record(realrun_json: str, poll_jsonl: str) -> dict:
     return {**{k: rr.get(k) for k in keys}, "poll_period_ms": period_ms, "connections": conns}
 
 
+def transfers(realrun_json: str, poll_jsonl: str, quiet_s: float = 0.3) -> list[dict]:
+    rr = json.load(open(realrun_json))
+    series: dict[str, list[tuple[float, dict]]] = {}
+    for line in open(poll_jsonl):
+        r = json.loads(line)
+        if r["ns"] == "rr-h0":
+            for c in r["conns"]:
+                series.setdefault(c["peer"], []).append((r["t"], c))
+    out = []
+    for peer, samples in sorted(series.items()):
+        if max(c.get("bytes_acked", 0) for _, c in samples) < 1e6:
+            continue
+        cur, prev, last_move, last_end = None, None, None, None
+        for t, c in samples + [(float("inf"), {})]:
+            acked = c.get("bytes_acked")
+            moving = acked is not None and prev is not None and acked > prev
+            if moving and cur is None:
+                cur = {"to": peer.rsplit(":", 1)[0], "start_s": t, "idle_s": None if last_end is None else
+                       round(t - last_end, 3), "cwnd_first": c.get("cwnd"), "ssthresh_first": c.get("ssthresh"),
+                       "rto_ms": c.get("rto"), "acked_from": prev}
+            if moving:
+                last_move, last_c = t, c
+            if cur is not None and not moving and t - last_move > quiet_s:
+                cur.update(end_s=last_move, cwnd_last=last_c.get("cwnd"), ssthresh_last=last_c.get("ssthresh"),
+                           bytes=int(last_c["bytes_acked"] - cur.pop("acked_from")))
+                if 1e6 <= cur["bytes"] <= 1.5 * rr["M_bytes"]:  # one message (not several run together)
+                    out.append(cur)
+                last_end, cur = last_move, None
+            if acked is not None:
+                prev = acked
+    keys = ("scenario", "K", "L_ms", "B_mbit", "M_bytes", "C_ms", "median_s", "time")
+    head = {k: rr.get(k) for k in keys}
+    return [{**head, **x} for x in sorted(out, key=lambda x: (x["start_s"], x["to"]))]
+
+
 def main() -> None:
     if len(sys.argv) >= 4 and sys.argv[1] == "poll":
         poll(sys.argv[2], int(sys.argv[3]), (float(sys.argv[4]) if len(sys.argv) > 4 else 50.0) / 1e3)
     elif len(sys.argv) == 4 and sys.argv[1] == "record":
         print(json.dumps(record(sys.argv[2], sys.argv[3])))
+    elif len(sys.argv) == 4 and sys.argv[1] == "transfers":
+        for x in transfers(sys.argv[2], sys.argv[3]):
+            print(json.dumps(x))
     else:
         sys.exit(__doc__)
 
