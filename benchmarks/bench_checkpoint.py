@@ -53,6 +53,7 @@ def main() -> None:
     blob = Blob([whole[i * piece:(i + 1) * piece] for i in range(pieces)])  # distinct pages, as a run's tensors
     print(f"bench_checkpoint: {pieces} pieces of {piece / 1e3:.0f} kB ({blob.nbytes / 1e9:.2f} GB), best of "
           f"{repeats}; load average {load_average()}", flush=True)
+
     def hash_all(h) -> None:
         for m in blob.pieces:
             h.update(m)

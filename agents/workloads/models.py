@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -167,8 +168,6 @@ def _unwrap_dynamo_disable() -> None:
     torch/_compile.py's wrapper runs ``fn.__dynamo_disable`` if set, and otherwise imports torch._dynamo to
     make it. Left alone where the wrapper is not the one this was written for, or the compiler is loaded.
     """
-    import sys
-
     if "torch._dynamo" in sys.modules:
         return
     for name in _DYNAMO_WRAPPED:

@@ -11,9 +11,9 @@ lasts (docs/benchmarks.md, "Where the testbed's connections leave slow start").
 least 1 MB, its ``ssthresh`` when first seen set — the congestion window at which it left slow start (CUBIC sets
 ssthresh to cwnd on a HyStart exit; no loss happened, ``tcp_retrans_segs`` is 0) — its min RTT and its largest
 window. Direction: ``downlink`` for sockets in ``rr-h0`` (the PS sending), ``uplink`` for the others.
-``transfers`` prints, for every transfer of one message (at least 1 MB) on a PS downlink (acknowledged bytes moving, then still
-for 0.3 s), when it began and ended, the window and ``ssthresh`` at its first and last sample, the RTO, and the idle
-time before it: how a synchronous PS's downlinks restart and share its NIC (docs/benchmarks.md, "The send buffer").
+``transfers`` prints, for every transfer of one message (at least 1 MB) on a PS downlink (acknowledged bytes
+moving, then still for 0.3 s), when it began and ended, the window and ``ssthresh`` at its first and last sample,
+the RTO, and the idle time before it: how a synchronous PS's downlinks restart and share its NIC (docs/benchmarks.md, "The send buffer").
 """
 from __future__ import annotations
 
