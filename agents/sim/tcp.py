@@ -310,6 +310,13 @@ class _Sender:
             for m in done + [m for m in self.msgs if m.start < self.nxt]:
                 if m.first_out is None:
                     m.first_out = now
+            if self.packets_out == 0 and self.epoch_start is not None and self.lsndtime is not None:
+                # tcp_event_data_sent -> CA_EVENT_TX_START: CUBIC shifts its epoch by the idle time, so the
+                # cubic curve resumes where sending stopped (cubictcp_cwnd_event)
+                jt = net.jiffies(now)
+                delta = jt - net.jiffies(self.lsndtime)
+                if delta > 0:
+                    self.epoch_start = min(self.epoch_start + delta, jt)
             self.packets_out += segs
             self.inflight.append(pkt)
             self.qdisc_bytes += pkt.truesize

@@ -178,6 +178,28 @@ def test_an_unfilled_window_decays_after_an_rto_only_if_the_application_has_writ
     snd._cwnd_validate(False)
     assert (snd.cwnd, snd.ssthresh, snd.cwnd_used, snd.cwnd_stamp) == (cwnd, ssthresh, used, k.now)
 
+@pytest.mark.parametrize("epoch, shifted", [
+    (0, "by the idle time"),  # the cubic curve resumes where the sending stopped
+    (None, None),             # no epoch yet (the connection never grew in congestion avoidance): nothing to shift
+])
+def test_cubic_shifts_its_epoch_by_the_idle_time_when_sending_resumes(build_kernel, epoch, shifted):
+    # cubictcp_cwnd_event(CA_EVENT_TX_START), sent by tcp_event_data_sent when data leaves with nothing in
+    # flight: epoch_start += now - lsndtime (jiffies, 4 ms at CONFIG_HZ 250), at most now. Without it the idle
+    # time between a PS's transfers counted as time on the cubic curve, whose target then ran far above the
+    # window: a PS downlink left alone at the end of a step grew 1.5x per RTT instead of CUBIC's 5 %.
+    k, env, _ = build_kernel({"a": (Sender, {"plan": [(0, "b", 100 * SEG), (3_000 * MS, "b", 10 * SEG)]}),
+                              "b": (Sink, {"expect": 2})}, latency_ns=MS, bw=125e6, tcp=TCP)
+    k.run_until(1_000 * MS)
+    snd = env.network._hosts[0].senders[1]
+    last_sent = env.network.jiffies(snd.lsndtime)
+    assert last_sent > 0  # 100 segments take a few round trips: the last one left after jiffy 0
+    snd.epoch_start = epoch
+    k.run_until()
+    resumed = env.network.jiffies(3_000 * MS)
+    assert resumed == 750
+    assert snd.epoch_start == (None if shifted is None else epoch + resumed - last_sent)
+
+
 @pytest.mark.parametrize("small_first, found_at, ssthresh", [
     # min RTT = a small message's round trip: 2 L + two 91-byte segments and two 90-byte ACKs on the
     # lines = 2 028 960 ns, so the ACK train must last (2 028 960 + 1 ms) / 2 = 1 514 480 ns
