@@ -3,9 +3,9 @@
 
   python benchmarks/realrun/capture.py --scenario ps_sync ... --sample-us 1000 --sample-hosts 0 \
       --pcap-hosts none --no-trace --out-dir DIR
-  python benchmarks/realrun/downlinks.py DIR [--at 50,100,150,200,300,500,1000,2000]
+  python benchmarks/realrun/downlinks.py DIR [--at 50,100,150,200,300,500,1000,2000] [--quiet-ms 300]
 
-One JSON line per transfer of at least 1 MB (acknowledged bytes moving, until they stop for 0.3 s) on every
+One JSON line per transfer of at least 0.9 MB (acknowledged bytes moving, until they stop for --quiet-ms) on every
 connection of rank 0 (10.77.0.1) that carried at least 10 MB: the peer, when it began (s from the first
 sample) and how long it took, ssthresh and the window at its end, and at each offset ``--at`` (ms) the
 window, the segments in flight and the smoothed RTT — how the downlinks restart, leave slow start and share
@@ -57,11 +57,15 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("dir")
     p.add_argument("--at", default="50,100,150,200,300,500,1000,2000")
+    p.add_argument("--quiet-ms", type=float, default=300.0,
+                   help="a pause in acknowledged bytes this long ends a transfer (shorter than a downlink's idle)")
     a = p.parse_args(argv)
     offsets = [int(x) for x in a.at.split(",")]
     with open(os.path.join(a.dir, "record.json")) as f:
         rec = json.load(f)
     point = {k: rec[k] for k in ("scenario", "K", "L_ms", "B_mbit", "M_bytes", "C_ms", "median_s")}
+    with open(os.path.join(a.dir, "meta.json")) as f:
+        rec_sample_us = json.load(f).get("sample_us")
     rows = load(os.path.join(a.dir, "tcpsample-h0.txt"))
     big = {peer: s for peer, s in rows.items() if s[-1][ACKED] >= 10_000_000}
     if not big:
@@ -69,8 +73,8 @@ def main(argv: list[str]) -> int:
         return 2
     t0 = min(s[0][T] for s in big.values())
     for peer, samples in sorted(big.items()):
-        for tr in transfers(samples):
-            if tr[-1][ACKED] - tr[0][ACKED] < 1_000_000:  # gloo's notifications, the final barrier
+        for tr in transfers(samples, int(a.quiet_ms * 1e6)):
+            if tr[-1][ACKED] - tr[0][ACKED] < 900_000:  # gloo's notifications, the final barrier
                 continue
             start = tr[0][T]
             end = next(r for r in tr if r[ACKED] == tr[-1][ACKED])
@@ -78,7 +82,7 @@ def main(argv: list[str]) -> int:
             for ms in offsets:
                 r = [s for s in tr if s[T] - start <= ms * 1_000_000][-1]
                 at[ms] = {"cwnd": r[CWND], "in_flight": r[UNACKED], "srtt_ms": round(r[RTT] / 1000, 1)}
-            print(json.dumps({**point, "to": peer, "start_s": round((start - t0) / 1e9, 4),
+            print(json.dumps({**point, "sample_us": rec_sample_us, "to": peer, "start_s": round((start - t0) / 1e9, 4),
                               "duration_s": round((end[T] - start) / 1e9, 4),
                               "bytes": tr[-1][ACKED] - tr[0][ACKED], "cwnd_end": end[CWND],
                               "ssthresh_end": tr[-1][SSTHRESH], "at_ms": at}))
