@@ -103,6 +103,7 @@ def test_a_bad_ray_launcher_value_names_the_key_and_what_is_accepted(override, e
 
 
 def test_the_default_ray_launcher_config_is_valid(monkeypatch):
+    need_ray()  # validation itself refuses launcher=ray where Ray is not installed
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     from controller.config.schema import RayLauncherConfig, RayStrategy
     from controller.launchers.ray import bundle
