@@ -14,12 +14,13 @@ stations, this model moves what a Linux host really hands to its NIC: TSO/GSO pa
   ``w`` counts every segment's TCP/IP header and Ethernet framing, so the goodput of a
   bulk transfer is ``(MTU − header) / (MTU + frame)`` of the line rate (1448/1538 = 94.1 %).
 * **TCP** (Linux 6.x defaults, loss-free network): initial window 10 segments, slow start
-  on ACKs while cwnd-limited, HyStart, CUBIC's growth without a loss (at most 5 % per RTT),
-  the RTT estimator and retransmission timeout (min 200 ms), restart after idle (cwnd halved
-  per RTO of idle, ``tcp_slow_start_after_idle``), the application-limited decay (not while the
-  application waits for room in the autotuned send buffer), TSO autosizing and TSQ. One ACK per
-  received packet; with ``delayed_ack``, Linux's receiver policy instead (quick ACKs, ACK on read
-  for short packets, the delayed-ACK timer, ACKs riding data).
+  on ACKs while cwnd-limited, HyStart, CUBIC's growth without a loss (at least 5 % per RTT, up
+  to 1.5 x while the cubic curve is far above the window; its clock paused while the connection
+  sends nothing), the RTT estimator and retransmission timeout (min 200 ms), restart after idle
+  (cwnd halved per RTO of idle, ``tcp_slow_start_after_idle``), the application-limited decay
+  (not while the application waits for room in the autotuned send buffer), TSO autosizing and
+  TSQ. One ACK per received packet; with ``delayed_ack``, Linux's receiver policy instead (quick
+  ACKs, ACK on read for short packets, the delayed-ACK timer, ACKs riding data).
 * **Host software**: a message reaches its application ``host_latency`` after its last
   byte (system calls, a thread wake-up), plus a keyed exponential jitter of mean
   ``host_jitter`` drawn per message — what makes real workers drift apart.

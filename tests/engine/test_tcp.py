@@ -178,6 +178,7 @@ def test_an_unfilled_window_decays_after_an_rto_only_if_the_application_has_writ
     snd._cwnd_validate(False)
     assert (snd.cwnd, snd.ssthresh, snd.cwnd_used, snd.cwnd_stamp) == (cwnd, ssthresh, used, k.now)
 
+
 @pytest.mark.parametrize("epoch, shifted", [
     (0, "by the idle time"),  # the cubic curve resumes where the sending stopped
     (None, None),             # no epoch yet (the connection never grew in congestion avoidance): nothing to shift
