@@ -311,9 +311,11 @@ class _Sender:
             for m in done + [m for m in self.msgs if m.start < self.nxt]:
                 if m.first_out is None:
                     m.first_out = now
-            if self.packets_out == 0 and self.epoch_start is not None and self.lsndtime is not None:
+            if self.packets_out == 0 and self.epoch_start is not None:
                 # tcp_event_data_sent -> CA_EVENT_TX_START: CUBIC shifts its epoch by the idle time, so the
-                # cubic curve resumes where sending stopped (cubictcp_cwnd_event)
+                # cubic curve resumes where sending stopped (cubictcp_cwnd_event). An epoch began on an ACK,
+                # so data was sent before: lsndtime is set.
+                assert self.lsndtime is not None
                 jt = net.jiffies(now)
                 delta = jt - net.jiffies(self.lsndtime)
                 if delta > 0:

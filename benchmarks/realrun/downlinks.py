@@ -1,16 +1,29 @@
 #!/usr/bin/env python3
-"""A synchronous PS's downlink transfers, read off capture.py's socket samples of the PS's host.
+"""A synchronous PS's downlink transfers: on the testbed, read off capture.py's socket samples of the PS's host,
+and in the model, read off its senders at every ACK.
 
   python benchmarks/realrun/capture.py --scenario ps_sync ... --sample-us 1000 --sample-hosts 0 \
       --pcap-hosts none --no-trace --out-dir DIR
   python benchmarks/realrun/downlinks.py DIR [--at 50,100,150,200,300,500,1000,2000] [--quiet-ms 300]
+  python benchmarks/realrun/downlinks.py --emulate RESULTS.jsonl K L_MS B_MBIT M_BYTES [--seeds N]
+      [--ps-lead MS] [--first-ms MS] [--at ...] [--quiet-ms ...] [override ...]
 
 One JSON line per transfer of at least 0.9 MB (acknowledged bytes moving, until they stop for --quiet-ms) on every
-connection of rank 0 (10.77.0.1) that carried at least 10 MB: the peer, when it began (s from the first
-sample) and how long it took, ssthresh and the window at its end, and at each offset ``--at`` (ms) the
-window, the segments in flight and the smoothed RTT — how the downlinks restart, leave slow start and share
-the PS's NIC (docs/benchmarks.md, "CUBIC's clock across idle gaps"). With only the PS's sockets sampled and
-no packet capture or trace the run keeps its usual step times (a sample costs tens of microseconds).
+connection of the PS that carried at least 10 MB: the peer, when it began (s from the first sample) and how long
+it took, ssthresh and the window at its end, and at each offset ``--at`` (ms) the window, the segments in
+flight and the smoothed RTT — how the downlinks restart, leave slow start and share the PS's NIC
+(docs/benchmarks.md, "CUBIC's clock across idle gaps"). With only the PS's sockets sampled and no packet capture
+or trace, the testbed's run keeps its usual step times (a sample costs tens of microseconds).
+
+``--emulate`` runs the ps_sync point of RESULTS.jsonl with those K, L, B, M as ``lockstep validate`` does
+(``network=tcp strategy.collective=gloo``, then the overrides), instrumenting ``agents.sim.tcp._Sender`` (a
+diagnostic, not a test). It prints the median step of each seed (``seed=0`` … ``N-1``) and, with one seed, the
+model's transfers as above, each with CUBIC's clock (s into its epoch) and target (segments) at its end.
+``--first-ms MS`` prints instead, with one seed, every packet the PS's connections hand their NIC and every ACK
+they take in the first MS ms (what a capture of the PS's host shows: ``lab/capture/ps4-1-100-1*``). The model's
+``wN`` is vworker N, the testbed's rank N + 1.
+``--ps-lead MS`` is a probe, not a setting of the model: every worker starts MS later than the PS
+(docs/benchmarks.md, "two regimes").
 """
 from __future__ import annotations
 
@@ -19,73 +32,171 @@ import json
 import os
 import sys
 from collections import defaultdict
+from pathlib import Path
+from typing import NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 PS = "10.77.0.1"
-# tcpsample.c's line: t_ns src dst cwnd ssthresh rtt_us rttvar_us min_rtt_us pacing delivery unacked bytes_sent
-# bytes_acked ...
-T, CWND, SSTHRESH, RTT, UNACKED, ACKED = 0, 1, 2, 3, 8, 10
 
 
-def load(path: str) -> dict[str, list[tuple[int, ...]]]:
-    rows: dict[str, list[tuple[int, ...]]] = defaultdict(list)
+class Sample(NamedTuple):
+    t_ns: int
+    cwnd: int
+    ssthresh: int
+    srtt_us: int
+    in_flight: int
+    acked: int  # bytes acknowledged since the connection began
+    cubic_clock_s: float | None = None  # the model's only
+    cubic_target: int | None = None
+
+
+def load(path: str) -> dict[str, list[Sample]]:
+    """The PS's connections in a tcpsample.c file (``t_ns src dst cwnd ssthresh rtt_us rttvar_us min_rtt_us
+    pacing delivery unacked bytes_sent bytes_acked ...``), by peer address."""
+    rows: dict[str, list[Sample]] = defaultdict(list)
     with open(path) as f:
         for line in f:
             fields = line.split()
             if fields[1].split(":")[0] != PS:
                 continue
-            rows[fields[2].split(":")[0]].append((int(fields[0]),) + tuple(int(x) for x in fields[3:14]))
+            v = [int(x) for x in fields[3:13]]
+            rows[fields[2].split(":")[0]].append(Sample(int(fields[0]), v[0], v[1], v[2], v[7], v[9]))
     return rows
 
 
-def transfers(samples: list[tuple[int, ...]], quiet_ns: int = 300_000_000) -> list[list[tuple[int, ...]]]:
-    """Runs of samples from the one before acknowledged bytes start moving to the last that moved them."""
-    out: list[list[tuple[int, ...]]] = []
-    cur: list[tuple[int, ...]] | None = None
+def transfers(samples: list, quiet: float, t=lambda s: s.t_ns, acked=lambda s: s.acked) -> list[list]:
+    """Runs of samples from the one before acknowledged bytes start moving to the last within ``quiet`` (in the
+    unit of ``t``) of the last that moved them."""
+    out: list[list] = []
+    cur: list | None = None
     last_move = None
     for a, b in zip(samples, samples[1:]):
-        if b[ACKED] > a[ACKED]:
-            if cur is None or b[T] - last_move > quiet_ns:
+        if acked(b) > acked(a):
+            if cur is None or t(b) - last_move > quiet:
                 cur = [a]
                 out.append(cur)
-            last_move = b[T]
-        if cur is not None and b[T] - last_move <= quiet_ns:
+            last_move = t(b)
+        if cur is not None and t(b) - last_move <= quiet:
             cur.append(b)
     return out
 
 
+def report(by_peer: dict[str, list[Sample]], head: dict, offsets: list[int], quiet_ns: int) -> None:
+    big = {peer: s for peer, s in by_peer.items() if s and s[-1].acked >= 10_000_000}
+    if not big:
+        raise SystemExit(f"no connection of the PS carried 10 MB ({head})")
+    t0 = min(s[0].t_ns for s in big.values())
+    for peer, samples in sorted(big.items()):
+        for tr in transfers(samples, quiet_ns):
+            if tr[-1].acked - tr[0].acked < 900_000:  # gloo's notifications, the final barrier
+                continue
+            start = tr[0].t_ns
+            end = next(r for r in tr if r.acked == tr[-1].acked)
+            at = {}
+            for ms in offsets:
+                r = [s for s in tr if s.t_ns - start <= ms * 1_000_000][-1]
+                at[ms] = {"cwnd": r.cwnd, "in_flight": r.in_flight, "srtt_ms": round(r.srtt_us / 1000, 1)}
+            line = {**head, "to": peer, "start_s": round((start - t0) / 1e9, 4),
+                    "duration_s": round((end.t_ns - start) / 1e9, 4), "bytes": tr[-1].acked - tr[0].acked,
+                    "cwnd_end": end.cwnd, "ssthresh_end": tr[-1].ssthresh, "at_ms": at}
+            if end.cubic_clock_s is not None:
+                line.update(cubic_clock_s=round(end.cubic_clock_s, 2), cubic_target=end.cubic_target)
+            print(json.dumps(line))
+
+
+def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int, ps_lead_ms: float,
+            first_ms: float, overrides: list[str], offsets: list[int], quiet_ns: int) -> None:
+    from agents.sim import compute, tcp
+    from controller.results import load_results
+    from controller.validate import emulate as run_point
+
+    points = [p for p in load_results(results, ("ps_sync",)) if (p.K, p.M_bytes) == (K, M)
+              and abs(p.L_s * 1e3 - L_ms) < 1e-9 and abs(p.B_bps / 1e6 - B_mbit) < 1e-6]
+    if not points:
+        raise SystemExit(f"{results}: no ps_sync point with K={K} L={L_ms} ms B={B_mbit} Mbit/s M={M}")
+    p, ps = points[0], K  # the PS is the last vworker of the layout
+    samples: dict[str, list[Sample]] = defaultdict(list)
+    write, on_ack, start_at = tcp._Sender.write, tcp._Sender.on_ack, compute.ComputeModel.start_at
+    enqueue = tcp.TcpNetwork.enqueue
+
+    def sample(self):
+        net, clock, target = self.net, None, None
+        if self.epoch_start is not None:  # bictcp_update's t and bic_target without a loss (W_max = 0)
+            clock = ((net.jiffies(net.kernel.now) - self.epoch_start) / net.tcp.clock_hz
+                     + (self.delay_min or 0) / 1e9)
+            target = self.origin + int(0.4 * clock ** 3)
+        samples[f"w{self.dst}"].append(Sample(net.kernel.now, self.cwnd, self.ssthresh, (self.srtt8 >> 3) // 1000,
+                                              self.packets_out, self.una, clock, target))
+
+    def sampled_write(self, msg, size):  # a sample where a transfer begins: the model has none while idle
+        write(self, msg, size)
+        if self.host.worker.id == ps:
+            sample(self)
+
+    def sampled_on_ack(self, ack_seq, tsent):
+        if first_ms and self.host.worker.id == ps:
+            log(self.net.kernel.now, f"   w{self.dst} ACK {ack_seq}")
+        on_ack(self, ack_seq, tsent)
+        if self.host.worker.id == ps:
+            sample(self)
+
+    t0: list[int] = []
+
+    def log(now, what):
+        if now - (t0[0] if t0 else now) <= first_ms * 1e6:
+            print(f"{(now - t0[0]) / 1e6 if t0 else 0.0:8.3f} {what}")
+
+    def logged_enqueue(net, host, pkt):
+        if host.worker.id == ps and not pkt.ack:
+            snd = host.senders[pkt.dst]
+            t0[:] = t0 or [net.kernel.now]
+            log(net.kernel.now, f"-> w{pkt.dst} {pkt.segs} segs ({pkt.end - pkt.start} B), cwnd {snd.cwnd}")
+        enqueue(net, host, pkt)
+
+    def led_start_at(self, vid):
+        return start_at(self, vid) + (0 if vid == ps else int(ps_lead_ms * 1e6))
+
+    tcp._Sender.write, tcp._Sender.on_ack = sampled_write, sampled_on_ack
+    if first_ms:
+        tcp.TcpNetwork.enqueue = logged_enqueue
+    if ps_lead_ms:
+        compute.ComputeModel.start_at = led_start_at
+    head = {"scenario": "ps_sync", "K": K, "L_ms": L_ms, "B_mbit": B_mbit, "M_bytes": M,
+            "measured_s": p.measured, "ps_lead_ms": ps_lead_ms}
+    for seed in range(seeds):
+        samples.clear()
+        step = run_point(p, ["network=tcp", "strategy.collective=gloo", f"seed={seed}", *overrides])
+        print(json.dumps({**head, "seed": seed, "step_s": step}))
+        if seeds == 1 and not first_ms:
+            report(samples, {**head, "seed": seed}, offsets, quiet_ns)
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("dir")
+    p.add_argument("dir", nargs="?")
+    p.add_argument("--emulate", nargs=5, metavar=("RESULTS", "K", "L_MS", "B_MBIT", "M_BYTES"))
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--ps-lead", type=float, default=0.0, help="ms by which the PS starts before every worker")
+    p.add_argument("--first-ms", type=float, default=0.0, help="print the PS's packets and ACKs of the first MS ms")
     p.add_argument("--at", default="50,100,150,200,300,500,1000,2000")
     p.add_argument("--quiet-ms", type=float, default=300.0,
                    help="a pause in acknowledged bytes this long ends a transfer (shorter than a downlink's idle)")
-    a = p.parse_args(argv)
-    offsets = [int(x) for x in a.at.split(",")]
+    a, overrides = p.parse_known_args(argv)
+    offsets, quiet_ns = [int(x) for x in a.at.split(",")], int(a.quiet_ms * 1e6)
+    if a.emulate:
+        r, K, L, B, M = a.emulate
+        emulate(r, int(K), float(L), float(B), int(float(M)), a.seeds, a.ps_lead, a.first_ms, overrides, offsets,
+                quiet_ns)
+        return 0
+    if a.dir is None or overrides:
+        p.error("give a capture directory, or --emulate")
     with open(os.path.join(a.dir, "record.json")) as f:
         rec = json.load(f)
-    point = {k: rec[k] for k in ("scenario", "K", "L_ms", "B_mbit", "M_bytes", "C_ms", "median_s")}
     with open(os.path.join(a.dir, "meta.json")) as f:
-        rec_sample_us = json.load(f).get("sample_us")
-    rows = load(os.path.join(a.dir, "tcpsample-h0.txt"))
-    big = {peer: s for peer, s in rows.items() if s[-1][ACKED] >= 10_000_000}
-    if not big:
-        print(f"{a.dir}: no connection of {PS} carried 10 MB", file=sys.stderr)
-        return 2
-    t0 = min(s[0][T] for s in big.values())
-    for peer, samples in sorted(big.items()):
-        for tr in transfers(samples, int(a.quiet_ms * 1e6)):
-            if tr[-1][ACKED] - tr[0][ACKED] < 900_000:  # gloo's notifications, the final barrier
-                continue
-            start = tr[0][T]
-            end = next(r for r in tr if r[ACKED] == tr[-1][ACKED])
-            at = {}
-            for ms in offsets:
-                r = [s for s in tr if s[T] - start <= ms * 1_000_000][-1]
-                at[ms] = {"cwnd": r[CWND], "in_flight": r[UNACKED], "srtt_ms": round(r[RTT] / 1000, 1)}
-            print(json.dumps({**point, "sample_us": rec_sample_us, "to": peer, "start_s": round((start - t0) / 1e9, 4),
-                              "duration_s": round((end[T] - start) / 1e9, 4),
-                              "bytes": tr[-1][ACKED] - tr[0][ACKED], "cwnd_end": end[CWND],
-                              "ssthresh_end": tr[-1][SSTHRESH], "at_ms": at}))
+        sample_us = json.load(f).get("sample_us")
+    head = {k: rec[k] for k in ("scenario", "K", "L_ms", "B_mbit", "M_bytes", "C_ms", "median_s")}
+    report(load(os.path.join(a.dir, "tcpsample-h0.txt")), {**head, "sample_us": sample_us}, offsets, quiet_ns)
     return 0
 
 

@@ -12,8 +12,9 @@ least 1 MB, its ``ssthresh`` when first seen set — the congestion window at wh
 ssthresh to cwnd on a HyStart exit; no loss happened, ``tcp_retrans_segs`` is 0) — its min RTT and its largest
 window. Direction: ``downlink`` for sockets in ``rr-h0`` (the PS sending), ``uplink`` for the others.
 ``transfers`` prints, for every transfer of one message (at least 1 MB) on a PS downlink (acknowledged bytes
-moving, then still for 0.3 s), when it began and ended, the window and ``ssthresh`` at its first and last sample,
-the RTO, and the idle time before it: how a synchronous PS's downlinks restart and share its NIC (docs/benchmarks.md, "The send buffer").
+moving, then still for 0.3 s; cut as ``downlinks.py`` cuts socket samples), when it began and ended, the window
+and ``ssthresh`` at its first and last sample, the RTO, and the idle time before it: how a synchronous PS's
+downlinks restart and share its NIC (docs/benchmarks.md, "The send buffer").
 """
 from __future__ import annotations
 
@@ -94,35 +95,32 @@ def record(realrun_json: str, poll_jsonl: str) -> dict:
 
 
 def transfers(realrun_json: str, poll_jsonl: str, quiet_s: float = 0.3) -> list[dict]:
+    from downlinks import transfers as runs  # the same cut of a series into transfers as the socket samples'
+
     rr = json.load(open(realrun_json))
     series: dict[str, list[tuple[float, dict]]] = {}
     for line in open(poll_jsonl):
         r = json.loads(line)
         if r["ns"] == "rr-h0":
             for c in r["conns"]:
-                series.setdefault(c["peer"], []).append((r["t"], c))
+                if "bytes_acked" in c:
+                    series.setdefault(c["peer"], []).append((r["t"], c))
     out = []
     for peer, samples in sorted(series.items()):
-        if max(c.get("bytes_acked", 0) for _, c in samples) < 1e6:
+        if max(c["bytes_acked"] for _, c in samples) < 1e6:
             continue
-        cur, prev, last_move, last_end = None, None, None, None
-        for t, c in samples + [(float("inf"), {})]:
-            acked = c.get("bytes_acked")
-            moving = acked is not None and prev is not None and acked > prev
-            if moving and cur is None:
-                cur = {"to": peer.rsplit(":", 1)[0], "start_s": t, "idle_s": None if last_end is None else
-                       round(t - last_end, 3), "cwnd_first": c.get("cwnd"), "ssthresh_first": c.get("ssthresh"),
-                       "rto_ms": c.get("rto"), "acked_from": prev}
-            if moving:
-                last_move, last_c = t, c
-            if cur is not None and not moving and t - last_move > quiet_s:
-                cur.update(end_s=last_move, cwnd_last=last_c.get("cwnd"), ssthresh_last=last_c.get("ssthresh"),
-                           bytes=int(last_c["bytes_acked"] - cur.pop("acked_from")))
-                if 1e6 <= cur["bytes"] <= 1.5 * rr["M_bytes"]:  # one message (not several run together)
-                    out.append(cur)
-                last_end, cur = last_move, None
-            if acked is not None:
-                prev = acked
+        last_end = None
+        for tr in runs(samples, quiet_s, t=lambda s: s[0], acked=lambda s: s[1]["bytes_acked"]):
+            (_, before), (start, first) = tr[0], tr[1]
+            end, last = next((t, c) for t, c in tr if c["bytes_acked"] == tr[-1][1]["bytes_acked"])
+            x = {"to": peer.rsplit(":", 1)[0], "start_s": start,
+                 "idle_s": None if last_end is None else round(start - last_end, 3), "cwnd_first": first.get("cwnd"),
+                 "ssthresh_first": first.get("ssthresh"), "rto_ms": first.get("rto"), "end_s": end,
+                 "cwnd_last": last.get("cwnd"), "ssthresh_last": last.get("ssthresh"),
+                 "bytes": int(last["bytes_acked"] - before["bytes_acked"])}
+            if 1e6 <= x["bytes"] <= 1.5 * rr["M_bytes"]:  # one message (not several run together)
+                out.append(x)
+            last_end = end
     keys = ("scenario", "K", "L_ms", "B_mbit", "M_bytes", "C_ms", "median_s", "time")
     head = {k: rr.get(k) for k in keys}
     return [{**head, **x} for x in sorted(out, key=lambda x: (x["start_s"], x["to"]))]

@@ -187,7 +187,7 @@ def test_cubic_shifts_its_epoch_by_the_idle_time_when_sending_resumes(build_kern
     # cubictcp_cwnd_event(CA_EVENT_TX_START), sent by tcp_event_data_sent when data leaves with nothing in
     # flight: epoch_start += now - lsndtime (jiffies, 4 ms at CONFIG_HZ 250), at most now. Without it the idle
     # time between a PS's transfers counted as time on the cubic curve: at the end of a PS's third transfer its
-    # downlinks' clocks read 16 s (a target of 1 730 segments) instead of 9.7 s of sending (473).
+    # downlinks' clocks read about 16 s (targets up to 1 740 segments) instead of about 10 s of sending (496-532).
     k, env, _ = build_kernel({"a": (Sender, {"plan": [(0, "b", 100 * SEG), (3_000 * MS, "b", 10 * SEG)]}),
                               "b": (Sink, {"expect": 2})}, latency_ns=MS, bw=125e6, tcp=TCP)
     k.run_until(1_000 * MS)
