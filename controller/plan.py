@@ -96,10 +96,11 @@ def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str
         by_name = dict(zip(holders, comp.speed_workers))
         speed = tuple(float(by_name.get(v.name, 1.0)) for v in vworkers)
     ids = {v.name: i for i, v in enumerate(vworkers)}
-    unknown = sorted(set(comp.stragglers) - set(ids))
-    if unknown:
-        raise ValueError(f"compute.stragglers names {unknown}, which are not vworkers of this run "
-                         f"(they are {', '.join(ids)})")
+    for key, named in (("compute.stragglers", comp.stragglers), ("compute.start_offsets", comp.start_offsets_s)):
+        unknown = sorted(set(named) - set(ids))
+        if unknown:
+            raise ValueError(f"{key} names {unknown}, which are not vworkers of this run "
+                             f"(they are {', '.join(ids)})")
     return ComputeSpec(model=comp.model, constant_s=dict(comp.constant_s), dist=comp.dist,
                        dist_params=comp.dist_params, dist_kinds=comp.dist_kinds, peak_flops=comp.peak_flops,
                        profile_db=comp.profile_db, profile_runs=comp.profile_runs, speed=speed,
@@ -109,7 +110,8 @@ def compute_spec(comp: ComputeSettings, vworkers: list[VWorkerSpec], device: str
                        estimators=dict(comp.estimators), layerwise=comp.layerwise,
                        forward_fraction=comp.forward_fraction, allreduce_share=comp.allreduce_share,
                        batch=comp.batch, max_batch=comp.max_batch, overlap=comp.overlap,
-                       start_spread_ns=seconds_to_ns(comp.start_spread_s))
+                       start_spread_ns=seconds_to_ns(comp.start_spread_s),
+                       start_offsets_ns={ids[k]: seconds_to_ns(v) for k, v in comp.start_offsets_s.items()})
 
 
 SAMPLE_BYTES = 28 * 28 + 1

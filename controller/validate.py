@@ -36,13 +36,23 @@ STRATEGY = {"ring": "ring_allreduce", "ps_sync": "ps_sync", "ps_async": "ps_asyn
 # The measured programs' hosts (docs/engine.md, "What validate emulates"; measured in the testbed's packet
 # captures, docs/benchmarks.md): in the K = 2 PS captures the processes posted their first receives up to
 # 1.7 ms apart (2.2-3.5 ms in the K = 4 asynchronous ones; a 3 ms spread was tried and read worse on the
-# synchronous PS), time.sleep(C) spreads by about 1 %, realrun's asynchronous PS reads its counters before
-# its first send, so its parameters leave ~5 ms after the workers posted their receives, and the ring's
-# rank 0 leaves init_process_group one one-way latency after the others (_overrides_for). A user's
-# overrides win over these.
+# synchronous PS), time.sleep(C) spreads by about 1 %, realrun's asynchronous PS fills its send buffers and
+# reads its counters before its first send, so its parameters leave 5-40 ms after the workers posted their
+# receives (testbed_ps_start), and every rank starts when it leaves the program's start-up barrier
+# (_gloo_offsets). A user's overrides win over these.
 TESTBED_START_SPREAD = "1.7ms"
 TESTBED_TIMER_JITTER = 0.01
-TESTBED_PS_START = "5ms"
+# realrun's asynchronous PS, between leaving the barrier and its first isend, allocates its model, K gradient
+# buffers and K send buffers (clones of the model) and reads its counters: measured with
+# benchmarks/realrun/starts.py (lab/starts.jsonl), 4.0-6.0 ms at K x M = 4 MB, 12.9 ms at 12 MB, 23.4 ms at
+# 20 MB, 36.7 ms at 40 MB (and 128-129 ms in two runs at L = 10 ms, whose barrier was slow as well)
+TESTBED_PS_START_S = 1e-3
+TESTBED_PS_COPY_BPS = 0.9e9  # bytes of K send buffers per second
+
+
+def testbed_ps_start(p: Point) -> float:
+    """Seconds from leaving the barrier to realrun's asynchronous PS's first isend (K send buffers of M)."""
+    return TESTBED_PS_START_S + p.K * p.M_bytes / TESTBED_PS_COPY_BPS
 
 
 @dataclass
@@ -73,14 +83,31 @@ def _overrides_for(p: Point) -> list[str]:
     ov += (["statelog.enabled=true", "statelog.checksum=false", "statelog.snapshot_every=0"]
            if p.scenario == "ps_async" else ["statelog.enabled=false"])
     if p.scenario == "ps_async":
-        ov += [f"stop.updates={p.K * steps}", f"strategy.start_after={TESTBED_PS_START}"]
-    elif p.scenario == "ring":  # rank 0 leaves init_process_group one one-way latency after the others
-        ov += [f"stop.updates={steps}", f"strategy.start_after={p.L_s!r}"]
+        ov += [f"stop.updates={p.K * steps}", f"strategy.start_after={testbed_ps_start(p)!r}"]
+    elif p.scenario == "ring":
+        ov.append(f"stop.updates={steps}")
     elif p.scenario in ("p2p", "fanin"):
         ov += [f"strategy.kind={p.scenario}", f"stop.updates={steps}"]
     else:
         ov.append(f"stop.updates={steps}")
     return ov
+
+
+def _gloo_offsets(p: Point, overrides: list[str]) -> list[str]:
+    """``compute.start_offsets`` for the ring and PS points: when each rank leaves realrun's start-up
+    (:func:`~agents.strategies.collective.barrier_exits`), by vworker name (a ring's member ``wN`` is rank
+    N; the PS is rank 0 and worker ``wN`` rank N + 1), the one-way time being the network's latency plus
+    the tcp model's host latency. Not set where the user sets ``compute.start_offsets``."""
+    from agents.strategies.collective import barrier_exits
+    from controller.config import load
+
+    mine = any(o.split("=", 1)[0].lstrip("+~") == "compute.start_offsets" for o in overrides)
+    if p.scenario not in ("ring", "ps_sync", "ps_async") or mine:
+        return []
+    net = load(_overrides_for(p) + overrides).network
+    names = ([] if p.scenario == "ring" else ["ps0"]) + [f"w{i}" for i in range(p.K)]
+    exits = barrier_exits(len(names), net.latency.ns + (net.tcp.host_latency_ns if net.tcp else 0))
+    return ["compute.start_offsets={" + ", ".join(f"{n}: {t}ns" for n, t in zip(names, exits)) + "}"]
 
 
 def _applicable(p: Point, overrides: list[str]) -> list[str]:
@@ -103,7 +130,8 @@ def emulate(p: Point, overrides: list[str], workdir: Path | None = None) -> floa
     from controller.outputs import read_csv
     from controller.run import execute
 
-    rc = load(_overrides_for(p) + _applicable(p, overrides))
+    mine = _applicable(p, overrides)
+    rc = load(_overrides_for(p) + _gloo_offsets(p, mine) + mine)
     with tempfile.TemporaryDirectory(prefix="lockstep-validate-", dir=workdir) as d:
         if p.scenario == "ps_async":  # counted from the state log, which the observer writes (_async_rate)
             from agents.observe.statelog import read_jsonl

@@ -158,6 +158,7 @@ class ComputeSpec:
     speed: tuple[float, ...] = ()  # per vworker id; empty = all 1.0
     jitter: float = 0.0  # σ of a keyed log-normal multiplier per call (0 = none)
     start_spread_ns: int = 0  # each vworker starts after a keyed uniform delay in [0, start_spread_ns)
+    start_offsets_ns: dict[int, int] = field(default_factory=dict)  # vworker id -> fixed delay added to it
     stragglers: dict[int, float] = field(default_factory=dict)  # vworker id -> extra factor
     straggle_p: float = 0.0  # probability that a call straggles (keyed per vworker and call)
     straggle_factor: float = 1.0  # slowdown of a straggling call
@@ -180,12 +181,16 @@ class ComputeSpec:
         """Plain JSON data (the plan travels to agents as JSON)."""
         d = asdict(self)
         d["stragglers"] = {str(k): v for k, v in self.stragglers.items()}
+        d["start_offsets_ns"] = {str(k): v for k, v in self.start_offsets_ns.items()}
+        if not self.start_offsets_ns:  # (absent without offsets: plan.json of other runs stays as it was)
+            del d["start_offsets_ns"]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ComputeSpec":
         d = dict(d)
         d["stragglers"] = {int(k): float(v) for k, v in d.get("stragglers", {}).items()}
+        d["start_offsets_ns"] = {int(k): int(v) for k, v in d.get("start_offsets_ns", {}).items()}
         for key in ("dist_params", "dist_kinds", "speed", "layers"):
             if key in d:
                 d[key] = tuple(d[key])
@@ -208,9 +213,11 @@ class ComputeModel:
         self.faults = None  # agents.sim.faults.Faults with stragglers, set by the environment
 
     def start_at(self, vid: int) -> VirtualTime:
-        """When vworker ``vid`` starts: a keyed uniform delay in [0, start_spread), 0 without a spread."""
+        """When vworker ``vid`` starts: its fixed ``start_offsets`` delay plus a keyed uniform delay in
+        [0, start_spread) (0 without either)."""
         spread = self.spec.start_spread_ns
-        return int(keyed.uniform(self.spec.seed, "start", vid) * spread) if spread else 0
+        drawn = int(keyed.uniform(self.spec.seed, "start", vid) * spread) if spread else 0
+        return self.spec.start_offsets_ns.get(vid, 0) + drawn
 
     @property
     def device(self) -> str:

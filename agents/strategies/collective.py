@@ -240,12 +240,37 @@ def barrier_peers(rank: int, n: int) -> tuple[set[int], set[int]]:
     return heard, answered
 
 
+def barrier_exits(n: int, one_way_ns: int) -> list[int]:
+    """When each of ``n`` ranks of a torch program leaves ``dist.barrier()`` right after
+    ``init_process_group``, in ns after the first one leaves; ``one_way_ns`` is the one-way time of a small
+    message between two hosts.
+
+    Measured on the testbed (``benchmarks/realrun/starts.py``; docs/benchmarks.md, "The start-up barrier"):
+    ranks leave ``init_process_group`` in rank order two one-way times apart, the last rank one one-way time
+    before the second-to-last. gloo's barrier is then the dissemination barrier of :func:`barrier_peers`
+    over gloo's send/recv rendezvous: in round ``d`` a rank announces its receive to ``rank − d`` and its
+    data op leaves for ``rank + d`` once that rank's announcement has come, one one-way time after it was
+    posted; the rank goes to the next round when its receive has arrived and its send has left.
+    """
+    if n < 2:
+        return [0] * n
+    start = [-2 * one_way_ns * (n - 2 - r) for r in range(n - 1)] + [-one_way_ns]
+    d = 1
+    while d < n:
+        sent = [max(start[r], start[(r + d) % n] + one_way_ns) for r in range(n)]
+        start = [max(sent[r], sent[(r - d) % n] + one_way_ns) for r in range(n)]
+        d <<= 1
+    first = min(start)
+    return [t - first for t in start]
+
+
 def gloo_barrier(w: Worker, ranks: list[str]) -> None:
     """What the program's ``dist.barrier()`` after ``init_process_group`` (realrun's, and most torch
     programs') leaves on this vworker's connections, for the ``tcp`` model's receiver (docs/engine.md,
     "Connections before the first tensor"): a peer it heard from in the barrier counts as heard from
     just now, and one it answered puts its receiver in pingpong mode. The barrier's own time is not
-    modelled (validate's start spread stands for it)."""
+    modelled here: ``lockstep validate`` starts each rank when it leaves the barrier (:func:`barrier_exits`,
+    ``compute.start_offsets``) plus a spread for the hosts' scheduling (``compute.start_spread``)."""
     prime = getattr(w.env.network, "barrier_history", None)
     if prime is None:
         return

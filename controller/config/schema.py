@@ -414,6 +414,9 @@ class ComputeConfig:
     start_spread: Any = doc(0.0, "each vworker starts after a keyed uniform delay in [0, start_spread): processes "
                                  "that leave their start-up barrier at different times (0 = all at t = 0)",
                             unit="duration", lo=0)
+    start_offsets: Any = doc(None, "fixed start delays by vworker name, added to start_spread's draw, e.g. "
+                                   "{ps0: 2ms, w3: 12ms}: when each process leaves its start-up (lockstep validate "
+                                   "sets gloo's barrier here); null = none")
     batch: BatchMode = doc(BatchMode.loop, "deferred compute (docs/batching.md): off (eager) | loop (deferred, "
                                            "bit-identical to off) | vmap (same-shaped gradients as one "
                                            "torch.func.vmap call; floats differ in the last bits) | auto (vmap "

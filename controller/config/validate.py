@@ -115,6 +115,7 @@ class ComputeSettings:
     forward_fraction: float = 1 / 3
     allreduce_share: float = 0.0
     start_spread_s: float = 0.0
+    start_offsets_s: dict[str, float] = field(default_factory=dict)  # vworker name -> fixed start delay
 
 
 @dataclass(frozen=True)
@@ -539,10 +540,12 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         n_vworkers = len(layout)
         if agents > n_vworkers:
             p.bad("agents", agents, f"at most the number of vworkers ({n_vworkers})")
-        unknown = sorted(set(compute.stragglers) - {v.name for v in layout})
-        if unknown:
-            p.bad("compute.stragglers", dict(compute.stragglers), f"vworker names of this run ({layout[0].name} .. "
-                  f"{layout[-1].name}); {', '.join(unknown)} is not one")
+        for key, named in (("compute.stragglers", compute.stragglers),
+                           ("compute.start_offsets", compute.start_offsets_s)):
+            unknown = sorted(set(named) - {v.name for v in layout})
+            if unknown:
+                p.bad(key, dict(named), f"vworker names of this run ({layout[0].name} .. "
+                      f"{layout[-1].name}); {', '.join(unknown)} is not one")
         from controller.plan import with_data_servers
 
         _check_topology(p, network, with_data_servers(layout, c.data), agents)
@@ -844,7 +847,7 @@ def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -
         jitter=c.jitter, batch=c.batch.value, max_batch=c.max_batch,
         overlap=c.overlap if isinstance(c.overlap, bool) else "auto", layerwise=c.layerwise,
         forward_fraction=c.forward_fraction, allreduce_share=c.allreduce_share,
-        start_spread_s=_seconds(c.start_spread) or 0.0)
+        start_spread_s=_seconds(c.start_spread) or 0.0, start_offsets_s=_start_offsets(p, c.start_offsets))
 
 
 def _device_profile(p: _Problems, name: str | None) -> dict[str, Any]:
@@ -919,6 +922,24 @@ def _stragglers(p: _Problems, st: Any) -> dict[str, float]:
         p.bad("compute.stragglers", st, "a mapping from vworker name to a slowdown factor > 0, e.g. {w3: 4.0}")
         return {}
     return {k: float(v) for k, v in st.items()}
+
+
+def _start_offsets(p: _Problems, so: Any) -> dict[str, float]:
+    """``compute.start_offsets: {ps0: 2ms, w3: 12ms}``: fixed start delays (seconds) by vworker name."""
+    so = so or {}
+    out: dict[str, float] = {}
+    if isinstance(so, dict) and all(isinstance(k, str) for k in so):
+        for k, v in so.items():
+            try:
+                out[k] = parse_duration(v)
+            except UnitError:
+                break
+            if out[k] < 0:
+                break
+        else:
+            return out
+    p.bad("compute.start_offsets", so, "a mapping from vworker name to a duration >= 0, e.g. {ps0: 2ms, w3: 12ms}")
+    return {}
 
 
 # ------------------------------------------------------------------ faults

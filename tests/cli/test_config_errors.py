@@ -38,6 +38,11 @@ ROOT = Path(__file__).resolve().parents[2]
     ("trace.mode=window", r"trace.window=null is not valid; accepted: \[start, end\]"),
     ("controller.port=70000", r"controller.port=70000 is not valid; accepted: an integer >= 0 and <= 65535\."),
     ("compute.stragglers={w1:-2}", r"compute.stragglers=\{w1:-2\} is not valid; accepted: a mapping"),
+    ("compute.start_offsets={w1:-2ms}", r"compute.start_offsets=\{w1:-2ms\} is not valid; accepted: a mapping from "
+                                        r"vworker name to a duration >= 0"),
+    ("compute.start_offsets={w1:soon}", r"compute.start_offsets=\{w1:soon\} is not valid; accepted: a mapping"),
+    ("compute.start_offsets={w999:2ms}", r"compute.start_offsets=\{w999:2ms\} is not valid; accepted: vworker "
+                                         r"names of this run \(w0 \.\. ps0\); w999 is not one"),
     ("compute.batch=fast", r"compute.batch=fast is not valid; accepted: off \| loop \| vmap \| auto"),
     ("compute.max_batch=0", r"compute.max_batch=0 is not valid; accepted: an integer >= 1"),
     ("compute.overlap=sometimes", r"compute.overlap=sometimes is not valid; accepted: auto \(on in an agent process "

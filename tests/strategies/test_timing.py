@@ -87,6 +87,29 @@ def test_start_spread_starts_each_vworker_at_its_keyed_offset(run):
     assert shift > 0 and times(ran) == [t + shift for t in base]
 
 
+def test_start_offsets_add_a_fixed_delay_to_the_named_vworkers_start(run):
+    # as in the test above: worker w2 starts 40 ms in and the PS 5 ms in, so the parameters reach w2 at
+    # 5 ms + L + x, before it starts; w2 computes from 40 ms, and the round closes C + L after it: every
+    # round ends 40 ms - (L + x) later. With a spread the fixed delay adds to each keyed draw.
+    import json
+
+    from agents.common.plan import Plan
+    from agents.sim import keyed
+
+    arrive_ns = 1 * MS + math.ceil(M * 1e9 / 1e15)  # L + x
+    base = times(run(FAST_NET))
+    ran = run([*FAST_NET, "compute.start_offsets={w2: 40ms, ps0: 5ms}"])
+    assert [ran.handles[0].core.env.compute.start_at(vid) for vid in range(5)] == [0, 0, 40 * MS, 0, 5 * MS]
+    assert times(ran) == [t + 40 * MS - arrive_ns for t in base]
+    assert times(run([*FAST_NET, "compute.start_offsets={w2: 40ms, ps0: 5ms}", "agents=2"])) == times(ran)
+    plan = ran.handles[0].core.plan  # as it travels to agent processes
+    assert Plan.from_json(plan.to_json()).compute.start_offsets_ns == {2: 40 * MS, 4: 5 * MS}
+    assert "start_offsets_ns" not in json.loads(run(FAST_NET).handles[0].core.plan.to_json())["compute"]
+    spread = run([*FAST_NET, "compute.start_offsets={w2: 40ms}", "compute.start_spread=2ms"])
+    assert [spread.handles[0].core.env.compute.start_at(vid) for vid in range(5)] == [
+        (40 * MS if vid == 2 else 0) + int(keyed.uniform(0, "start", vid) * 2 * MS) for vid in range(5)]
+
+
 def test_start_after_delays_the_first_parameters_and_so_every_update(run):
     cfg = ["strategy=ps_async", "workers=3", "stop.updates=9", "compute.gradient=0.01", "compute.update=0.001"]
     base = times(run(cfg))
@@ -127,6 +150,31 @@ def test_the_dissemination_barrier_touches_the_connections_gloo_uses():
     assert barrier_peers(0, 5) == ({1, 2, 3, 4}, {1, 2, 4})
     assert barrier_peers(0, 9) == ({1, 2, 4, 5, 7, 8}, {1, 2, 4, 8})
     assert barrier_peers(3, 9) == ({1, 2, 4, 5, 7, 8}, {2, 4, 5, 7})  # 3 + 8 = 11 = 2 (mod 9)
+
+
+def test_the_barrier_releases_the_rank_that_left_init_process_group_last_one_way_time_late():
+    """``barrier_exits`` by hand, one-way time l (ranks leave init_process_group at -2l(n-2-r), the last at -l).
+
+    n = 2: rank 0 at 0, rank 1 at -l. d = 1: 0's op to 1 leaves at max(0, -l + l) = 0, 1's op to 0 at
+    max(-l, 0 + l) = l; rank 0 is done at max(0, l + l) = 2l, rank 1 at max(l, 0 + l) = l: [l, 0].
+    n = 5: entries -6l, -4l, -2l, 0, -l. In round d rank r's op to r + d leaves when r + d's announcement has
+    come, sent_r = max(start_r, start_r+d + l), and r goes on at max(sent_r, sent_r-d + l). In units of l:
+
+        start             -6  -4  -2   0  -1
+        d = 1: sent       -3  -1   1   0  -1    done   0  -1   1   2   1
+        d = 2: sent        2   3   2   2   1    done   3   3   3   4   3
+        d = 4: sent        4   4   4   4   5    done   5   5   5   6   5
+
+    so the rank that left init_process_group last (3) leaves the barrier l after the others: [0, 0, 0, l, 0].
+    """
+    from agents.strategies.collective import barrier_exits
+
+    l = 1_257_000
+    assert barrier_exits(1, l) == [0]
+    assert barrier_exits(2, l) == [l, 0]
+    assert barrier_exits(3, l) == [0, l, 0]
+    assert barrier_exits(5, l) == [0, 0, 0, l, 0]
+    assert barrier_exits(9, l) == [l, 0, l, l, 0, l, l, 2 * l, l]
 
 
 @pytest.mark.parametrize("strategy, ranks", [

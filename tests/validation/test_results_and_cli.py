@@ -179,19 +179,40 @@ def test_jobs_run_the_emulations_in_processes_and_give_the_same_rows(tmp_path, c
     assert capsys.readouterr().err.strip() == "lockstep validate: --jobs=0 is not valid; accepted: an integer >= 1."
 
 
-def test_validate_emulates_the_measured_programs_rank_0_lag_and_late_asynchronous_ps():
-    # realrun's rank 0 leaves init_process_group one one-way latency after the others (its ring captures:
-    # 10.8 ms at L = 10 ms, 0.84 ms at L = 1 ms), and its asynchronous PS reads its counters before its
-    # first send (docs/engine.md, "What validate emulates"); a user's override comes after and wins
+def test_validate_emulates_the_late_asynchronous_ps():
+    # realrun's asynchronous PS fills K send buffers of M bytes and reads its counters before its first send
+    # (docs/engine.md, "What validate emulates"): 1 ms + K M / 0.9 GB/s, here 1 ms + 2 MB / 0.9 GB/s; the
+    # other scenarios start their ranks as they leave the barrier (the test below)
     from controller.results import Point
-    from controller.validate import TESTBED_PS_START, _overrides_for
+    from controller.validate import _overrides_for
 
     def point(scenario):
         return Point(scenario, 2, 0.01, 1e9, 1_000_000, 0.02, 0.2)
 
-    assert "strategy.start_after=0.01" in _overrides_for(point("ring"))
-    assert f"strategy.start_after={TESTBED_PS_START}" in _overrides_for(point("ps_async"))
-    assert not any(o.startswith("strategy.start_after=") for o in _overrides_for(point("ps_sync")))
+    assert f"strategy.start_after={1e-3 + 2e6 / 0.9e9!r}" in _overrides_for(point("ps_async"))
+    for scenario in ("ring", "ps_sync"):
+        assert not any(o.startswith("strategy.start_after=") for o in _overrides_for(point(scenario)))
+
+
+def test_validate_starts_each_ps_rank_when_it_leaves_gloo_s_start_up_barrier():
+    # K = 4, L = 10 ms: five ranks, one-way time L + the tcp model's host latency (257 us); rank 3 (worker
+    # w2) left init_process_group last and leaves the barrier one one-way time after the others (measured:
+    # 8.5-10.0 ms after the PS's first isend, benchmarks/data/lab/starts.jsonl); a user's offsets win
+    from controller.results import Point
+    from controller.validate import _gloo_offsets
+
+    point = Point("ps_sync", 4, 0.01, 1e8, 1_000_000, 0.02, 0.2)
+    assert _gloo_offsets(point, ["network=tcp"]) == [
+        "compute.start_offsets={ps0: 0ns, w0: 0ns, w1: 0ns, w2: 10257000ns, w3: 0ns}"]
+    assert _gloo_offsets(point, ["network=tcp", "compute.start_offsets={w0: 1ms}"]) == []
+    # the ring's ranks are its members: with two, rank 0 leaves init_process_group last and so the barrier
+    # one one-way time after rank 1 (its captures: 10.8 ms at L = 10 ms, 0.84 ms at L = 1 ms); with four,
+    # rank 2 (measured 10.0-10.5 ms after the others at L = 10 ms)
+    assert _gloo_offsets(Point("ring", 2, 0.01, 1e9, 1_000_000, 0.02, 0.2), ["network=tcp"]) == [
+        "compute.start_offsets={w0: 10257000ns, w1: 0ns}"]
+    assert _gloo_offsets(Point("ring", 4, 0.01, 1e9, 1_000_000, 0.02, 0.2), ["network=tcp"]) == [
+        "compute.start_offsets={w0: 0ns, w1: 0ns, w2: 10257000ns, w3: 0ns}"]
+    assert _gloo_offsets(Point("p2p", 2, 0.01, 1e9, 1_000_000, 0.02, 0.2), ["network=tcp"]) == []
 
 
 def test_the_asynchronous_ps_rate_is_counted_as_realrun_counts_it():

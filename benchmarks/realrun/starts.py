@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""When each testbed rank leaves torch.distributed's start-up, and when it first sends or receives.
+
+  chrt -r 5 python benchmarks/realrun/starts.py --scenario ps_sync --workers 4 --latency-ms 1 \
+      --rate-mbit 100 --model-bytes 1MB --steps 4 --runs 3 --out starts.jsonl
+
+Runs realrun's own worker code, unchanged, with a ``sitecustomize`` module on the workers' PYTHONPATH that
+wraps ``torch.distributed``'s ``init_process_group``, ``barrier``, ``send``, ``recv``, ``isend``, ``irecv``
+and ``all_reduce`` and notes CLOCK_MONOTONIC (one clock for every namespace of the machine) as each of the
+first calls enters and returns. Each run appends one JSON line: the point, realrun's median step, and per
+rank its events ``[name, enter_ns, return_ns]`` relative to the moment the last rank entered the start-up
+barrier, in call order. A wrapper costs a few microseconds per call, and only the first calls are noted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from capture import realrun  # noqa: E402  (capture finds ../shared/realrun)
+
+SITECUSTOMIZE = r'''
+import atexit, json, os, time
+_dir = os.environ.get("LOCKSTEP_STARTS_DIR")
+if _dir:
+    import torch.distributed as _dist
+    _events, _limit = [], int(os.environ.get("LOCKSTEP_STARTS_CALLS", "24"))
+
+    def _wrap(name):
+        inner = getattr(_dist, name)
+
+        def wrapped(*args, **kwargs):
+            if len(_events) >= _limit:
+                return inner(*args, **kwargs)
+            t0 = time.monotonic_ns()
+            out = inner(*args, **kwargs)
+            peer = kwargs.get("dst", kwargs.get("src"))
+            _events.append([name, t0, time.monotonic_ns(), peer])
+            return out
+        setattr(_dist, name, wrapped)
+
+    for _name in ("init_process_group", "barrier", "send", "recv", "isend", "irecv", "all_reduce"):
+        _wrap(_name)
+
+    @atexit.register
+    def _dump():
+        with open(os.path.join(_dir, "rank%s.json" % os.environ.get("RANK", "x")), "w") as f:
+            json.dump(_events, f)
+'''
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenario", choices=["ring", "ps_sync", "ps_async"], required=True)
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--latency-ms", type=float, required=True)
+    p.add_argument("--rate-mbit", type=float, required=True)
+    p.add_argument("--compute-ms", type=float, default=20.0)
+    p.add_argument("--model-bytes", default="1MB")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--out", required=True, help="JSON-lines file to append to")
+    a = p.parse_args()
+    rr_args = realrun.build_parser().parse_args(
+        ["--scenario", a.scenario, "--workers", str(a.workers), "--latency-ms", str(a.latency_ms),
+         "--rate-mbit", str(a.rate_mbit), "--compute-ms", str(a.compute_ms), "--model-bytes", a.model_bytes,
+         "--steps", str(a.steps), "--warmup", str(a.warmup), "--p2p-reps", "0"])
+    for run in range(a.runs):
+        tmp = tempfile.mkdtemp(prefix="lockstep-starts-")
+        try:
+            with open(os.path.join(tmp, "sitecustomize.py"), "w") as f:
+                f.write(SITECUSTOMIZE)
+            os.environ["LOCKSTEP_STARTS_DIR"] = tmp
+            os.environ["PYTHONPATH"] = tmp + os.pathsep + os.environ.get("PYTHONPATH", "")
+            rec = realrun.run_one(rr_args, verbose=False)
+            world = rec["K"] if a.scenario == "ring" else rec["K"] + 1
+            ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world)]
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        entered = [next(e[1] for e in ev if e[0] == "barrier") for ev in ranks]
+        t0 = max(entered)
+        out = {"scenario": a.scenario, "K": rec["K"], "L_ms": rec["L_ms"], "B_mbit": rec["B_mbit"],
+               "M_bytes": rec["M_bytes"], "median_s": rec["median_s"],
+               "ranks": [[[n, e0 - t0, e1 - t0, peer] for n, e0, e1, peer in ev] for ev in ranks]}
+        with open(a.out, "a") as f:
+            f.write(json.dumps(out) + "\n")
+        exits = [next(e[2] for e in ev if e[0] == "barrier") - t0 for ev in ranks]
+        last = [ev.index(next(e for e in ev if e[0] == "barrier")) for ev in ranks]
+        print(f"run {run}: median {rec['median_s'] * 1e3:.1f} ms; barrier entered (ms) "
+              + " ".join(f"{(e - t0) / 1e6:+.2f}" for e in entered)
+              + "; left " + " ".join(f"{x / 1e6:+.2f}" for x in exits)
+              + "; first call after it " + " ".join(
+                  f"{ranks[r][last[r] + 1][0]}@{(ranks[r][last[r] + 1][1] - t0) / 1e6:+.2f}"
+                  if last[r] + 1 < len(ranks[r]) else "-" for r in range(world)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
