@@ -37,9 +37,9 @@ STRATEGY = {"ring": "ring_allreduce", "ps_sync": "ps_sync", "ps_async": "ps_asyn
 # captures, docs/benchmarks.md): in the K = 2 PS captures the processes posted their first receives up to
 # 1.7 ms apart (2.2-3.5 ms in the K = 4 asynchronous ones; a 3 ms spread was tried and read worse on the
 # synchronous PS), time.sleep(C) spreads by about 1 %, realrun's asynchronous PS fills its send buffers and
-# reads its counters before its first send, so its parameters leave 5-40 ms after the workers posted their
-# receives (testbed_ps_start), and every rank starts when it leaves the program's start-up barrier
-# (_gloo_offsets). A user's overrides win over these.
+# reads its counters before its first send, so its parameters leave after the workers posted their receives
+# (testbed_ps_start), and every rank starts when it leaves the program's start-up barrier (_gloo_offsets).
+# A user's overrides win over these.
 TESTBED_START_SPREAD = "1.7ms"
 TESTBED_TIMER_JITTER = 0.01
 # realrun's asynchronous PS, between leaving the barrier and its first isend, allocates its model, K gradient

@@ -115,8 +115,8 @@ def _await_listening(proc: subprocess.Popen, host: int, timeout_s: float = 30.0)
         seen += chunk
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_point_arguments(p: argparse.ArgumentParser, warmup: int = 2) -> None:
+    """The realrun point a lab tool runs (its scenario, K, L, B, C, M, steps and warm-up): see realrun_args."""
     p.add_argument("--scenario", choices=["ring", "ps_sync", "ps_async"], required=True)
     p.add_argument("--workers", type=int, required=True)
     p.add_argument("--latency-ms", type=float, required=True)
@@ -124,7 +124,21 @@ def main() -> int:
     p.add_argument("--compute-ms", type=float, default=20.0)
     p.add_argument("--model-bytes", default="1MB")
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=warmup)
+
+
+def realrun_args(a: argparse.Namespace, p2p_reps: int = 0, sysctls: list[str] | None = None) -> argparse.Namespace:
+    """realrun's own arguments for the point of add_point_arguments."""
+    return realrun.build_parser().parse_args(
+        ["--scenario", a.scenario, "--workers", str(a.workers), "--latency-ms", str(a.latency_ms),
+         "--rate-mbit", str(a.rate_mbit), "--compute-ms", str(a.compute_ms), "--model-bytes", a.model_bytes,
+         "--steps", str(a.steps), "--warmup", str(a.warmup), "--p2p-reps", str(p2p_reps)]
+        + [x for kv in (sysctls or []) for x in ("--sysctl", kv)])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_point_arguments(p)
     p.add_argument("--p2p-reps", type=int, default=0)
     p.add_argument("--sample-us", type=int, default=1000, help="tcpsample interval (0: no sampling)")
     p.add_argument("--sample-hosts", default="all", help="comma-separated host indices, or all")
@@ -140,11 +154,7 @@ def main() -> int:
 
     out_dir = os.path.abspath(a.out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    rr_args = realrun.build_parser().parse_args(
-        ["--scenario", a.scenario, "--workers", str(a.workers), "--latency-ms", str(a.latency_ms),
-         "--rate-mbit", str(a.rate_mbit), "--compute-ms", str(a.compute_ms), "--model-bytes", a.model_bytes,
-         "--steps", str(a.steps), "--warmup", str(a.warmup), "--p2p-reps", str(a.p2p_reps)]
-        + [x for kv in (a.sysctl or []) for x in ("--sysctl", kv)])
+    rr_args = realrun_args(a, a.p2p_reps, a.sysctl)
     K = a.workers
     world = K if a.scenario == "ring" else K + 1
     pick = (lambda s: list(range(world)) if s == "all" else [] if s == "none" else [int(x) for x in s.split(",")])

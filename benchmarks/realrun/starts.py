@@ -22,7 +22,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from capture import realrun  # noqa: E402  (capture finds ../shared/realrun)
+from capture import add_point_arguments, realrun, realrun_args  # noqa: E402  (capture finds ../shared/realrun)
 
 SITECUSTOMIZE = r'''
 import atexit, json, os, time
@@ -56,28 +56,19 @@ if _dir:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenario", choices=["ring", "ps_sync", "ps_async"], required=True)
-    p.add_argument("--workers", type=int, required=True)
-    p.add_argument("--latency-ms", type=float, required=True)
-    p.add_argument("--rate-mbit", type=float, required=True)
-    p.add_argument("--compute-ms", type=float, default=20.0)
-    p.add_argument("--model-bytes", default="1MB")
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--warmup", type=int, default=1)
+    add_point_arguments(p, warmup=1)
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--out", required=True, help="JSON-lines file to append to")
     a = p.parse_args()
-    rr_args = realrun.build_parser().parse_args(
-        ["--scenario", a.scenario, "--workers", str(a.workers), "--latency-ms", str(a.latency_ms),
-         "--rate-mbit", str(a.rate_mbit), "--compute-ms", str(a.compute_ms), "--model-bytes", a.model_bytes,
-         "--steps", str(a.steps), "--warmup", str(a.warmup), "--p2p-reps", "0"])
+    rr_args = realrun_args(a)
+    pythonpath = os.environ.get("PYTHONPATH", "")
     for run in range(a.runs):
         tmp = tempfile.mkdtemp(prefix="lockstep-starts-")
         try:
             with open(os.path.join(tmp, "sitecustomize.py"), "w") as f:
                 f.write(SITECUSTOMIZE)
             os.environ["LOCKSTEP_STARTS_DIR"] = tmp
-            os.environ["PYTHONPATH"] = tmp + os.pathsep + os.environ.get("PYTHONPATH", "")
+            os.environ["PYTHONPATH"] = tmp + os.pathsep + pythonpath
             rec = realrun.run_one(rr_args, verbose=False)
             world = rec["K"] if a.scenario == "ring" else rec["K"] + 1
             ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world)]

@@ -927,17 +927,9 @@ def _stragglers(p: _Problems, st: Any) -> dict[str, float]:
 def _start_offsets(p: _Problems, so: Any) -> dict[str, float]:
     """``compute.start_offsets: {ps0: 2ms, w3: 12ms}``: fixed start delays (seconds) by vworker name."""
     so = so or {}
-    out: dict[str, float] = {}
-    if isinstance(so, dict) and all(isinstance(k, str) for k in so):
-        for k, v in so.items():
-            try:
-                out[k] = parse_duration(v)
-            except UnitError:
-                break
-            if out[k] < 0:
-                break
-        else:
-            return out
+    out = {k: _seconds(v) for k, v in so.items()} if isinstance(so, dict) else {None: None}
+    if all(isinstance(k, str) and v is not None and v >= 0 for k, v in out.items()):
+        return out
     p.bad("compute.start_offsets", so, "a mapping from vworker name to a duration >= 0, e.g. {ps0: 2ms, w3: 12ms}")
     return {}
 
