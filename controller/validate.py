@@ -48,11 +48,22 @@ TESTBED_TIMER_JITTER = 0.01
 # 20 MB, 36.7 ms at 40 MB (and 128-129 ms in two runs at L = 10 ms, whose barrier was slow as well)
 TESTBED_PS_START_S = 1e-3
 TESTBED_PS_COPY_BPS = 0.9e9  # bytes of K send buffers per second
+# realrun's asynchronous PS, per update, from a gradient's receive completing to the reply's isend returning: the
+# waiter thread's hand-off, the gradient applied, the send buffer refilled, the isend; one update at a time.
+# Measured with benchmarks/realrun/lab.py --scenario ps_async_trace (lab/ps_async-updates.jsonl), medians:
+# 0.56 ms at M = 0.3 MB, 0.83-0.87 ms at 1 MB, 5.6 ms at 10 MB
+TESTBED_PS_UPDATE_S = 0.3e-3
+TESTBED_PS_UPDATE_BPS = 1.9e9  # bytes of M per second
 
 
 def testbed_ps_start(p: Point) -> float:
     """Seconds from leaving the barrier to realrun's asynchronous PS's first isend (K send buffers of M)."""
     return TESTBED_PS_START_S + p.K * p.M_bytes / TESTBED_PS_COPY_BPS
+
+
+def testbed_ps_update(p: Point) -> float:
+    """Seconds realrun's asynchronous PS spends on one update before the next (its ``compute.update``)."""
+    return TESTBED_PS_UPDATE_S + p.M_bytes / TESTBED_PS_UPDATE_BPS
 
 
 @dataclass
@@ -71,7 +82,8 @@ def _overrides_for(p: Point) -> list[str]:
     steps = p.warmup + p.N
     ov = [f"strategy={STRATEGY[p.scenario]}", f"workers={p.K}", f"network.latency={p.L_s!r}",
           f"network.bandwidth={p.B_bps / 8!r}", "model=flat", f"model.bytes={p.M_bytes}",
-          "compute=constant", f"compute.gradient={p.C_s!r}", "compute.update=0",
+          "compute=constant", f"compute.gradient={p.C_s!r}",
+          f"compute.update={testbed_ps_update(p) if p.scenario == 'ps_async' else 0!r}",
           f"compute.aggregate={p.aggregate_s!r}", "batch_size=1", "eval.every=0",
           "eval.samples=10", "progress=false", "launcher=inprocess", "trace.mode=off",
           "agents=1", "metrics.port=null"]

@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["TcpSpec", "TcpNetwork", "goodput_fraction", "wire_bytes"]
 
 _INFINITE_SSTHRESH = 0x7FFFFFFF
+_WMEM_SOCKET = 1  # sk_wmem_alloc starts at 1 (the socket's own reference): TSQ compares it, not the skbs alone
 
 
 @dataclass(frozen=True)
@@ -299,7 +300,7 @@ class _Sender:
             segs = -(-nbytes // s.mss)
             if len(self.inflight) > 1:  # TSQ (tcp_small_queue_check)
                 limit = min(max(2 * (nbytes + 1024), self.pacing_rate() >> 10), s.tsq_limit_bytes)
-                if self.qdisc_bytes > limit:
+                if self.qdisc_bytes + _WMEM_SOCKET > limit:
                     break
             start = self.nxt
             self.nxt += nbytes

@@ -7,6 +7,8 @@ and in the model, read off its senders at every ACK.
   python benchmarks/realrun/downlinks.py DIR [--at 50,100,150,200,300,500,1000,2000] [--quiet-ms 300]
   python benchmarks/realrun/downlinks.py --emulate RESULTS.jsonl K L_MS B_MBIT M_BYTES [--seeds N]
       [--ps-lead MS] [--first-ms MS] [--at ...] [--quiet-ms ...] [override ...]
+  python benchmarks/realrun/downlinks.py DIR --steps
+  python benchmarks/realrun/downlinks.py --emulate RESULTS.jsonl K L_MS B_MBIT M_BYTES --steps [override ...]
 
 One JSON line per transfer of at least 0.9 MB (acknowledged bytes moving, until they stop for --quiet-ms) on every
 connection of the PS that carried at least 10 MB: the peer, when it began (s from the first sample) and how long
@@ -22,6 +24,13 @@ model's transfers as above, each with CUBIC's clock (s into its epoch) and targe
 ``--first-ms MS`` prints instead, with one seed, every packet the PS's connections hand their NIC and every ACK
 they take in the first MS ms (what a capture of the PS's host shows: ``lab/capture/ps4-1-100-1*``). The model's
 ``wN`` is vworker N, the testbed's rank N + 1.
+``--steps`` prints instead one JSON line per step of the synchronous PS, on the testbed or in the model (one
+seed), with times in ms from the PS's first parameter write of the step: per worker when the PS wrote its
+parameters, when their last byte was acknowledged, and when its gradient's bytes began and stopped arriving
+at the PS (``[start, end]``) — how the downlinks share the PS's NIC and how the gradients queue at its port
+(docs/benchmarks.md, "Where the model's 7 ms go"). The model's lines also give each uplink's ``ssthresh`` at
+the step's end (``null`` while in slow start). The testbed's times carry its sampler's period (about 3.5 ms
+at ``--sample-us 1000``: reading every socket of the host takes that long).
 ``--ps-lead MS`` is a probe, not a setting of the model: every worker starts MS later than the PS
 (docs/benchmarks.md, "two regimes").
 """
@@ -82,6 +91,68 @@ def transfers(samples: list, quiet: float, t=lambda s: s.t_ns, acked=lambda s: s
     return out
 
 
+def _steps(events: dict[str, list[dict]], quiet: int = 30_000_000) -> list[dict]:
+    """Group per-worker transfers (dicts with ``w``, the write time) into steps: a step begins at a write
+    more than ``quiet`` ns after the step before began."""
+    flat = sorted((e["w"], peer, e) for peer, evs in events.items() for e in evs)
+    steps: list[dict] = []
+    for w, peer, e in flat:
+        if not steps or w - steps[-1]["t0"] > quiet:
+            steps.append({"t0": w, "workers": {}})
+        steps[-1]["workers"][peer] = e
+    return steps
+
+
+def _ms(t: int | None, t0: int) -> float | None:
+    return None if t is None else round((t - t0) / 1e6, 1)
+
+
+def print_steps(steps: list[dict], head: dict) -> None:
+    prev = None
+    for i, st in enumerate(steps):
+        t0 = st["t0"]
+        workers = {}
+        for peer, e in sorted(st["workers"].items()):
+            workers[peer] = {"write_ms": _ms(e["w"], t0), "downlink_end_ms": _ms(e["ae"], t0),
+                             "gradient_ms": [_ms(e["rs"], t0), _ms(e["re"], t0)]}
+            if "ssthresh" in e:
+                workers[peer]["uplink_ssthresh"] = e["ssthresh"]
+        print(json.dumps({**head, "step": i, "since_last_ms": _ms(t0, prev) if prev is not None else None,
+                          "workers": workers}))
+        prev = t0
+
+
+def load_steps(path: str, M: int) -> list[dict]:
+    """The PS's steps off a tcpsample.c file: a parameter write where the connection's unacknowledged
+    segments leave 0, its end where the acknowledged bytes last moved, the gradient where the received bytes
+    moved by more than gloo's notifications after that."""
+    rows: dict[str, list[tuple[int, int, int, int]]] = defaultdict(list)
+    with open(path) as f:
+        for line in f:
+            fields = line.split()
+            if fields[1].split(":")[0] != PS:
+                continue
+            peer = "w%d" % (int(fields[2].split(":")[0].rsplit(".", 1)[1]) - 2)  # 10.77.0.2 is rank 1, w0
+            rows[peer].append((int(fields[0]), int(fields[10]), int(fields[12]), int(fields[13])))
+    events: dict[str, list[dict]] = {}
+    for peer, s in rows.items():
+        cur, out = None, []
+        for a, b in zip(s, s[1:]):
+            if a[1] == 0 and b[1] > 0:
+                cur = {"w": b[0], "a0": a[2], "ae": None, "rs": None, "re": None}
+                out.append(cur)
+            if cur is None:
+                continue
+            if b[2] > a[2]:
+                cur["ae"] = b[0]
+                cur["a1"] = b[2]
+            if b[3] > a[3] + 1000 and cur["ae"] is not None:
+                cur["rs"] = a[0] if cur["rs"] is None else cur["rs"]
+                cur["re"] = b[0]
+        events[peer] = [e for e in out if e.get("a1", 0) - e["a0"] >= 0.9 * M]
+    return _steps(events)
+
+
 def report(by_peer: dict[str, list[Sample]], head: dict, offsets: list[int], quiet_ns: int) -> None:
     big = {peer: s for peer, s in by_peer.items() if s and s[-1].acked >= 10_000_000}
     if not big:
@@ -106,7 +177,7 @@ def report(by_peer: dict[str, list[Sample]], head: dict, offsets: list[int], qui
 
 
 def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int, ps_lead_ms: float,
-            first_ms: float, overrides: list[str], offsets: list[int], quiet_ns: int) -> None:
+            first_ms: float, overrides: list[str], offsets: list[int], quiet_ns: int, steps: bool = False) -> None:
     from agents.sim import compute, tcp
     from controller.results import load_results
     from controller.validate import emulate as run_point
@@ -157,7 +228,33 @@ def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int
     def led_start_at(self, vid):
         return start_at(self, vid) + (0 if vid == ps else int(ps_lead_ms * 1e6))
 
-    tcp._Sender.write, tcp._Sender.on_ack = sampled_write, sampled_on_ack
+    events: dict[str, list[dict]] = defaultdict(list)  # --steps: per worker, its transfers as load_steps reads them
+    arrive = tcp.TcpNetwork._arrive
+
+    def step_write(self, msg, size):
+        write(self, msg, size)
+        if self.host.worker.id == ps and size >= 0.9 * M:
+            events[f"w{self.dst}"].append({"w": self.net.kernel.now, "ae": None, "rs": None, "re": None})
+
+    def step_on_ack(self, ack_seq, tsent):
+        on_ack(self, ack_seq, tsent)
+        if self.host.worker.id == ps and events[f"w{self.dst}"]:
+            events[f"w{self.dst}"][-1]["ae"] = self.net.kernel.now
+
+    def step_arrive(self, data):
+        src, dst, ack = data[0], data[1], data[2]
+        arrive(self, data)
+        if dst == ps and not ack and events[f"w{src}"] and events[f"w{src}"][-1]["ae"] is not None:
+            e = events[f"w{src}"][-1]
+            e["rs"] = self.kernel.now if e["rs"] is None else e["rs"]
+            e["re"] = self.kernel.now
+            up = self._hosts[src].senders[ps]
+            e["ssthresh"] = None if up.ssthresh >= tcp._INFINITE_SSTHRESH else up.ssthresh
+
+    if steps:
+        tcp._Sender.write, tcp._Sender.on_ack, tcp.TcpNetwork._arrive = step_write, step_on_ack, step_arrive
+    else:
+        tcp._Sender.write, tcp._Sender.on_ack = sampled_write, sampled_on_ack
     if first_ms:
         tcp.TcpNetwork.enqueue = logged_enqueue
     if ps_lead_ms:
@@ -166,9 +263,12 @@ def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int
             "measured_s": p.measured, "ps_lead_ms": ps_lead_ms}
     for seed in range(seeds):
         samples.clear()
+        events.clear()
         step = run_point(p, ["network=tcp", "strategy.collective=gloo", f"seed={seed}", *overrides])
         print(json.dumps({**head, "seed": seed, "step_s": step}))
-        if seeds == 1 and not first_ms:
+        if seeds == 1 and steps:
+            print_steps(_steps(events), {**head, "seed": seed})
+        elif seeds == 1 and not first_ms:
             report(samples, {**head, "seed": seed}, offsets, quiet_ns)
 
 
@@ -180,6 +280,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ps-lead", type=float, default=0.0, help="ms by which the PS starts before every worker")
     p.add_argument("--first-ms", type=float, default=0.0, help="print the PS's packets and ACKs of the first MS ms")
     p.add_argument("--at", default="50,100,150,200,300,500,1000,2000")
+    p.add_argument("--steps", action="store_true",
+                   help="one line per step: the downlinks' ends and the gradients' arrival at the PS")
     p.add_argument("--quiet-ms", type=float, default=300.0,
                    help="a pause in acknowledged bytes this long ends a transfer (shorter than a downlink's idle)")
     a, overrides = p.parse_known_args(argv)
@@ -187,7 +289,7 @@ def main(argv: list[str]) -> int:
     if a.emulate:
         r, K, L, B, M = a.emulate
         emulate(r, int(K), float(L), float(B), int(float(M)), a.seeds, a.ps_lead, a.first_ms, overrides, offsets,
-                quiet_ns)
+                quiet_ns, a.steps)
         return 0
     if a.dir is None or overrides:
         p.error("give a capture directory, or --emulate")
@@ -196,6 +298,10 @@ def main(argv: list[str]) -> int:
     with open(os.path.join(a.dir, "meta.json")) as f:
         sample_us = json.load(f).get("sample_us")
     head = {k: rec[k] for k in ("scenario", "K", "L_ms", "B_mbit", "M_bytes", "C_ms", "median_s")}
+    if a.steps:
+        print_steps(load_steps(os.path.join(a.dir, "tcpsample-h0.txt"), rec["M_bytes"]),
+                    {**head, "sample_us": sample_us})
+        return 0
     report(load(os.path.join(a.dir, "tcpsample-h0.txt")), {**head, "sample_us": sample_us}, offsets, quiet_ns)
     return 0
 

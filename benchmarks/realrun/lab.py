@@ -200,6 +200,59 @@ def worker(a):
                 dist.send(grad, dst=0)
                 rows.append({"t_post": t_post, "t_got": t_got, "t_send": t_send, "t_sent": now()})
             res["rows"] = rows
+    elif sc == "ps_async_trace":
+        # realrun's asynchronous PS, its loop unchanged, with the time of each step of every update: the
+        # arrival handed over by the worker's waiter thread, the gradient applied, the send buffer refilled
+        # (after the previous reply to that worker), the reply's isend returned, the waiter released
+        import queue
+        K = world - 1
+        C = P.get("C", 0.02)
+        total = P.get("steps", 12)
+        if rank == 0:
+            params = torch.zeros(numel)
+            grads = {w: torch.empty(numel) for w in range(1, K + 1)}
+            sendbufs = {w: params.clone() for w in range(1, K + 1)}
+            arrivals = queue.Queue()
+            processed = {w: threading.Event() for w in range(1, K + 1)}
+            recv_done = {}
+
+            def waiter(w):
+                for s in range(total):
+                    dist.irecv(grads[w], src=w, tag=w).wait()
+                    recv_done[w, s] = now()
+                    arrivals.put((w, s))
+                    processed[w].wait()
+                    processed[w].clear()
+
+            pending = {w: dist.isend(sendbufs[w], dst=w, tag=w) for w in range(1, K + 1)}
+            threads = [threading.Thread(target=waiter, args=(w,), daemon=True) for w in range(1, K + 1)]
+            for th in threads:
+                th.start()
+            rows = []
+            for _ in range(K * total):
+                w, s = arrivals.get()
+                t_got = now()
+                params.add_(grads[w], alpha=-0.01)
+                t_applied = now()
+                pending[w].wait()
+                sendbufs[w].copy_(params)
+                t_copied = now()
+                pending[w] = dist.isend(sendbufs[w], dst=w, tag=w)
+                t_sent = now()
+                processed[w].set()
+                rows.append({"w": w, "s": s, "t_recv": recv_done[w, s], "t_got": t_got, "t_applied": t_applied,
+                             "t_copied": t_copied, "t_isend": t_sent, "t_set": now()})
+            for r_ in pending.values():
+                r_.wait()
+            res["rows"] = rows
+        else:
+            params = torch.empty(numel)
+            grad = torch.ones(numel)
+            dist.recv(params, src=0, tag=rank)
+            for s in range(total):
+                time.sleep(C)
+                dist.send(grad, dst=0, tag=rank)
+                dist.recv(params, src=0, tag=rank)
     elif sc == "ring_trace":
         # all_reduce after sleep(C); per-step times on every rank
         C = P.get("C", 0.02)

@@ -246,6 +246,38 @@ def test_two_flows_starting_one_ms_apart_on_one_nic_share_its_line_in_order(buil
     assert o["c"].got == [("a", 10 * SEG, 2 * line + MS)] == [("a", 14480, 3_460_800)]
 
 
+@pytest.mark.parametrize("wmem_bias, first_end", [(True, 6), (False, 4)])
+def test_tcp_small_queues_keep_two_full_packets_of_a_flow_in_the_qdisc(build_kernel, monkeypatch, wmem_bias,
+                                                                      first_end):
+    # tcp_small_queue_check throttles a flow once sk_wmem_alloc > max(2 x truesize, pacing_rate >> 10), and
+    # sk_wmem_alloc counts 1 for the socket itself: two full packets (2 x 66 184) already exceed 2 x 66 184.
+    # The testbed's PS (capture of ps_sync K = 4, 10 ms, 1 Gbit/s, 1 MB) serves its four downlinks in turns
+    # of two 64 KB packets, as here; without the socket's 1 they would go three at a time.
+    import agents.sim.tcp as tcp_mod
+
+    if not wmem_bias:
+        monkeypatch.setattr(tcp_mod, "_WMEM_SOCKET", 0)
+    B, L = 125e6, 10 * MS
+    pkt = 45 * SEG  # 1 ms at 86.9 MB/s is 58 segments: TSO's 64 KiB cap makes it 45 (65 160 bytes)
+    plan = [(0, "b", 4 * pkt), (0, "c", 4 * pkt)]
+    k, env, o = build_kernel({"a": (Sender, {"plan": plan}), "b": (Sink, {}), "c": (Sink, {})},
+                             latency_ns=L, bw=B, tcp=TCP)
+    net = env.network
+    host = net._host(0)
+    for dst in (1, 2):  # established connections in congestion avoidance: cwnd 1 000, srtt = min RTT = 2L
+        snd = host.senders[dst] = tcp_mod._Sender(net, host, dst, 2 * L)
+        snd.cwnd, snd.ssthresh = 1000, 500
+        # pacing 120 % x 1 000 x 1 448 B / 20 ms = 86.88 MB/s, >> 10 = 84 843 B < 2 x (65 160 + 1 024)
+        assert snd.size_goal() == 45 and snd.pacing_rate() >> 10 < 2 * (pkt + 1024)
+    k.run_until()
+    line = ns(pkt + 45 * 90, B)  # 69 210 wire bytes: 553.68 us
+    # With the bias: b's first packet goes to the line at once, two wait in the qdisc (its fourth is held);
+    # c's two follow; b's fourth comes when its second leaves: b1 b2 b3 c1 c2 b4 c3 c4 -- b done after the
+    # 6th packet. Without it, b queues three and c three: b1..b4 c1..c4 -- b done after the 4th.
+    assert o["b"].got == [("a", 4 * pkt, first_end * line + L)]
+    assert o["c"].got == [("a", 4 * pkt, 8 * line + L)]
+
+
 def test_two_senders_into_one_host_queue_at_its_switch_port(build_kernel):
     B = 12.5e6
     k, _, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 10 * SEG)]}), "b": (Sink, {"expect": 2}),

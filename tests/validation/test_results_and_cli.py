@@ -192,6 +192,13 @@ def test_validate_emulates_the_late_asynchronous_ps():
     assert f"strategy.start_after={1e-3 + 2e6 / 0.9e9!r}" in _overrides_for(point("ps_async"))
     for scenario in ("ring", "ps_sync"):
         assert not any(o.startswith("strategy.start_after=") for o in _overrides_for(point(scenario)))
+    # and it takes 0.3 ms + M / 1.9 GB/s per update, one at a time, before it answers (the waiter thread's
+    # hand-off, the gradient applied, the send buffer refilled, the isend: benchmarks/data/lab/
+    # ps_async-updates.jsonl, 0.56 ms at 0.3 MB, 0.83-0.87 ms at 1 MB, 5.6 ms at 10 MB); the benchmarks'
+    # other programs have no optimizer step
+    assert f"compute.update={0.3e-3 + 1e6 / 1.9e9!r}" in _overrides_for(point("ps_async"))
+    for scenario in ("ring", "ps_sync"):
+        assert "compute.update=0" in _overrides_for(point(scenario))
 
 
 def test_validate_starts_each_ps_rank_when_it_leaves_gloo_s_start_up_barrier():
