@@ -285,6 +285,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quiet-ms", type=float, default=300.0,
                    help="a pause in acknowledged bytes this long ends a transfer (shorter than a downlink's idle)")
     a, overrides = p.parse_known_args(argv)
+    if a.emulate and a.dir is not None:  # the positional took the first override
+        overrides, a.dir = [a.dir, *overrides], None
     offsets, quiet_ns = [int(x) for x in a.at.split(",")], int(a.quiet_ms * 1e6)
     if a.emulate:
         r, K, L, B, M = a.emulate

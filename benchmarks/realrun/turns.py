@@ -39,7 +39,7 @@ def from_pcap(path: str) -> list[tuple[float, str, int]]:
     rows = []
     for line in out.splitlines():
         f = line.split()
-        if len(f) < 6 or not f[2].startswith(PS + ".") or not f[-2] == "length":
+        if len(f) < 6 or not f[2].startswith(PS + ".") or f[-2] != "length":
             continue
         n = int(f[-1])
         if n > 1000:  # data, not gloo's 48-byte notifications or ACKs
@@ -116,6 +116,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", action="store_true")
     p.add_argument("--gap-ms", type=float, default=20.0)
     a, overrides = p.parse_known_args(argv)
+    if a.emulate and a.dir is not None:  # the positional took the first override
+        overrides, a.dir = [a.dir, *overrides], None
     if a.emulate:
         r, sc, K, L, B, M = a.emulate
         rows = from_model(r, sc, int(K), float(L), float(B), int(float(M)), a.hystart, overrides)
