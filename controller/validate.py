@@ -256,12 +256,18 @@ def _seeds(r: Row) -> str:
 
 
 def summarize(rows: list[Row]) -> dict[str, dict[str, float]]:
-    """Per scenario: points, mean and max |error|, mean signed error."""
+    """Per scenario: points, mean and max |error|, mean signed error; and of the points measured more than
+    once (``repeated``), at how many the emulated value lies within the measured runs' range (``within_runs``):
+    where the testbed itself spreads by more than the error, the error says little about the model."""
     out: dict[str, dict[str, float]] = {}
     for scen in dict.fromkeys(r.point.scenario for r in rows):
-        errs = [r.error for r in rows if r.point.scenario == scen]
+        sel = [r for r in rows if r.point.scenario == scen]
+        errs = [r.error for r in sel]
+        repeated = [r for r in sel if len(r.point.runs) > 1]
         out[scen] = {"points": len(errs), "mean_abs_error": sum(abs(e) for e in errs) / len(errs),
-                     "max_abs_error": max(abs(e) for e in errs), "mean_error": sum(errs) / len(errs)}
+                     "max_abs_error": max(abs(e) for e in errs), "mean_error": sum(errs) / len(errs),
+                     "repeated": len(repeated),
+                     "within_runs": sum(min(r.point.runs) <= r.emulated <= max(r.point.runs) for r in repeated)}
     return out
 
 
@@ -276,7 +282,9 @@ def table(rows: list[Row]) -> str:
     lines.append("")
     for scen, s in summarize(rows).items():
         lines.append(f"{scen:9s} {int(s['points']):3d} points: mean |error| {100 * s['mean_abs_error']:.1f} %, "
-                     f"max {100 * s['max_abs_error']:.1f} % (mean signed {100 * s['mean_error']:+.1f} %)")
+                     f"max {100 * s['max_abs_error']:.1f} % (mean signed {100 * s['mean_error']:+.1f} %)"
+                     + (f"; within the measured runs' range at {s['within_runs']} of {s['repeated']} points "
+                        "measured several times" if s["repeated"] else ""))
     return "\n".join(lines)
 
 
@@ -378,6 +386,7 @@ def main(argv: list[str]) -> int:
         print(table(rows))
         if a.seeds == 1:
             print("\none seed per point: where the emulation has keyed random parts (validate's start spread "
-                  "and timer jitter), --seeds 5 compares the median of five draws")
+                  "and timer jitter), --seeds 11 compares the median of eleven draws, which is what the PS "
+                  "points need to settle (docs/benchmarks.md, \"How many runs and seeds a point needs\")")
         print(f"\nplot: {png}")
     return 0

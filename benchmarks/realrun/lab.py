@@ -203,7 +203,8 @@ def worker(a):
     elif sc == "ps_async_trace":
         # realrun's asynchronous PS, its loop unchanged, with the time of each step of every update: the
         # arrival handed over by the worker's waiter thread, the gradient applied, the send buffer refilled
-        # (after the previous reply to that worker), the reply's isend returned, the waiter released
+        # (after the previous reply to that worker), the reply's isend returned, the waiter released; the PS's
+        # first isends (t_start) and, on each worker, its gradient's send called and returned and the reply received
         import queue
         K = world - 1
         C = P.get("C", 0.02)
@@ -224,6 +225,7 @@ def worker(a):
                     processed[w].wait()
                     processed[w].clear()
 
+            res["t_start"] = now()  # the first isends
             pending = {w: dist.isend(sendbufs[w], dst=w, tag=w) for w in range(1, K + 1)}
             threads = [threading.Thread(target=waiter, args=(w,), daemon=True) for w in range(1, K + 1)]
             for th in threads:
@@ -249,10 +251,15 @@ def worker(a):
             params = torch.empty(numel)
             grad = torch.ones(numel)
             dist.recv(params, src=0, tag=rank)
+            rows = [{"t_got": now()}]  # per step: the gradient's send called and returned, the reply received
             for s in range(total):
                 time.sleep(C)
+                t_send = now()
                 dist.send(grad, dst=0, tag=rank)
+                t_sent = now()
                 dist.recv(params, src=0, tag=rank)
+                rows.append({"t_send": t_send, "t_sent": t_sent, "t_got": now()})
+            res["rows"] = rows
     elif sc == "ring_trace":
         # all_reduce after sleep(C); per-step times on every rank
         C = P.get("C", 0.02)

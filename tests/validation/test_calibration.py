@@ -76,6 +76,36 @@ def test_validate_on_the_calibration_runs(capsys):
             f"{k} mean {100 * v['mean_abs_error']:.1f} % max {100 * v['max_abs_error']:.1f} %" for k, v in s.items()))
 
 
+# every run of the calibration's configurations: 4-15 per PS point (benchmarks/data/README.md)
+REPEATS = [CALIBRATION] + [ROOT / "benchmarks" / "data" / f"realrun-{name}.jsonl"
+                           for name in ("spread", "spread-10mb", "repeat", "spread-async", "spread-thin")]
+
+
+@pytest.mark.slow
+def test_validate_on_the_medians_of_every_run_of_the_calibration_points():
+    """The PS points are not reproducible run to run, on the testbed or in the model: the asynchronous PS at
+    1 ms, 100 Mbit/s, 1 MB read 7.1-10.2 updates/s over ten runs and 6.9-8.4 over eleven seeds. So this compares
+    the median of every measured run of a calibration configuration (4-15 each, the files of REPEATS and the
+    default-HyStart runs of lab/hystart-detect*.jsonl) with the median of eleven seeds (docs/benchmarks.md,
+    "How many runs and seeds a point needs"). Measured 2026-11-29: ps_sync 2.6 % / 7.6 % (mean / max), the
+    emulated median within the measured runs' range at 12 of 16 points; ps_async 2.9 % / 11.0 %, 7 of 8: the
+    asynchronous PS meets issue 10's target (mean <= 5 %), the synchronous PS does not (<= 2 % / <= 5 %)."""
+    points = [p for f in REPEATS for p in load_results(f, ("ps_sync", "ps_async"))]
+    points += [p for f in (HYSTART_DETECT, HYSTART_DETECT_PS) for p in load_results(f, ("ps_sync", "ps_async"))
+               if p.hystart == 3]
+    grouped = group_repeats(points)
+    assert len(grouped) == 24 and min(len(p.runs) for p in grouped) == 4
+    rows = validate_points(grouped, ["network=tcp", "strategy.collective=gloo"], seeds=11, jobs=2)
+    s = summarize(rows)
+    assert s["ps_async"]["mean_abs_error"] <= 0.05 and s["ps_async"]["max_abs_error"] <= 0.12
+    assert s["ps_async"]["within_runs"] >= 7
+    assert s["ps_sync"]["mean_abs_error"] <= 0.03 and s["ps_sync"]["max_abs_error"] <= 0.08
+    assert s["ps_sync"]["within_runs"] >= 12
+    if not (s["ps_sync"]["mean_abs_error"] <= 0.02 and s["ps_sync"]["max_abs_error"] <= 0.05):
+        pytest.xfail(f"issue 10's ps_sync target is not met yet: mean {100 * s['ps_sync']['mean_abs_error']:.1f} % "
+                     f"max {100 * s['ps_sync']['max_abs_error']:.1f} %")
+
+
 @pytest.mark.slow
 def test_the_asynchronous_ps_matches_the_testbed_where_hystart_does_not_decide():
     """ps_async, K = 4, 100 Mbit/s, 1 MB, at 1 ms (the calibration's most unfair point) and 10 ms, measured with

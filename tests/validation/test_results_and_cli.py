@@ -7,8 +7,8 @@ import pytest
 
 from controller.calibrate import main as calibrate_main
 from controller.measure import main as measure_main
-from controller.results import group_repeats, load_results
-from controller.validate import main as validate_main
+from controller.results import Point, group_repeats, load_results
+from controller.validate import Row, main as validate_main, summarize, table
 
 GOOD = {"scenario": "ring", "K": 2, "L_ms": 1.0, "B_mbit": 1000, "M_bytes": 1000000, "C_ms": 20, "median_s": 0.033}
 
@@ -256,3 +256,18 @@ def test_validate_counts_the_emulated_asynchronous_ps_from_the_state_log(monkeyp
     [updates] = seen
     assert len(updates) == 3 * 4 and {w for _, w in updates} == {"w0", "w1", "w2"}
     assert [t for t, _ in updates] == sorted(t for t, _ in updates) and value == real(p, updates)
+
+
+def test_the_summary_says_where_the_emulation_lies_within_the_measured_runs():
+    ring = dict(scenario="ring", K=2, L_s=0.001, B_bps=1e9, M_bytes=1000, C_s=0.001)
+    rows = [Row(Point(**ring, measured=0.0044, runs=(0.004, 0.0046, 0.0044)), 0.0046),  # at the edge: within
+            Row(Point(**ring, measured=0.0044, runs=(0.004, 0.0046, 0.0044)), 0.00461),  # above the slowest run
+            Row(Point(**ring, measured=0.0050, runs=(0.0050,)), 0.0040),  # measured once: not counted
+            Row(Point(**{**ring, "scenario": "ps_sync"}, measured=0.0050), 0.0050)]
+    s = summarize(rows)
+    assert (s["ring"]["points"], s["ring"]["repeated"], s["ring"]["within_runs"]) == (3, 2, 1)
+    assert (s["ps_sync"]["repeated"], s["ps_sync"]["within_runs"]) == (0, 0)
+    text = table(rows).splitlines()
+    assert text[-2].endswith("(mean signed -3.6 %); within the measured runs' range at 1 of 2 points measured "
+                             "several times")
+    assert text[-1].endswith("(mean signed +0.0 %)")
