@@ -1,43 +1,134 @@
 #!/usr/bin/env python3
-"""The asynchronous PS's cycle, from ``lab.py --scenario ps_async_trace`` records (one line per run).
+"""The asynchronous PS's cycle, on the testbed and in the model.
 
   python benchmarks/realrun/cycles.py benchmarks/data/lab/ps_async-cycles.jsonl
+  python benchmarks/realrun/cycles.py --emulate RESULTS.jsonl K L_MS B_MBIT M_BYTES [--seeds N] [override ...]
 
-Per run: the updates/s realrun would count (worker steps >= 2, up to the first worker's last update), the
-updates each worker made in that window, when each worker's first parameters arrived (ms after the PS's
-first ``isend``), and the quartiles and mean (ms) of the downloads (the PS's ``isend`` of a reply to the
-worker's receive returning) and of the uploads (the worker's ``send`` called to the PS's receive done)
+The first form reads ``lab.py --scenario ps_async_trace`` records (one line per run). Per run it prints the
+updates/s realrun would count (worker steps >= 2, up to the first worker's last update), the updates each
+worker made in that window, when each worker's first parameters arrived (ms after the PS's first ``isend``),
+and the quartiles and mean (ms) of the downloads (the PS's ``isend`` of a reply to the worker's receive
+returning) and of the uploads (the worker's ``send`` called to the PS's receive done).
+
+``--emulate`` runs the ps_async point of RESULTS.jsonl with those K, L, B, M as ``lockstep validate`` does
+(``network=tcp strategy.collective=gloo``, ``seed=0`` … ``N-1``, then the overrides, with ``trace.mode=full``)
+and prints the same per seed: the first downloads in ms of virtual time, the transfers from the data's send to
+its delivery (every parameter and gradient message of at least half of M) — a diagnostic, not a test
 (docs/benchmarks.md, "How many runs and seeds a point needs").
 """
+from __future__ import annotations
+
+import argparse
 import json
 import statistics as st
 import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+WARMUP, STEPS = 2, 12  # realrun's and lab.py's defaults
 
 
-def q(a):
+def q(a: list[float]) -> list[float]:
     return [round(x, 1) for x in st.quantiles(a, n=4)] if len(a) > 1 else a
 
 
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    ps = r['ranks'][0]; t0 = ps['t_start']; rows = ps['rows']
-    K = len(r['ranks']) - 1
-    isend = {(x['w'], x['s']): x['t_isend'] for x in rows}
-    recv = {(x['w'], x['s']): x['t_recv'] for x in rows}
-    D, U = [], []
-    for w in range(1, K + 1):
-        wr = r['ranks'][w]['rows']
-        for s in range(len(wr) - 1):
-            if s >= 1: D.append((wr[s]['t_got'] - isend[(w, s - 1)]) * 1e3)
-            U.append((recv[(w, s)] - wr[s + 1]['t_send']) * 1e3)
-    ups = sorted((x['t_got'], x['w'], x['s']) for x in rows)
-    last = {}
-    for t, w, s in ups: last[w] = t
-    tend = min(last.values())
-    meas = [u for u in ups if u[2] >= 2 and u[0] <= tend]
-    rate = (len(meas) - 1) / (meas[-1][0] - meas[0][0])
-    cnt = {}
-    for u in meas: cnt[u[1]] = cnt.get(u[1], 0) + 1
-    firsts = {w: round((r['ranks'][w]['rows'][0]['t_got'] - t0) * 1e3) for w in range(1, K + 1)}
-    print(f"{r.get('priority', '')} rate {rate:.2f} counts {sorted(cnt.values(), reverse=True)} firsts {firsts} "
-          f"down q {q(D)} mean {st.mean(D):.0f} up q {q(U)} mean {st.mean(U):.0f}")
+def window(ups: list[tuple[float, object, int]]) -> tuple[float, list[int]]:
+    """realrun's count: updates of worker steps >= WARMUP up to the first worker's last update."""
+    last: dict = {}
+    for t, w, _ in ups:
+        last[w] = t
+    t_end = min(last.values())
+    meas = [u for u in ups if u[2] >= WARMUP and u[0] <= t_end]
+    count: dict = {}
+    for _, w, _ in meas:
+        count[w] = count.get(w, 0) + 1
+    return (len(meas) - 1) / (meas[-1][0] - meas[0][0]), sorted(count.values(), reverse=True)
+
+
+def line(head: str, rate: float, counts: list[int], firsts: dict, down: list[float], up: list[float]) -> str:
+    return (f"{head}rate {rate:.2f} counts {counts} firsts {firsts} down q {q(down)} mean {st.mean(down):.0f} "
+            f"up q {q(up)} mean {st.mean(up):.0f}")
+
+
+def from_trace(path: str) -> None:
+    for text in open(path):
+        r = json.loads(text)
+        ps = r["ranks"][0]
+        t0, rows, K = ps["t_start"], ps["rows"], len(r["ranks"]) - 1
+        isend = {(x["w"], x["s"]): x["t_isend"] for x in rows}
+        recv = {(x["w"], x["s"]): x["t_recv"] for x in rows}
+        down, up = [], []
+        for w in range(1, K + 1):
+            wr = r["ranks"][w]["rows"]
+            for s in range(len(wr) - 1):
+                if s >= 1:
+                    down.append((wr[s]["t_got"] - isend[(w, s - 1)]) * 1e3)
+                up.append((recv[(w, s)] - wr[s + 1]["t_send"]) * 1e3)
+        rate, counts = window(sorted((x["t_got"], x["w"], x["s"]) for x in rows))
+        firsts = {w: round((r["ranks"][w]["rows"][0]["t_got"] - t0) * 1e3) for w in range(1, K + 1)}
+        print(line(f"{r.get('priority', '')} ", rate, counts, firsts, down, up))
+
+
+def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int, overrides: list[str]) -> None:
+    from agents.observe.statelog import read_jsonl
+    from controller import validate
+    from controller.config import load
+    from controller.observe import Observer
+    from controller.results import load_results
+    from controller.run import execute
+
+    p = next(p for p in load_results(results, ("ps_async",))
+             if (p.K, p.L_s, p.B_bps, p.M_bytes) == (K, L_ms / 1e3, B_mbit * 1e6, M))
+    for seed in range(seeds):
+        mine = validate._applicable(p, ["network=tcp", "strategy.collective=gloo", f"seed={seed}", *overrides])
+        rc = load(validate._overrides_for(p) + validate._gloo_offsets(p, mine) + mine + ["trace.mode=full"])
+        with tempfile.TemporaryDirectory() as d:
+            out, summary = Path(d), None
+            observer = Observer(rc, out)
+            try:
+                summary = execute(rc, out, observer=observer).summary
+            finally:
+                observer.finish(summary)
+            updates = [(r["t"], r["worker"]) for r in read_jsonl(out / "statelog.jsonl") if r.get("kind") == "result"]
+            events = json.loads((out / "trace.json").read_text())["traceEvents"]
+        done: dict = {}
+        tagged = []
+        for t, w in updates:
+            done[w] = done.get(w, 0) + 1
+            if done[w] <= STEPS:
+                tagged.append((t / 1e9, w, done[w] - 1))
+        rate, counts = window(tagged)
+        big = [e for e in events if e.get("ph") == "X" and e.get("cat") == "ingress"
+               and e.get("args", {}).get("bytes", 0) >= M / 2]
+        ends = [((e["ts"] + e["dur"]) / 1e3, e["args"]) for e in big]
+        down = [t - a["sent_ns"] / 1e6 for t, a in ends if a["src"] == "ps0"]
+        up = [t - a["sent_ns"] / 1e6 for t, a in ends if a["dst"] == "ps0"]
+        firsts: dict = {}
+        for t, a in sorted(ends, key=lambda x: x[0]):
+            if a["src"] == "ps0":
+                firsts.setdefault(a["dst"], round(t))
+        print(line(f"seed {seed} ", rate, counts, firsts, down, up), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("trace", nargs="?", help="lab.py ps_async_trace records")
+    ap.add_argument("--emulate", nargs=5, metavar=("RESULTS", "K", "L_MS", "B_MBIT", "M_BYTES"))
+    ap.add_argument("--seeds", type=int, default=3)
+    a, overrides = ap.parse_known_args(argv)
+    if a.emulate:
+        if a.trace is not None:  # the positional took the first override
+            overrides.insert(0, a.trace)
+        r, K, L, B, M = a.emulate
+        emulate(r, int(K), float(L), float(B), int(float(M)), a.seeds, overrides)
+    elif a.trace:
+        from_trace(a.trace)
+    else:
+        ap.error("give lab.py ps_async_trace records, or --emulate")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
