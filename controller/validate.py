@@ -136,26 +136,38 @@ def _applicable(p: Point, overrides: list[str]) -> list[str]:
     return keep
 
 
+def point_config(p: Point, overrides: list[str]) -> Any:
+    """The run config that emulates ``p``: its own settings, gloo's start-up offsets, then ``overrides``."""
+    from controller.config import load
+
+    mine = _applicable(p, overrides)
+    return load(_overrides_for(p) + _gloo_offsets(p, mine) + mine)
+
+
+def observed_updates(rc: Any, out: Path) -> list[tuple[int, str]]:
+    """Run ``rc`` into ``out`` with an observer (``statelog.jsonl``, and ``trace.json`` where the config traces)
+    and return ``(virtual time, worker)`` of every applied gradient, in order, from the state log."""
+    from agents.observe.statelog import read_jsonl
+    from controller.observe import Observer
+    from controller.run import execute
+
+    observer, summary = Observer(rc, out), None
+    try:
+        summary = execute(rc, out, observer=observer).summary
+    finally:
+        observer.finish(summary)
+    return [(r["t"], r["worker"]) for r in read_jsonl(out / "statelog.jsonl") if r.get("kind") == "result"]
+
+
 def emulate(p: Point, overrides: list[str], workdir: Path | None = None) -> float:
     """The emulated value of ``p``: median step (s), updates/s, or median transfer time (s)."""
-    from controller.config import load
     from controller.outputs import read_csv
     from controller.run import execute
 
-    mine = _applicable(p, overrides)
-    rc = load(_overrides_for(p) + _gloo_offsets(p, mine) + mine)
+    rc = point_config(p, overrides)
     with tempfile.TemporaryDirectory(prefix="lockstep-validate-", dir=workdir) as d:
         if p.scenario == "ps_async":  # counted from the state log, which the observer writes (_async_rate)
-            from agents.observe.statelog import read_jsonl
-            from controller.observe import Observer
-
-            observer, summary = Observer(rc, Path(d)), None
-            try:
-                summary = execute(rc, Path(d), observer=observer).summary
-            finally:
-                observer.finish(summary)
-            return _async_rate(p, [(r["t"], r["worker"]) for r in read_jsonl(Path(d) / "statelog.jsonl")
-                                   if r.get("kind") == "result"])
+            return _async_rate(p, observed_updates(rc, Path(d)))
         execute(rc, Path(d))
         rows = read_csv(Path(d) / "metrics.csv")
     times = [int(r["virtual_time_ns"]) for r in rows]

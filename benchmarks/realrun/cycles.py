@@ -72,27 +72,19 @@ def from_trace(path: str) -> None:
 
 
 def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int, overrides: list[str]) -> None:
-    from agents.observe.statelog import read_jsonl
-    from controller import validate
-    from controller.config import load
-    from controller.observe import Observer
     from controller.results import load_results
-    from controller.run import execute
+    from controller.validate import observed_updates, point_config
 
-    p = next(p for p in load_results(results, ("ps_async",))
-             if (p.K, p.L_s, p.B_bps, p.M_bytes) == (K, L_ms / 1e3, B_mbit * 1e6, M))
+    p = next((p for p in load_results(results, ("ps_async",))
+              if (p.K, p.L_s, p.B_bps, p.M_bytes) == (K, L_ms / 1e3, B_mbit * 1e6, M)), None)
+    if p is None:
+        sys.exit(f"cycles.py: {results} has no ps_async point K={K} L={L_ms}ms B={B_mbit}Mbit/s M={M}")
     for seed in range(seeds):
-        mine = validate._applicable(p, ["network=tcp", "strategy.collective=gloo", f"seed={seed}", *overrides])
-        rc = load(validate._overrides_for(p) + validate._gloo_offsets(p, mine) + mine + ["trace.mode=full"])
+        rc = point_config(p, ["network=tcp", "strategy.collective=gloo", f"seed={seed}", *overrides,
+                              "trace.mode=full"])
         with tempfile.TemporaryDirectory() as d:
-            out, summary = Path(d), None
-            observer = Observer(rc, out)
-            try:
-                summary = execute(rc, out, observer=observer).summary
-            finally:
-                observer.finish(summary)
-            updates = [(r["t"], r["worker"]) for r in read_jsonl(out / "statelog.jsonl") if r.get("kind") == "result"]
-            events = json.loads((out / "trace.json").read_text())["traceEvents"]
+            updates = observed_updates(rc, Path(d))
+            events = json.loads((Path(d) / "trace.json").read_text())["traceEvents"]
         done: dict = {}
         tagged = []
         for t, w in updates:

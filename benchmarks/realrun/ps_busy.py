@@ -56,13 +56,10 @@ def from_capture(summary: str, m_bytes: float) -> None:
 
 
 def emulate(K: int, L_ms: float, B_mbit: float, M: int, overrides: list[str]) -> None:
-    from agents.observe.statelog import read_jsonl
     from agents.sim import tcp
     from controller import validate
     from controller.config import load
-    from controller.observe import Observer
     from controller.results import Point
-    from controller.run import execute
 
     windows: dict[tuple[int, int], list[int]] = {}
     exits: list[tuple[float, int, int, int]] = []
@@ -84,15 +81,8 @@ def emulate(K: int, L_ms: float, B_mbit: float, M: int, overrides: list[str]) ->
     ov = [o for o in validate._overrides_for(p) if not o.startswith("trace.mode=")]
     rc = load(ov + ["network=tcp", "strategy.collective=gloo", *overrides, "trace.mode=full"])
     with tempfile.TemporaryDirectory() as d:
-        out, summary = Path(d), None
-        observer = Observer(rc, out)
-        try:
-            summary = execute(rc, out, observer=observer).summary
-        finally:
-            observer.finish(summary)
-        rate = validate._async_rate(p, [(r["t"], r["worker"]) for r in read_jsonl(out / "statelog.jsonl")
-                                        if r.get("kind") == "result"])
-        events = json.loads((out / "trace.json").read_text())["traceEvents"]
+        rate = validate._async_rate(p, validate.observed_updates(rc, Path(d)))
+        events = json.loads((Path(d) / "trace.json").read_text())["traceEvents"]
     print(f"updates/s {rate:.2f}")
 
     def spans(prefix):
