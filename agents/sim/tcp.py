@@ -209,6 +209,10 @@ class _Sender:
         self.rto: VirtualTime = 0
         self.min_rtt: VirtualTime | None = None
         self._rtt_sample(rtt0)
+        # sk_pacing_rate: set from cwnd and srtt when an ACK has been processed (tcp_update_pacing_rate, the
+        # end of tcp_cong_control), read in between: a restart after idle keeps the rate of the last ACK
+        self.pacing = 0
+        self.update_pacing_rate()
         self.lsndtime: VirtualTime | None = None
         self.is_cwnd_limited = False
         self.max_packets_out = 0
@@ -268,10 +272,14 @@ class _Sender:
 
     # ---------------------------------------------------------------- output
     def pacing_rate(self) -> int:
-        """Bytes/s: 200 % (slow start) or 120 % of cwnd·MSS/srtt (tcp_update_pacing_rate)."""
+        """Bytes/s, as of the last ACK processed (``sk_pacing_rate``)."""
+        return self.pacing
+
+    def update_pacing_rate(self) -> None:
+        """tcp_update_pacing_rate: 200 % (cwnd below half ssthresh) or 120 % of max(cwnd, in flight)·MSS/srtt."""
         ratio = 200 if self.cwnd < self.ssthresh // 2 else 120
         srtt = max(1, self.srtt8 >> 3)
-        return self.net.tcp.mss * ratio * max(self.cwnd, self.packets_out) * NS_PER_S // (100 * srtt)
+        self.pacing = self.net.tcp.mss * ratio * max(self.cwnd, self.packets_out) * NS_PER_S // (100 * srtt)
 
     def size_goal(self) -> int:
         """Segments per TSO packet (tcp_tso_autosize): 1 ms at the pacing rate, more on short paths."""
@@ -408,6 +416,7 @@ class _Sender:
                     d = self.cwnd_cnt // w
                     self.cwnd_cnt -= d * w
                     self.cwnd += d
+        self.update_pacing_rate()
         self.try_send()
         self._check_space()
 

@@ -104,6 +104,32 @@ def test_a_transfer_after_an_idle_gap_longer_than_the_rto_restarts_slow_start(bu
     assert o["b"].got[1] == ("a", 20 * SEG, delivered)
 
 
+def test_a_restart_after_idle_sizes_its_first_packets_with_the_pacing_rate_of_the_last_ack(build_kernel):
+    # Linux sets sk_pacing_rate only when it has processed an ACK (tcp_update_pacing_rate, the end of
+    # tcp_cong_control); tcp_cwnd_restart cuts cwnd to 10 and leaves the rate as it was. The testbed's PS
+    # (K = 4, 10 ms, 100 Mbit/s, 10 MB) shows it on its sockets: cwnd 10 with the previous transfer's
+    # 7.78 MB/s until the first ACK, and every restarted window leaving as 5 + 4 segments after gloo's
+    # preamble (docs/benchmarks.md, "The pacing rate of the last ACK"). At 10 ms TSO autosizing adds nothing
+    # for the path (min RTT 20 ms >> 9 > 31), so a rate computed afresh from cwnd 10 and srtt 20 ms,
+    # 2 x 10 x 1 448 B / 20 ms = 1.45 MB/s, 1 414 B per ms, would cut them into packets of 2.
+    B, L = 12.5e6, 10 * MS
+    plan = [(0, "b", 200 * SEG), (3000 * MS, "b", 10 * SEG)]
+    k, env, o = build_kernel({"a": (Sender, {"plan": plan}), "b": (Sink, {"expect": 2})},
+                             latency_ns=L, bw=B, tcp=TCP)
+    k.run_until(3000 * MS - 1)
+    snd = env.network._hosts[0].senders[1]
+    assert o["b"].got[0][:2] == ("a", 200 * SEG) and snd.packets_out == 0 and snd.cwnd > 100
+    rate = snd.pacing_rate()
+    assert rate >> 10 >= 5 * SEG  # the last ACK's rate: more than five segments per ms
+    k.run_until(3000 * MS + 1)
+    # idle 3 s, a dozen RTOs: cwnd halved all the way back to 10; the window leaves at once as two packets of half of it
+    assert snd.cwnd == 10 and snd.pacing_rate() == rate
+    assert [p.segs for p in snd.inflight] == [5, 5]
+    k.run_until()
+    # back to back from the full token bucket: the line time of the ten segments, then L
+    assert o["b"].got[1] == ("a", 10 * SEG, 3000 * MS + ns(15380, B) + L) == ("a", 14480, 3_011_230_400)
+
+
 def test_hystart_counts_its_rounds_from_the_first_ack_even_below_sixteen_segments(build_kernel):
     # Linux 6.14+ (commit 25c1a9ca53db, in the testbed's 6.18): the round bookkeeping runs on every ACK in
     # slow start; only the two detections wait for cwnd >= 16. Before it, the first round began at the
@@ -267,6 +293,7 @@ def test_tcp_small_queues_keep_two_full_packets_of_a_flow_in_the_qdisc(build_ker
     for dst in (1, 2):  # established connections in congestion avoidance: cwnd 1 000, srtt = min RTT = 2L
         snd = host.senders[dst] = tcp_mod._Sender(net, host, dst, 2 * L)
         snd.cwnd, snd.ssthresh = 1000, 500
+        snd.update_pacing_rate()  # as the last ACK with that window left it
         # pacing 120 % x 1 000 x 1 448 B / 20 ms = 86.88 MB/s, >> 10 = 84 843 B < 2 x (65 160 + 1 024)
         assert snd.size_goal() == 45 and snd.pacing_rate() >> 10 < 2 * (pkt + 1024)
     k.run_until()

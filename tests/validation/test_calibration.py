@@ -65,10 +65,13 @@ def test_validate_on_the_calibration_runs(capsys):
     # against this file's run, +7.7 % against the median of the point's six runs), ps_async 9.4 % / 21.6 %.
     # With TCP small queues' two packets per connection and realrun's asynchronous PS taking 0.3 ms + M / 1.9 GB/s
     # per update (2026-11-28, "Turns at the PS's NIC"): ring 0.7 % / 3.4 %, ps_sync 3.1 % / 10.7 %, ps_async
-    # 9.5 % / 24.3 % (K = 4, 10 ms, 100 Mbit/s, 1 MB: +24.3 % against this file's run, the slowest of its five)
+    # 9.5 % / 24.3 % (K = 4, 10 ms, 100 Mbit/s, 1 MB: +24.3 % against this file's run, the slowest of its five).
+    # With the pacing rate of the last ACK (2026-11-29, "The pacing rate of the last ACK"): ring 0.7 % / 2.8 %,
+    # ps_sync 2.2 % / 10.1 % (K = 4, 10 ms, 1 Gbit/s, 1 MB: this file's run, 93.8 ms, is the fastest of six,
+    # 93.8-103.6), ps_async 7.0 % / 13.9 %
     assert s["ring"]["mean_abs_error"] <= 0.02 and s["ring"]["max_abs_error"] <= 0.05
-    assert s["ps_sync"]["mean_abs_error"] <= 0.04 and s["ps_sync"]["max_abs_error"] <= 0.12
-    assert s["ps_async"]["mean_abs_error"] <= 0.12 and s["ps_async"]["max_abs_error"] <= 0.25
+    assert s["ps_sync"]["mean_abs_error"] <= 0.03 and s["ps_sync"]["max_abs_error"] <= 0.11
+    assert s["ps_async"]["mean_abs_error"] <= 0.08 and s["ps_async"]["max_abs_error"] <= 0.15
     met = (s["ring"]["max_abs_error"] <= 0.05 and s["ps_sync"]["mean_abs_error"] <= 0.02
            and s["ps_sync"]["max_abs_error"] <= 0.05 and s["ps_async"]["mean_abs_error"] <= 0.05)
     if not met:
@@ -88,8 +91,10 @@ def test_validate_on_the_medians_of_every_run_of_the_calibration_points():
     the median of every measured run of a calibration configuration (4-15 each, the files of REPEATS and the
     default-HyStart runs of lab/hystart-detect*.jsonl) with the median of eleven seeds (docs/benchmarks.md,
     "How many runs and seeds a point needs"). Measured 2026-11-29: ps_sync 2.6 % / 7.6 % (mean / max), the
-    emulated median within the measured runs' range at 12 of 16 points; ps_async 2.9 % / 11.0 %, 7 of 8: the
-    asynchronous PS meets issue 10's target (mean <= 5 %), the synchronous PS does not (<= 2 % / <= 5 %)."""
+    emulated median within the measured runs' range at 12 of 16 points; ps_async 2.9 % / 11.0 %, 7 of 8. With
+    the pacing rate of the last ACK (docs/benchmarks.md, "The pacing rate of the last ACK"): ps_sync 1.4 % /
+    4.6 %, 13 of 16; ps_async 3.9 % / 8.6 %, 8 of 8 — both meet issue 10's targets (ps_sync <= 2 % / <= 5 %,
+    ps_async <= 5 % on average)."""
     points = [p for f in REPEATS for p in load_results(f, ("ps_sync", "ps_async"))]
     points += [p for f in (HYSTART_DETECT, HYSTART_DETECT_PS) for p in load_results(f, ("ps_sync", "ps_async"))
                if p.hystart == 3]
@@ -97,13 +102,10 @@ def test_validate_on_the_medians_of_every_run_of_the_calibration_points():
     assert len(grouped) == 24 and min(len(p.runs) for p in grouped) == 4
     rows = validate_points(grouped, ["network=tcp", "strategy.collective=gloo"], seeds=11, jobs=2)
     s = summarize(rows)
-    assert s["ps_async"]["mean_abs_error"] <= 0.05 and s["ps_async"]["max_abs_error"] <= 0.12
-    assert s["ps_async"]["within_runs"] >= 7
-    assert s["ps_sync"]["mean_abs_error"] <= 0.03 and s["ps_sync"]["max_abs_error"] <= 0.08
-    assert s["ps_sync"]["within_runs"] >= 12
-    if not (s["ps_sync"]["mean_abs_error"] <= 0.02 and s["ps_sync"]["max_abs_error"] <= 0.05):
-        pytest.xfail(f"issue 10's ps_sync target is not met yet: mean {100 * s['ps_sync']['mean_abs_error']:.1f} % "
-                     f"max {100 * s['ps_sync']['max_abs_error']:.1f} %")
+    assert s["ps_async"]["mean_abs_error"] <= 0.05 and s["ps_async"]["max_abs_error"] <= 0.09
+    assert s["ps_async"]["within_runs"] == 8
+    assert s["ps_sync"]["mean_abs_error"] <= 0.02 and s["ps_sync"]["max_abs_error"] <= 0.05
+    assert s["ps_sync"]["within_runs"] >= 13
 
 
 @pytest.mark.slow
@@ -120,8 +122,11 @@ def test_the_asynchronous_ps_matches_the_testbed_where_hystart_does_not_decide()
     (9.68-10.31, 9.08-11.22, 7.49-8.43 and 6.89-8.75 updates/s). With TCP small queues' two packets per
     connection and the PS's time per update (docs/benchmarks.md, "Turns at the PS's NIC") the PS's NIC serves
     its replies in the testbed's turns and HyStart off still reads within 3 % at 1 ms; at 10 ms every setting
-    but the ACK train's now reads 9-16 % fast, above the testbed's runs: what holds the testbed's PS back
-    there is not found yet."""
+    but the ACK train's now reads 9-16 % fast, above the testbed's runs. With the pacing rate of the last ACK
+    (a restarted window leaves in packets sized by the rate before the idle gap) Linux's default, both
+    detections, reads within 2 % at both latencies; with HyStart off the 10 ms point now reads 13 % slow, the
+    seeds (7.4-9.0 updates/s) below the testbed's three runs (docs/benchmarks.md, "The pacing rate of the last
+    ACK")."""
     rows = validate_points(group_repeats(load_results(HYSTART_DETECT, ("ps_async",))
                                          + load_results(HYSTART_DETECT_PS, ("ps_async",))),
                            ["network=tcp", "strategy.collective=gloo"], seeds=5, jobs=2)
@@ -134,10 +139,11 @@ def test_the_asynchronous_ps_matches_the_testbed_where_hystart_does_not_decide()
     # CUBIC's epoch shifted over idle gaps: 1 ms -0.3, -5.8, +2.1, -12.4 %. With the ranks started as they leave
     # the barrier and the PS's start growing with K x M: 1 ms -1.4, -4.0, +2.1, -10.8 %; 10 ms +6.0, -2.1, +5.0,
     # +5.6 %. With TCP small queues' two packets and the PS's time per update: 1 ms -2.2, +11.9, -8.8, +4.0 %;
-    # 10 ms +9.7, +1.5, +9.3, +15.5 %
-    assert abs(error[0.001, 0]) <= 0.03 and abs(error[0.001, 1]) <= 0.13
-    assert abs(error[0.001, 2]) <= 0.10 and abs(error[0.001, 3]) <= 0.05
-    assert all(abs(error[0.01, h]) <= 0.16 for h in range(4))
+    # 10 ms +9.7, +1.5, +9.3, +15.5 %. With the pacing rate of the last ACK (2026-11-29): 1 ms -3.8, +5.6, -10.7,
+    # -1.9 %; 10 ms -13.4, +1.1, -4.7, -1.5 %
+    assert abs(error[0.001, 0]) <= 0.05 and abs(error[0.001, 1]) <= 0.07
+    assert abs(error[0.001, 2]) <= 0.12 and abs(error[0.001, 3]) <= 0.03
+    assert all(abs(error[0.01, h]) <= 0.15 for h in range(3)) and abs(error[0.01, 3]) <= 0.03
 
 
 @pytest.mark.slow
