@@ -33,6 +33,12 @@ the step's end (``null`` while in slow start). The testbed's times carry its sam
 at ``--sample-us 1000``: reading every socket of the host takes that long).
 ``--ps-lead MS`` is a probe, not a setting of the model: every worker starts MS later than the PS
 (docs/benchmarks.md, "two regimes").
+``--min-rtt-extra US,US,...`` is a probe too: TSO autosizing of the PS's connection to worker ``wN`` reads its
+minimum RTT plus the N-th value (µs), of every other connection plus the last value (docs/benchmarks.md, "The
+minimum RTT of a connection").
+``DIR --min-rtt`` prints, for every connection the capture sampled (``--sample-hosts``), its minimum RTT at the
+end (Linux's ``tcp_min_rtt``, µs) and its excess over 2L plus the line time of a one-segment packet and its
+ACK on both lines: what the hosts' stacks and the bridge add to a round trip.
 """
 from __future__ import annotations
 
@@ -176,8 +182,29 @@ def report(by_peer: dict[str, list[Sample]], head: dict, offsets: list[int], qui
             print(json.dumps(line))
 
 
+def min_rtts(d: str) -> None:
+    """Every sampled connection's minimum RTT at its last sample, and its excess over 2L and the line time of a
+    one-segment packet (91 wire bytes) and its ACK (90) on both lines."""
+    import glob
+
+    with open(os.path.join(d, "record.json")) as f:
+        rec = json.load(f)
+    L_us, B = rec["L_ms"] * 1e3, rec["B_mbit"] * 1e6
+    small_us = 2 * (91 + 90) * 8 / B * 1e6
+    last: dict[tuple[str, str], int] = {}
+    for path in sorted(glob.glob(os.path.join(d, "tcpsample-h*.txt"))):
+        with open(path) as f:
+            for line in f:
+                fields = line.split()
+                last[fields[1], fields[2]] = int(fields[7])
+    for (src, dst), m in sorted(last.items()):
+        print(json.dumps({"scenario": rec["scenario"], "K": rec["K"], "L_ms": rec["L_ms"], "B_mbit": rec["B_mbit"],
+                          "src": src, "dst": dst, "min_rtt_us": m, "excess_us": round(m - 2 * L_us - small_us, 1)}))
+
+
 def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int, ps_lead_ms: float,
-            first_ms: float, overrides: list[str], offsets: list[int], quiet_ns: int, steps: bool = False) -> None:
+            first_ms: float, overrides: list[str], offsets: list[int], quiet_ns: int, steps: bool = False,
+            min_rtt_extra: list[int] | None = None) -> None:
     from agents.sim import compute, tcp
     from controller.results import load_results
     from controller.validate import emulate as run_point
@@ -251,6 +278,22 @@ def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int
             up = self._hosts[src].senders[ps]
             e["ssthresh"] = None if up.ssthresh >= tcp._INFINITE_SSTHRESH else up.ssthresh
 
+    size_goal = tcp._Sender.size_goal
+
+    def extra_size_goal(self):  # the probe: TSO autosizing reads a larger minimum RTT
+        if self.min_rtt is None:
+            return size_goal(self)
+        us = min_rtt_extra[self.dst] if self.host.worker.id == ps and self.dst < K else min_rtt_extra[-1]
+        saved, self.min_rtt = self.min_rtt, self.min_rtt + us * 1000
+        try:
+            return size_goal(self)
+        finally:
+            self.min_rtt = saved
+
+    if min_rtt_extra:
+        if len(min_rtt_extra) != K + 1:
+            raise SystemExit(f"--min-rtt-extra: give {K + 1} values (the PS's {K} connections, then the others)")
+        tcp._Sender.size_goal = extra_size_goal
     if steps:
         tcp._Sender.write, tcp._Sender.on_ack, tcp.TcpNetwork._arrive = step_write, step_on_ack, step_arrive
     else:
@@ -282,6 +325,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--at", default="50,100,150,200,300,500,1000,2000")
     p.add_argument("--steps", action="store_true",
                    help="one line per step: the downlinks' ends and the gradients' arrival at the PS")
+    p.add_argument("--min-rtt-extra", default="", help="µs added to the minimum RTT TSO autosizing reads: the PS's "
+                   "connection to w0, w1, ..., then every other connection (a probe)")
+    p.add_argument("--min-rtt", action="store_true", help="with DIR: every sampled connection's minimum RTT")
     p.add_argument("--quiet-ms", type=float, default=300.0,
                    help="a pause in acknowledged bytes this long ends a transfer (shorter than a downlink's idle)")
     a, overrides = p.parse_known_args(argv)
@@ -290,11 +336,15 @@ def main(argv: list[str]) -> int:
     offsets, quiet_ns = [int(x) for x in a.at.split(",")], int(a.quiet_ms * 1e6)
     if a.emulate:
         r, K, L, B, M = a.emulate
+        extra = [int(x) for x in a.min_rtt_extra.split(",")] if a.min_rtt_extra else None
         emulate(r, int(K), float(L), float(B), int(float(M)), a.seeds, a.ps_lead, a.first_ms, overrides, offsets,
-                quiet_ns, a.steps)
+                quiet_ns, a.steps, extra)
         return 0
     if a.dir is None or overrides:
         p.error("give a capture directory, or --emulate")
+    if a.min_rtt:
+        min_rtts(a.dir)
+        return 0
     with open(os.path.join(a.dir, "record.json")) as f:
         rec = json.load(f)
     with open(os.path.join(a.dir, "meta.json")) as f:
