@@ -73,6 +73,8 @@ class TcpSpec:
     wmem_max_bytes: int = 4 * 1024 * 1024  # net.ipv4.tcp_wmem[2]: the largest send buffer autotuning gives
     host_latency_ns: int = 257_000  # application-visible delay of a delivered message (calibrated)
     host_jitter_ns: int = 0         # mean of a keyed exponential extra delay per message
+    host_rtt_min_ns: int = 3_000    # the hosts' share of a connection's minimum RTT: keyed uniform per connection
+    host_rtt_max_ns: int = 80_000   # in [min, max], read by TSO autosizing (measured: lab/min-rtt.jsonl)
     small_messages_first: bool = True  # CUBIC's minimum RTT starts at a small message's round trip
     delayed_ack: bool = False  # the receiver's ACK policy of Linux (quick ACKs, ACK on read, delayed ACK)
     delack_ns: int = 40_000_000  # TCP_DELACK_MIN / TCP_ATO_MIN: the delayed-ACK timer
@@ -87,9 +89,13 @@ class TcpSpec:
         for name in ("initial_window", "gso_max_bytes", "clock_hz", "wmem_max_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"tcp: {name}={getattr(self, name)} must be positive")
-        for name in ("frame_bytes", "rto_min_ns", "host_latency_ns", "host_jitter_ns", "tsq_limit_bytes"):
+        for name in ("frame_bytes", "rto_min_ns", "host_latency_ns", "host_jitter_ns", "tsq_limit_bytes",
+                     "host_rtt_min_ns"):
             if getattr(self, name) < 0:
                 raise ValueError(f"tcp: {name}={getattr(self, name)} must not be negative")
+        if self.host_rtt_max_ns < self.host_rtt_min_ns:
+            raise ValueError(f"tcp: host_rtt_max_ns={self.host_rtt_max_ns} is below host_rtt_min_ns="
+                             f"{self.host_rtt_min_ns}")
         biggest = wire_bytes(self, (self.gso_max_bytes // self.mss) * self.mss)
         if self.nic_burst_bytes < biggest:
             raise ValueError(f"tcp: nic_burst_bytes={self.nic_burst_bytes} is below one full GSO packet "
@@ -209,6 +215,12 @@ class _Sender:
         self.rto: VirtualTime = 0
         self.min_rtt: VirtualTime | None = None
         self._rtt_sample(rtt0)
+        if base_rtt is not None:  # the handshake and gloo's small messages: small packets' round trips
+            self.min_rtt = max(self.min_rtt, base_rtt)
+        # what the hosts' stacks add to every round trip, in Linux's minimum RTT (tcp_min_rtt) but not in the
+        # model's packet times: a draw per connection (docs/benchmarks.md, "The minimum RTT of a connection")
+        self.host_rtt = s.host_rtt_min_ns + int((s.host_rtt_max_ns - s.host_rtt_min_ns)
+                                                * keyed.uniform(net.env.seed, "host_rtt", host.worker.id, dst))
         # sk_pacing_rate: set from cwnd and srtt when an ACK has been processed (tcp_update_pacing_rate, the
         # end of tcp_cong_control), read in between: a restart after idle keeps the rate of the last ACK
         self.pacing = 0
@@ -285,7 +297,7 @@ class _Sender:
         """Segments per TSO packet (tcp_tso_autosize): 1 ms at the pacing rate, more on short paths."""
         s = self.net.tcp
         nbytes = self.pacing_rate() >> 10
-        r = (self.min_rtt // 1000) >> 9 if self.min_rtt is not None else 0
+        r = ((self.min_rtt + self.host_rtt) // 1000) >> 9 if self.min_rtt is not None else 0
         if r < 32:
             nbytes += s.gso_max_bytes >> r
         nbytes = min(nbytes, s.gso_max_bytes)

@@ -331,6 +331,10 @@ class TcpConfig:
                                      "(fitted by lockstep calibrate)", unit="duration", lo=0)
     host_jitter: Any = doc("0us", "mean of a keyed exponential extra delay per delivered message", unit="duration",
                            lo=0)
+    host_rtt_min: Any = doc("3us", "the hosts' share of a connection's minimum RTT (stacks, bridge), which TSO "
+                                   "autosizing reads: drawn per connection, keyed, uniform in [host_rtt_min, "
+                                   "host_rtt_max] (measured on the calibration testbed)", unit="duration", lo=0)
+    host_rtt_max: Any = doc("80us", "the upper end of host_rtt_min's range", unit="duration", lo=0)
     delayed_ack: bool = doc(False, "the receiver acknowledges like Linux: at once when two segments are due or in "
                                    "quick-ACK mode, a short packet when the application reads it (not in pingpong "
                                    "mode), else after delack or with its own data (gloo's op preamble then leaves "

@@ -708,11 +708,15 @@ def _network(n: S.NetworkConfig, workers: int | None, p: _Problems) -> NetworkSe
 def _tcp(t: S.TcpConfig, p: _Problems) -> TcpSpec | None:
     """``network.tcp`` as the engine's TcpSpec (durations in ns); None when a value is bad (reported)."""
     ns = {}
-    for key in ("rto_min", "host_latency", "host_jitter", "delack"):
+    for key in ("rto_min", "host_latency", "host_jitter", "delack", "host_rtt_min", "host_rtt_max"):
         s = _duration(p, f"network.tcp.{key}", getattr(t, key))
         if s is None:
             return None
         ns[key + "_ns"] = int(round(s * 1e9))
+    if ns["host_rtt_max_ns"] < ns["host_rtt_min_ns"]:
+        p.bad("network.tcp.host_rtt_max", t.host_rtt_max,
+              f"a duration >= network.tcp.host_rtt_min ({t.host_rtt_min})")
+        return None
     try:
         return TcpSpec(mtu=t.mtu, header_bytes=t.header_bytes, frame_bytes=t.frame_bytes,
                        initial_window=t.initial_window, gso_max_bytes=t.gso_max_bytes,

@@ -60,6 +60,12 @@ def test_bad_value_names_key_and_accepted_values(override, expected):
         load([override])
 
 
+def test_the_hosts_share_of_the_minimum_rtt_is_a_range():
+    with pytest.raises(ConfigError, match=r"network.tcp.host_rtt_max=1us is not valid; accepted: a duration >= "
+                                          r"network.tcp.host_rtt_min \(3us\)\."):
+        load(["network=tcp", "network.tcp.host_rtt_max=1us"])
+
+
 @pytest.mark.parametrize("overrides, expected", [
     (["data.partition=dirichlet", "data.per_client=8"], r"data.per_client=8 is not valid; accepted: null unless "
                                                         r"data.partition=iid"),

@@ -7,8 +7,8 @@ the handshake's RTT sample 2L (srtt 2L, RTO = 2L + 200 ms). A packet carries at 
 window (``tcp_cwnd_test``): a fresh connection's first 10 segments leave as two packets of 5. The NIC's token bucket starts
 full (72 887 bytes), so a host's first packet leaves at once; the line then serialises
 (``e = max(t, egress_free) + w/B``), the latency follows, and the receiver's switch port
-serialises again in arrival order (``r = max(e + L, port_free + w/B)``). Host latency is 0
-unless a test sets it.
+serialises again in arrival order (``r = max(e + L, port_free + w/B)``). Host latency, and the hosts' share of
+the minimum RTT, are 0 unless a test sets them.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from agents.strategies.collective import GlooP2P, _GlooPair, gloo_ring_allreduce
 
 MS = 1_000_000
 SEG = 1448
-TCP = TcpSpec(host_latency_ns=0)
+TCP = TcpSpec(host_latency_ns=0, host_rtt_min_ns=0, host_rtt_max_ns=0)
 
 
 class Sender(Worker):
@@ -128,6 +128,40 @@ def test_a_restart_after_idle_sizes_its_first_packets_with_the_pacing_rate_of_th
     k.run_until()
     # back to back from the full token bucket: the line time of the ten segments, then L
     assert o["b"].got[1] == ("a", 10 * SEG, 3000 * MS + ns(15380, B) + L) == ("a", 14480, 3_011_230_400)
+
+
+@pytest.mark.parametrize("host_rtt_us, segs", [(0, 45), (21, 45), (22, 34)])
+def test_tso_autosizing_reads_the_minimum_rtt_with_the_hosts_share(build_kernel, host_rtt_us, segs):
+    # tcp_tso_autosize adds gso_max_size >> (min_rtt_us >> 9): at L = 0.5 ms a small packet's round trip is
+    # 2L + the line times of a 91-byte segment and a 90-byte ACK on both lines (1 000 us + 2 x (0.728 + 0.720) us
+    # at 1 Gbit/s = 1 002.896 us); with the hosts' share up to 21 us the minimum stays under 1 024 us and the
+    # bonus is 32 KB, from 22 us on 16 KB. An established connection at cwnd 20 and srtt 1 ms paces at
+    # 120 % x 20 x 1 448 B / 1 ms = 34.752 MB/s: 33 937 B per 1/1024 s; + 32 768 = 66 705 -> 65 536, 45 segments;
+    # + 16 384 = 50 321, 34 segments. The testbed's connections at 0.5 ms ended with minimum RTTs of
+    # 1 009-1 041 us and split into both (docs/benchmarks.md, "The minimum RTT of a connection").
+    B, L = 125e6, 500_000
+    spec = TcpSpec(host_latency_ns=0, host_rtt_min_ns=host_rtt_us * 1000, host_rtt_max_ns=host_rtt_us * 1000)
+    k, env, o = build_kernel({"a": (Sender, {"plan": [(0, "b", SEG)]}), "b": (Sink, {})},
+                             latency_ns=L, bw=B, tcp=spec)
+    k.run_until(1)
+    snd = env.network._hosts[0].senders[1]
+    assert snd.min_rtt == 1_002_896 and snd.host_rtt == host_rtt_us * 1000
+    snd.cwnd, snd.ssthresh, snd.srtt8 = 20, 10, 1_000_000 << 3
+    snd.update_pacing_rate()
+    assert snd.pacing_rate() == 34_752_000 and snd.size_goal() == segs
+
+
+def test_the_hosts_share_of_the_minimum_rtt_is_drawn_per_connection_and_keyed(build_kernel):
+    spec = TcpSpec(host_latency_ns=0, host_rtt_min_ns=3_000, host_rtt_max_ns=80_000)
+    draws = []
+    for _ in range(2):
+        plan = [(0, "b", SEG), (0, "c", SEG)]
+        k, env, o = build_kernel({"a": (Sender, {"plan": plan}), "b": (Sink, {}), "c": (Sink, {})},
+                                 latency_ns=MS, bw=125e6, tcp=spec)
+        k.run_until()
+        draws.append([env.network._hosts[0].senders[d].host_rtt for d in (1, 2)])
+    assert draws[0] == draws[1]  # keyed: the same seed, the same draws
+    assert draws[0][0] != draws[0][1] and all(3_000 <= h < 80_000 for h in draws[0])
 
 
 def test_hystart_counts_its_rounds_from_the_first_ack_even_below_sixteen_segments(build_kernel):
