@@ -33,9 +33,10 @@ the step's end (``null`` while in slow start). The testbed's times carry its sam
 at ``--sample-us 1000``: reading every socket of the host takes that long).
 ``--ps-lead MS`` is a probe, not a setting of the model: every worker starts MS later than the PS
 (docs/benchmarks.md, "two regimes").
-``--min-rtt-extra US,US,...`` is a probe too: TSO autosizing of the PS's connection to worker ``wN`` reads its
-minimum RTT plus the N-th value (µs), of every other connection plus the last value (docs/benchmarks.md, "The
-minimum RTT of a connection").
+``--host-rtt US,US,...`` is a probe too: the hosts' share of the minimum RTT (``network.tcp.host_rtt_min`` /
+``host_rtt_max``, a keyed draw per connection) is set by hand instead, the N-th value (µs) for the PS's connection
+to worker ``wN``, the last for every other connection — ``DIR --min-rtt``'s ``excess_us`` of a capture
+(docs/benchmarks.md, "The minimum RTT of a connection").
 ``DIR --min-rtt`` prints, for every connection the capture sampled (``--sample-hosts``), its minimum RTT at the
 end (Linux's ``tcp_min_rtt``, µs) and its excess over 2L plus the line time of a one-segment packet and its
 ACK on both lines: what the hosts' stacks and the bridge add to a round trip.
@@ -204,7 +205,7 @@ def min_rtts(d: str) -> None:
 
 def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int, ps_lead_ms: float,
             first_ms: float, overrides: list[str], offsets: list[int], quiet_ns: int, steps: bool = False,
-            min_rtt_extra: list[int] | None = None) -> None:
+            host_rtt: list[int] | None = None) -> None:
     from agents.sim import compute, tcp
     from controller.results import load_results
     from controller.validate import emulate as run_point
@@ -278,22 +279,16 @@ def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int
             up = self._hosts[src].senders[ps]
             e["ssthresh"] = None if up.ssthresh >= tcp._INFINITE_SSTHRESH else up.ssthresh
 
-    size_goal = tcp._Sender.size_goal
+    init = tcp._Sender.__init__
 
-    def extra_size_goal(self):  # the probe: TSO autosizing reads a larger minimum RTT
-        if self.min_rtt is None:
-            return size_goal(self)
-        us = min_rtt_extra[self.dst] if self.host.worker.id == ps and self.dst < K else min_rtt_extra[-1]
-        saved, self.min_rtt = self.min_rtt, self.min_rtt + us * 1000
-        try:
-            return size_goal(self)
-        finally:
-            self.min_rtt = saved
+    def set_host_rtt(self, net, host, dst, *args, **kwargs):  # the probe: the share set by hand
+        init(self, net, host, dst, *args, **kwargs)
+        self.host_rtt = 1000 * (host_rtt[dst] if host.worker.id == ps and dst < K else host_rtt[-1])
 
-    if min_rtt_extra:
-        if len(min_rtt_extra) != K + 1:
-            raise SystemExit(f"--min-rtt-extra: give {K + 1} values (the PS's {K} connections, then the others)")
-        tcp._Sender.size_goal = extra_size_goal
+    if host_rtt:
+        if len(host_rtt) != K + 1:
+            raise SystemExit(f"--host-rtt: give {K + 1} values (the PS's {K} connections, then the others)")
+        tcp._Sender.__init__ = set_host_rtt
     if steps:
         tcp._Sender.write, tcp._Sender.on_ack, tcp.TcpNetwork._arrive = step_write, step_on_ack, step_arrive
     else:
@@ -325,7 +320,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--at", default="50,100,150,200,300,500,1000,2000")
     p.add_argument("--steps", action="store_true",
                    help="one line per step: the downlinks' ends and the gradients' arrival at the PS")
-    p.add_argument("--min-rtt-extra", default="", help="µs added to the minimum RTT TSO autosizing reads: the PS's "
+    p.add_argument("--host-rtt", default="", help="the hosts' share of the minimum RTT in µs, set by hand: the PS's "
                    "connection to w0, w1, ..., then every other connection (a probe)")
     p.add_argument("--min-rtt", action="store_true", help="with DIR: every sampled connection's minimum RTT")
     p.add_argument("--quiet-ms", type=float, default=300.0,
@@ -336,7 +331,7 @@ def main(argv: list[str]) -> int:
     offsets, quiet_ns = [int(x) for x in a.at.split(",")], int(a.quiet_ms * 1e6)
     if a.emulate:
         r, K, L, B, M = a.emulate
-        extra = [int(x) for x in a.min_rtt_extra.split(",")] if a.min_rtt_extra else None
+        extra = [int(x) for x in a.host_rtt.split(",")] if a.host_rtt else None
         emulate(r, int(K), float(L), float(B), int(float(M)), a.seeds, a.ps_lead, a.first_ms, overrides, offsets,
                 quiet_ns, a.steps, extra)
         return 0
