@@ -7,6 +7,7 @@ all-gather steps of ``M/K`` bytes each, plus one latency per step.
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from typing import Any
 
@@ -240,6 +241,15 @@ def barrier_peers(rank: int, n: int) -> tuple[set[int], set[int]]:
     return heard, answered
 
 
+def barrier_entries(n: int, one_way_ns: int) -> list[int]:
+    """When each of ``n`` ranks leaves ``init_process_group`` and enters the barrier, in ns after the
+    second-to-last: in rank order two one-way times apart, the last rank one one-way time before the
+    second-to-last (``benchmarks/realrun/starts.py``; docs/benchmarks.md, "The start-up barrier")."""
+    if n < 2:
+        return [0] * n
+    return [-2 * one_way_ns * (n - 2 - r) for r in range(n - 1)] + [-one_way_ns]
+
+
 def barrier_exits(n: int, one_way_ns: int) -> list[int]:
     """When each of ``n`` ranks of a torch program leaves ``dist.barrier()`` right after
     ``init_process_group``, in ns after the first one leaves; ``one_way_ns`` is the one-way time of a small
@@ -254,7 +264,7 @@ def barrier_exits(n: int, one_way_ns: int) -> list[int]:
     """
     if n < 2:
         return [0] * n
-    start = [-2 * one_way_ns * (n - 2 - r) for r in range(n - 1)] + [-one_way_ns]
+    start = barrier_entries(n, one_way_ns)
     d = 1
     while d < n:
         sent = [max(start[r], start[(r + d) % n] + one_way_ns) for r in range(n)]
@@ -262,6 +272,83 @@ def barrier_exits(n: int, one_way_ns: int) -> list[int]:
         d <<= 1
     first = min(start)
     return [t - first for t in start]
+
+
+def barrier_on_cores(entries_ns: list[int], one_way_ns: int, setup_ns: list[int], cores: int,
+                     ties: list[float] | None = None) -> tuple[list[int], list[int]]:
+    """``(exits, ready)``: when each rank leaves gloo's dissemination barrier and when it has done the
+    setup that follows it (``setup_ns``: the program's allocations before its first operation), on hosts
+    whose ranks share ``cores`` CPUs and run each process until it blocks (``entries_ns``: when each rank
+    entered the barrier).
+
+    The rounds are :func:`barrier_exits`'. A rank needs a core for each of its steps: a woken rank waits
+    until one is free, and a core is held from a rank's barrier exit to the end of its setup — the testbed's
+    processes run at one real-time priority (``chrt -r 5``), where nothing preempts a running process, and
+    its hosts share the machine's two cores (docs/benchmarks.md, "The start-up on two cores"). Ranks
+    waiting for a core get it in the order they woke, ties in the order of ``ties`` (default: rank).
+    """
+    n = len(entries_ns)
+    ties = list(range(n)) if ties is None else ties
+    rounds, d = [], 1
+    while d < n:
+        rounds.append(d)
+        d <<= 1
+    at = [0] * n                                 # the round each rank is in
+    announced, sent = [False] * n, [False] * n
+    announcements = [set() for _ in range(n)]   # rounds whose receive rank + d has announced
+    data = [set() for _ in range(n)]            # rounds whose data op from rank - d has come
+    entered = [False] * n
+    exits: list[int | None] = [None] * n
+    ready: list[int | None] = [None] * n
+    held: list[int] = []                          # when the cores now held for setups are freed
+    waiting: list[tuple[int, float, int]] = []    # (woke at, tie, rank)
+    events: list[tuple[int, int, str, int, int]] = []
+    seq = 0
+
+    def post(t: int, kind: str, rank: int, rnd: int = -1) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (t, seq, kind, rank, rnd))
+
+    def run(r: int, t: int) -> None:
+        """Rank ``r`` holds a core at ``t``: it goes as far as its messages let it."""
+        while at[r] < len(rounds):
+            d, k = rounds[at[r]], at[r]
+            if not announced[r]:
+                announced[r] = True
+                post(t + one_way_ns, "announce", (r - d) % n, k)
+            if not sent[r] and k in announcements[r]:
+                sent[r] = True
+                post(t + one_way_ns, "data", (r + d) % n, k)
+            if not (sent[r] and k in data[r]):
+                return
+            at[r] += 1
+            announced[r] = sent[r] = False
+        exits[r], ready[r] = t, t + setup_ns[r]
+        held.append(ready[r])
+        post(ready[r], "free", r)
+
+    for r, t in enumerate(entries_ns):
+        post(t, "enter", r)
+    while events:
+        t = events[0][0]
+        while events and events[0][0] == t:  # everything that happens at t, then who runs
+            _, _, kind, r, k = heapq.heappop(events)
+            if kind == "free":
+                held.remove(t)
+                continue
+            if kind == "enter":
+                entered[r] = True
+            elif kind == "announce":
+                announcements[r].add(k)
+            else:
+                data[r].add(k)
+            if entered[r] and exits[r] is None and all(q != r for _, _, q in waiting):
+                waiting.append((t, ties[r], r))
+        waiting.sort()
+        while waiting and len(held) < cores:
+            run(waiting.pop(0)[2], t)
+    return [int(x) for x in exits], [int(x) for x in ready]
 
 
 def gloo_barrier(w: Worker, ranks: list[str]) -> None:

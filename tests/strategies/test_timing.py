@@ -177,6 +177,36 @@ def test_the_barrier_releases_the_rank_that_left_init_process_group_last_one_way
     assert barrier_exits(9, l) == [l, 0, l, l, 0, l, l, 2 * l, l]
 
 
+def test_on_two_cores_a_rank_woken_while_both_are_busy_waits_until_one_is_free():
+    """``barrier_on_cores`` by hand, one-way time l, every rank's setup S after the barrier, two cores held
+    from a rank's exit to the end of its setup (nothing preempts a running process).
+
+    n = 3 (a PS and two workers), entries -2l, 0, -l: with cores to spare the ranks leave at 3l, 4l, 3l
+    (``barrier_exits``). On two cores with S = 5l, ranks 0 and 2 hold both from 3l to 8l; rank 1's last
+    message comes at 4l, it runs at 8l and is ready at 13l — the testbed's K = 2, 30 MB start (rank 1's first
+    receive 12 ms after the others'). With S = l/2 the cores are free again at 3.5l: nothing waits.
+    n = 5, S = 2l: ranks 0, 1, 2, 4 have their last messages at 5l. The two first in ``ties`` (1, 2) leave at
+    once and hold the cores to 7l; 4 and 0 wait, and rank 4's last op to rank 3 leaves only when it runs,
+    at 7l: rank 3 has it at 8l, waits for a core and leaves at 9l (with cores to spare: 5l and 6l).
+    """
+    from agents.strategies.collective import barrier_entries, barrier_exits, barrier_on_cores
+
+    l = 2_257_000
+    assert barrier_entries(3, l) == [-2 * l, 0, -l]
+    assert barrier_on_cores(barrier_entries(3, l), l, [0] * 3, cores=3) == ([3 * l, 4 * l, 3 * l],) * 2
+    assert barrier_on_cores(barrier_entries(3, l), l, [5 * l] * 3, cores=2) == (
+        [3 * l, 8 * l, 3 * l], [8 * l, 13 * l, 8 * l])
+    assert barrier_on_cores(barrier_entries(3, l), l, [l // 2] * 3, cores=2) == (
+        [3 * l, 4 * l, 3 * l], [3 * l + l // 2, 4 * l + l // 2, 3 * l + l // 2])
+    ties = [0.9, 0.2, 0.5, 0.1, 0.7]  # rank 1 and rank 2 first, then 4 and 0
+    assert barrier_on_cores(barrier_entries(5, l), l, [2 * l] * 5, cores=2, ties=ties) == (
+        [7 * l, 5 * l, 5 * l, 9 * l, 7 * l], [9 * l, 7 * l, 7 * l, 11 * l, 9 * l])
+    # with a core per rank and no setup it is the barrier alone, whatever the number of ranks
+    for n in range(1, 18):
+        exits, ready = barrier_on_cores(barrier_entries(n, l), l, [0] * n, cores=n)
+        assert ready == exits and [t - min(exits) for t in exits] == barrier_exits(n, l)
+
+
 @pytest.mark.parametrize("strategy, ranks", [
     ("strategy=ps_sync", ["ps0", "w0", "w1", "w2", "w3"]),
     ("strategy=ps_async", ["ps0", "w0", "w1", "w2", "w3"]),

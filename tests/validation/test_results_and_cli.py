@@ -202,23 +202,31 @@ def test_validate_emulates_the_late_asynchronous_ps():
 
 
 def test_validate_starts_each_ps_rank_when_it_leaves_gloo_s_start_up_barrier():
-    # K = 4, L = 10 ms: five ranks, one-way time L + the tcp model's host latency (257 us); rank 3 (worker
-    # w2) left init_process_group last and leaves the barrier one one-way time after the others (measured:
-    # 9.3-9.4 ms after the PS's first isend, benchmarks/data/lab/starts.jsonl); a user's offsets win
+    # K = 4, L = 10 ms: five ranks, one-way time l = L + the tcp model's host latency (257 us); rank 3 (worker
+    # w2) left init_process_group last and leaves the barrier after the others (measured: 9.3-9.4 ms after
+    # the PS's first isend, benchmarks/data/lab/starts.jsonl); a user's offsets win. Every rank then fills
+    # its 1 MB tensor (S = 1 MB / 2.3 GB/s = 434 783 ns) on the testbed's two cores: the four that leave
+    # together run two at a time, in the keyed order of seed 0 (ranks 1 and 0 first), and rank 3's last
+    # message comes from rank 4, which sends it when it runs, S later: l + S after the first two are ready
     from controller.results import Point
     from controller.validate import _gloo_offsets
 
     point = Point("ps_sync", 4, 0.01, 1e8, 1_000_000, 0.02, 0.2)
     assert _gloo_offsets(point, ["network=tcp"]) == [
-        "compute.start_offsets={ps0: 0ns, w0: 0ns, w1: 0ns, w2: 10257000ns, w3: 0ns}"]
+        "compute.start_offsets={ps0: 0ns, w0: 0ns, w1: 434783ns, w2: 10691783ns, w3: 434783ns}"]
     assert _gloo_offsets(point, ["network=tcp", "compute.start_offsets={w0: 1ms}"]) == []
     # the ring's ranks are its members: with two, rank 0 leaves init_process_group last and so the barrier
     # one one-way time after rank 1 (its captures: 10.8 ms at L = 10 ms, 0.84 ms at L = 1 ms); with four,
-    # rank 2 (measured 9.5-10.5 ms after the others at L = 10 ms)
+    # rank 2 (measured 9.5-10.5 ms after the others at L = 10 ms), and rank 3 waits S for a core
     assert _gloo_offsets(Point("ring", 2, 0.01, 1e9, 1_000_000, 0.02, 0.2), ["network=tcp"]) == [
         "compute.start_offsets={w0: 10257000ns, w1: 0ns}"]
     assert _gloo_offsets(Point("ring", 4, 0.01, 1e9, 1_000_000, 0.02, 0.2), ["network=tcp"]) == [
-        "compute.start_offsets={w0: 0ns, w1: 0ns, w2: 10257000ns, w3: 0ns}"]
+        "compute.start_offsets={w0: 0ns, w1: 0ns, w2: 10257000ns, w3: 434783ns}"]
+    # K = 2, 2 ms, 30 MB: the PS and rank 2 leave the barrier together and fill 30 MB for 13.04 ms on both
+    # cores; rank 1, whose last message came 2.257 ms later, runs only then (measured: its first receive
+    # 12.0-13.5 ms after the others', benchmarks/data/lab/starts-cores.jsonl)
+    assert _gloo_offsets(Point("ps_sync", 2, 0.002, 2.5e9, 30_000_000, 0.02, 0.4), ["network=tcp"]) == [
+        "compute.start_offsets={ps0: 0ns, w0: 13043478ns, w1: 0ns}"]
     assert _gloo_offsets(Point("p2p", 2, 0.01, 1e9, 1_000_000, 0.02, 0.2), ["network=tcp"]) == []
 
 
