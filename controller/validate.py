@@ -48,12 +48,12 @@ TESTBED_TIMER_JITTER = 0.01
 # benchmarks/realrun/starts.py (lab/starts.jsonl), 4.0-6.0 ms at K x M = 4 MB, 12.9 ms at 12 MB, 23.4 ms at
 # 20 MB, 36.7 ms at 40 MB (and 128-129 ms in two runs at L = 10 ms, whose barrier was slow as well)
 TESTBED_PS_START_S = 1e-3
+TESTBED_PS_COPY_BPS = 0.9e9  # bytes of K send buffers per second
 # every rank of realrun's program fills one fresh tensor of M bytes after the barrier (torch.zeros / torch.ones:
 # page faults and the writes), on a machine of two cores whose processes run at one real-time priority:
 # measured with benchmarks/realrun/starts.py, 4.6 ms at 10 MB and 12.0-13.5 ms at 30 MB (lab/starts-cores.jsonl)
 TESTBED_TOUCH_BPS = 2.3e9
 TESTBED_CORES = 2
-TESTBED_PS_COPY_BPS = 0.9e9  # bytes of K send buffers per second
 # realrun's asynchronous PS, per update, from a gradient's receive completing to the reply's isend returning: the
 # waiter thread's hand-off, the gradient applied, the send buffer refilled, the isend; one update at a time.
 # Measured with benchmarks/realrun/lab.py --scenario ps_async_trace (lab/ps_async-updates.jsonl), medians:
@@ -112,32 +112,39 @@ def _overrides_for(p: Point) -> list[str]:
 
 
 def _gloo_offsets(p: Point, overrides: list[str]) -> list[str]:
-    """``compute.start_offsets`` for the ring and PS points: when each rank of realrun's program posts its
-    first operation, by vworker name (a ring's member ``wN`` is rank N; the PS is rank 0 and worker ``wN``
-    rank N + 1). Ranks leave ``init_process_group`` as :func:`~agents.strategies.collective.barrier_exits`
-    has them, go through the barrier and then allocate their tensors (:func:`testbed_setup`) on the
-    testbed's two cores (:func:`~agents.strategies.collective.barrier_on_cores`; ranks that wait for a core
-    at the same instant get it in a keyed order, ``(seed, "testbed_core", rank)``). The one-way time is the
-    network's latency plus the tcp model's host latency. The asynchronous PS's own setup is its
-    ``strategy.start_after``. Not set where the user sets ``compute.start_offsets``."""
-    from agents.sim import keyed
-    from agents.strategies.collective import barrier_entries, barrier_on_cores
+    """``compute.start_offsets`` for the ring and PS points (:func:`testbed_starts`), by vworker name (a ring's
+    member ``wN`` is rank N; the PS is rank 0 and worker ``wN`` rank N + 1), the one-way time being the network's
+    latency plus the tcp model's host latency. Not set where the user sets ``compute.start_offsets``."""
     from controller.config import load
 
     mine = any(o.split("=", 1)[0].lstrip("+~") == "compute.start_offsets" for o in overrides)
     if p.scenario not in ("ring", "ps_sync", "ps_async") or mine:
         return []
     rc = load(_overrides_for(p) + overrides)
-    net = rc.network
     names = ([] if p.scenario == "ring" else ["ps0"]) + [f"w{i}" for i in range(p.K)]
-    one_way = net.latency.ns + (net.tcp.host_latency_ns if net.tcp else 0)
+    starts = testbed_starts(p, rc.network.latency.ns + (rc.network.tcp.host_latency_ns if rc.network.tcp else 0),
+                            rc.seed)
+    return ["compute.start_offsets={" + ", ".join(f"{n}: {t}ns" for n, t in zip(names, starts)) + "}"]
+
+
+def testbed_starts(p: Point, one_way_ns: int, seed: int) -> list[int]:
+    """When each rank of realrun's program (ring, ps_sync, ps_async) posts its first operation, in ns after the
+    first, by rank. Ranks leave ``init_process_group`` as :func:`~agents.strategies.collective.barrier_entries`
+    has them, go through the barrier and then allocate their tensors (:func:`testbed_setup`) on the testbed's two
+    cores (:func:`~agents.strategies.collective.barrier_on_cores`; ranks that wait for a core at the same
+    instant get it in a keyed order, ``(seed, "testbed_core", rank)``). The asynchronous PS's own setup is left
+    out: it is its ``strategy.start_after``."""
+    from agents.sim import keyed
+    from agents.strategies.collective import barrier_entries, barrier_on_cores
+
     setup = [round(s * 1e9) for s in testbed_setup(p)]
-    exits, ready = barrier_on_cores(barrier_entries(len(names), one_way), one_way, setup, TESTBED_CORES,
-                                    ties=[keyed.uniform(rc.seed, "testbed_core", r) for r in range(len(names))])
-    if p.scenario == "ps_async":  # the PS's setup is its start_after
+    n = len(setup)
+    exits, ready = barrier_on_cores(barrier_entries(n, one_way_ns), one_way_ns, setup, TESTBED_CORES,
+                                    ties=[keyed.uniform(seed, "testbed_core", r) for r in range(n)])
+    if p.scenario == "ps_async":
         ready[0] = exits[0]
     first = min(ready)
-    return ["compute.start_offsets={" + ", ".join(f"{n}: {t - first}ns" for n, t in zip(names, ready)) + "}"]
+    return [t - first for t in ready]
 
 
 def testbed_setup(p: Point) -> list[float]:

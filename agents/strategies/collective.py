@@ -260,18 +260,12 @@ def barrier_exits(n: int, one_way_ns: int) -> list[int]:
     before the second-to-last. gloo's barrier is then the dissemination barrier of :func:`barrier_peers`
     over gloo's send/recv rendezvous: in round ``d`` a rank announces its receive to ``rank − d`` and its
     data op leaves for ``rank + d`` once that rank's announcement has come, one one-way time after it was
-    posted; the rank goes to the next round when its receive has arrived and its send has left.
+    posted; the rank goes to the next round when its receive has arrived and its send has left. This is
+    :func:`barrier_on_cores` with a core per rank and nothing after the barrier.
     """
-    if n < 2:
-        return [0] * n
-    start = barrier_entries(n, one_way_ns)
-    d = 1
-    while d < n:
-        sent = [max(start[r], start[(r + d) % n] + one_way_ns) for r in range(n)]
-        start = [max(sent[r], sent[(r - d) % n] + one_way_ns) for r in range(n)]
-        d <<= 1
-    first = min(start)
-    return [t - first for t in start]
+    exits, _ = barrier_on_cores(barrier_entries(n, one_way_ns), one_way_ns, [0] * n, cores=n)
+    first = min(exits, default=0)
+    return [t - first for t in exits]
 
 
 def barrier_on_cores(entries_ns: list[int], one_way_ns: int, setup_ns: list[int], cores: int,
@@ -356,8 +350,9 @@ def gloo_barrier(w: Worker, ranks: list[str]) -> None:
     programs') leaves on this vworker's connections, for the ``tcp`` model's receiver (docs/engine.md,
     "Connections before the first tensor"): a peer it heard from in the barrier counts as heard from
     just now, and one it answered puts its receiver in pingpong mode. The barrier's own time is not
-    modelled here: ``lockstep validate`` starts each rank when it leaves the barrier (:func:`barrier_exits`,
-    ``compute.start_offsets``) plus a spread for the hosts' scheduling (``compute.start_spread``)."""
+    modelled here: ``lockstep validate`` starts each rank when it has left the barrier and done its setup on
+    the testbed's cores (:func:`barrier_on_cores`, ``compute.start_offsets``) plus a spread for the hosts'
+    scheduling (``compute.start_spread``)."""
     prime = getattr(w.env.network, "barrier_history", None)
     if prime is None:
         return

@@ -14,7 +14,12 @@ returning) and of the uploads (the worker's ``send`` called to the PS's receive 
 (``network=tcp strategy.collective=gloo``, ``seed=0`` … ``N-1``, then the overrides, with ``trace.mode=full``)
 and prints the same per seed: the first downloads in ms of virtual time, the transfers from the data's send to
 its delivery (every parameter and gradient message of at least half of M) — a diagnostic, not a test
-(docs/benchmarks.md, "How many runs and seeds a point needs").
+(docs/benchmarks.md, "How many runs and seeds a point needs"), and the window at which each of the PS's
+downlinks and the workers' uplinks left its first slow start ("exits", ``_Sender.on_ack`` observed).
+
+Both forms: ``--from-step S`` keeps the transfers of worker steps >= S only (the steady state), and each line
+ends with every worker's mean cycle (ms between its updates, steps >= S); ``--steps`` also prints each worker's
+cycles one by one.
 """
 from __future__ import annotations
 
@@ -47,12 +52,26 @@ def window(ups: list[tuple[float, object, int]]) -> tuple[float, list[int]]:
     return (len(meas) - 1) / (meas[-1][0] - meas[0][0]), sorted(count.values(), reverse=True)
 
 
-def line(head: str, rate: float, counts: list[int], firsts: dict, down: list[float], up: list[float]) -> str:
-    return (f"{head}rate {rate:.2f} counts {counts} firsts {firsts} down q {q(down)} mean {st.mean(down):.0f} "
-            f"up q {q(up)} mean {st.mean(up):.0f}")
+def line(head: str, rate: float, counts: list[int], firsts: dict, down: list[float], up: list[float],
+         cycles: dict) -> str:
+    return (f"{head}rate {rate:.2f} counts {counts} firsts {firsts} down q {q(down)} mean {st.mean(down):.1f} "
+            f"up q {q(up)} mean {st.mean(up):.1f} cycle {{{', '.join(f'{w}: {st.mean(c):.1f}' for w, c in cycles.items())}}}")
 
 
-def from_trace(path: str) -> None:
+def worker_cycles(ups: list[tuple[float, object, int]], from_step: int) -> dict:
+    """ms between a worker's updates, from its step ``from_step`` on, by worker."""
+    by: dict = {}
+    for t, w, s in sorted(ups, key=lambda u: u[0]):
+        by.setdefault(w, []).append((s, t))
+    return {w: [(b - a) * 1e3 for (s, a), (_, b) in zip(v, v[1:]) if s >= from_step] for w, v in sorted(by.items())}
+
+
+def print_steps(cycles: dict) -> None:
+    for w, c in cycles.items():
+        print(f"   {w}: " + " ".join(f"{x:.1f}" for x in c))
+
+
+def from_trace(path: str, from_step: int = 0, steps: bool = False) -> None:
     for text in open(path):
         r = json.loads(text)
         ps = r["ranks"][0]
@@ -63,17 +82,35 @@ def from_trace(path: str) -> None:
         for w in range(1, K + 1):
             wr = r["ranks"][w]["rows"]
             for s in range(len(wr) - 1):
-                if s >= 1:
+                if s >= max(1, from_step):
                     down.append((wr[s]["t_got"] - isend[(w, s - 1)]) * 1e3)
-                up.append((recv[(w, s)] - wr[s + 1]["t_send"]) * 1e3)
-        rate, counts = window(sorted((x["t_got"], x["w"], x["s"]) for x in rows))
+                if s >= from_step:
+                    up.append((recv[(w, s)] - wr[s + 1]["t_send"]) * 1e3)
+        ups = [(x["t_got"], x["w"], x["s"]) for x in rows]
+        rate, counts = window(sorted(ups))
         firsts = {w: round((r["ranks"][w]["rows"][0]["t_got"] - t0) * 1e3) for w in range(1, K + 1)}
-        print(line(f"{r.get('priority', '')} ", rate, counts, firsts, down, up))
+        cycles = worker_cycles(ups, from_step)
+        print(line(f"{r.get('priority', '')} ", rate, counts, firsts, down, up, cycles))
+        if steps:
+            print_steps(cycles)
 
 
-def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int, overrides: list[str]) -> None:
+def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int, overrides: list[str],
+            from_step: int = 0, steps: bool = False) -> None:
+    from agents.sim import tcp
     from controller.results import load_results
     from controller.validate import observed_updates, point_config
+
+    exits: dict = {}
+    on_ack = tcp._Sender.on_ack
+
+    def observed_on_ack(self, ack_seq, tsent):  # the window of each connection's first slow-start exit
+        before = self.ssthresh
+        on_ack(self, ack_seq, tsent)
+        if self.ssthresh != before:
+            exits.setdefault((self.host.worker.id, self.dst), self.ssthresh)
+
+    tcp._Sender.on_ack = observed_on_ack
 
     p = next((p for p in load_results(results, ("ps_async",))
               if (p.K, p.L_s, p.B_bps, p.M_bytes) == (K, L_ms / 1e3, B_mbit * 1e6, M)), None)
@@ -82,6 +119,7 @@ def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int
     for seed in range(seeds):
         rc = point_config(p, ["network=tcp", "strategy.collective=gloo", f"seed={seed}", *overrides,
                               "trace.mode=full"])
+        exits.clear()
         with tempfile.TemporaryDirectory() as d:
             updates = observed_updates(rc, Path(d))
             events = json.loads((Path(d) / "trace.json").read_text())["traceEvents"]
@@ -94,14 +132,24 @@ def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int
         rate, counts = window(tagged)
         big = [e for e in events if e.get("ph") == "X" and e.get("cat") == "ingress"
                and e.get("args", {}).get("bytes", 0) >= M / 2]
-        ends = [((e["ts"] + e["dur"]) / 1e3, e["args"]) for e in big]
-        down = [t - a["sent_ns"] / 1e6 for t, a in ends if a["src"] == "ps0"]
-        up = [t - a["sent_ns"] / 1e6 for t, a in ends if a["dst"] == "ps0"]
+        ends = sorted(((e["ts"] + e["dur"]) / 1e3, e["args"]) for e in big)
+        nth: dict = {}  # a message's step: its place among the messages of its connection
+        down, up = [], []
+        for t, a in ends:
+            s = nth[a["src"], a["dst"]] = nth.get((a["src"], a["dst"]), -1) + 1
+            if s >= from_step:
+                (down if a["src"] == "ps0" else up).append(t - a["sent_ns"] / 1e6)
         firsts: dict = {}
         for t, a in sorted(ends, key=lambda x: x[0]):
             if a["src"] == "ps0":
                 firsts.setdefault(a["dst"], round(t))
-        print(line(f"seed {seed} ", rate, counts, firsts, down, up), flush=True)
+        cycles = worker_cycles(tagged, from_step)
+        names = {**{i: f"w{i}" for i in range(K)}, K: "ps0"}  # vworker ids: the workers, then the PS
+        print(line(f"seed {seed} ", rate, counts, firsts, down, up, cycles)
+              + " exits {" + ", ".join(f"{names.get(a, a)}->{names.get(b, b)}: {w}"
+                                      for (a, b), w in sorted(exits.items())) + "}", flush=True)
+        if steps:
+            print_steps(cycles)
 
 
 def main(argv: list[str]) -> int:
@@ -109,14 +157,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("trace", nargs="?", help="lab.py ps_async_trace records")
     ap.add_argument("--emulate", nargs=5, metavar=("RESULTS", "K", "L_MS", "B_MBIT", "M_BYTES"))
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--from-step", type=int, default=0, help="transfers and cycles of worker steps >= this only")
+    ap.add_argument("--steps", action="store_true", help="print every worker's cycles one by one")
     a, overrides = ap.parse_known_args(argv)
     if a.emulate:
         if a.trace is not None:  # the positional took the first override
             overrides.insert(0, a.trace)
         r, K, L, B, M = a.emulate
-        emulate(r, int(K), float(L), float(B), int(float(M)), a.seeds, overrides)
+        emulate(r, int(K), float(L), float(B), int(float(M)), a.seeds, overrides, a.from_step, a.steps)
     elif a.trace:
-        from_trace(a.trace)
+        from_trace(a.trace, a.from_step, a.steps)
     else:
         ap.error("give lab.py ps_async_trace records, or --emulate")
     return 0

@@ -10,6 +10,13 @@ and ``all_reduce`` and notes CLOCK_MONOTONIC (one clock for every namespace of t
 first calls enters and returns. Each run appends one JSON line: the point, realrun's median step, and per
 rank its events ``[name, enter_ns, return_ns]`` relative to the moment the last rank entered the start-up
 barrier, in call order. A wrapper costs a few microseconds per call, and only the first calls are noted.
+
+  python benchmarks/realrun/starts.py --compare benchmarks/data/lab/starts.jsonl [more files]
+
+compares those records with the model ``lockstep validate`` starts the ranks with: per record the largest
+error of a rank's first operation (ms, after the first rank's), for the barrier alone (``barrier_exits``) and
+for the barrier and the setup on the testbed's two cores (``controller.validate.testbed_starts``, the mean over
+five keyed orders), then the mean of each over the records (docs/benchmarks.md, "The start-up on two cores").
 """
 from __future__ import annotations
 
@@ -54,7 +61,50 @@ if _dir:
 '''
 
 
+def compare(paths: list[str], seeds: int = 5) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+    from agents.sim.tcp import TcpSpec
+    from agents.strategies.collective import barrier_exits
+    from controller.results import Point
+    from controller.validate import testbed_ps_start, testbed_starts
+
+    def rel(v: list[float]) -> list[float]:
+        return [x - min(v) for x in v]
+
+    alone, model = [], []
+    for path in paths:
+        for text in open(path):
+            r = json.loads(text)
+            p = Point(r["scenario"], r["K"], r["L_ms"] / 1e3, r["B_mbit"] * 1e6, r["M_bytes"],
+                      r.get("C_ms", 20.0) / 1e3, r["median_s"])
+            measured = []
+            for ev in r["ranks"]:
+                barrier = next(e for e in ev if e[0] == "barrier")
+                first = next(e for e in ev if e[1] > barrier[2] and e[0] != "barrier")[1]
+                measured.append((first - (p.C_s * 1e9 if p.scenario == "ring" else 0)) / 1e6)
+            one_way = round(p.L_s * 1e9) + TcpSpec().host_latency_ns
+            ps_late = testbed_ps_start(p) * 1e3 if p.scenario == "ps_async" else 0.0  # the PS's start_after
+            base = [t / 1e6 for t in barrier_exits(len(measured), one_way)]
+            base[0] += ps_late
+            err = lambda v: max(abs(a - b) for a, b in zip(rel(measured), rel(v)))  # noqa: E731
+            errs = []
+            for seed in range(seeds):
+                starts = [t / 1e6 for t in testbed_starts(p, one_way, seed)]
+                starts[0] += ps_late
+                errs.append(err(starts))
+            alone.append(err(base))
+            model.append(sum(errs) / len(errs))
+            print(f"{p.scenario:8} K={p.K} L={r['L_ms']:g} ms M={p.M_bytes / 1e6:g} MB {r.get('priority', '')}: "
+                  f"measured {' '.join(f'{x:.1f}' for x in rel(measured))}; largest error: barrier alone "
+                  f"{alone[-1]:.1f} ms, on two cores {model[-1]:.1f} ms")
+    print(f"{len(alone)} records: mean largest error, barrier alone {sum(alone) / len(alone):.1f} ms, "
+          f"on two cores {sum(model) / len(model):.1f} ms")
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--compare"]:
+        compare(sys.argv[2:])
+        return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_point_arguments(p, warmup=1)
     p.add_argument("--runs", type=int, default=1)
