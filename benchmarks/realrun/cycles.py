@@ -12,9 +12,9 @@ returning) and of the uploads (the worker's ``send`` called to the PS's receive 
 
 ``--emulate`` runs the ps_async point of RESULTS.jsonl with those K, L, B, M as ``lockstep validate`` does
 (``network=tcp strategy.collective=gloo``, ``seed=0`` … ``N-1``, then the overrides, with ``trace.mode=full``)
-and prints the same per seed: the first downloads in ms of virtual time, the transfers from the data's send to
-its delivery (every parameter and gradient message of at least half of M) — a diagnostic, not a test
-(docs/benchmarks.md, "How many runs and seeds a point needs"), and the window at which each of the PS's
+and prints the same per seed: the first downloads in ms of virtual time (to 0.01 ms), the transfers from the
+data's send to its delivery (every parameter and gradient message of at least half of M) — a diagnostic, not a
+test (docs/benchmarks.md, "How many runs and seeds a point needs"), and the window at which each of the PS's
 downlinks and the workers' uplinks left its first slow start ("exits", ``_Sender.on_ack`` observed).
 
 Both forms: ``--from-step S`` keeps the transfers of worker steps >= S only (the steady state), and each line
@@ -54,8 +54,9 @@ def window(ups: list[tuple[float, object, int]]) -> tuple[float, list[int]]:
 
 def line(head: str, rate: float, counts: list[int], firsts: dict, down: list[float], up: list[float],
          cycles: dict) -> str:
+    cycle = ", ".join(f"{w}: {st.mean(c):.1f}" for w, c in cycles.items())
     return (f"{head}rate {rate:.2f} counts {counts} firsts {firsts} down q {q(down)} mean {st.mean(down):.1f} "
-            f"up q {q(up)} mean {st.mean(up):.1f} cycle {{{', '.join(f'{w}: {st.mean(c):.1f}' for w, c in cycles.items())}}}")
+            f"up q {q(up)} mean {st.mean(up):.1f} cycle {{{cycle}}}")
 
 
 def worker_cycles(ups: list[tuple[float, object, int]], from_step: int) -> dict:
@@ -142,7 +143,7 @@ def emulate(results: str, K: int, L_ms: float, B_mbit: float, M: int, seeds: int
         firsts: dict = {}
         for t, a in sorted(ends, key=lambda x: x[0]):
             if a["src"] == "ps0":
-                firsts.setdefault(a["dst"], round(t))
+                firsts.setdefault(a["dst"], round(t, 2))
         cycles = worker_cycles(tagged, from_step)
         names = {**{i: f"w{i}" for i in range(K)}, K: "ps0"}  # vworker ids: the workers, then the PS
         print(line(f"seed {seed} ", rate, counts, firsts, down, up, cycles)

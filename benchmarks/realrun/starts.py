@@ -71,6 +71,10 @@ def compare(paths: list[str], seeds: int = 5) -> None:
     def rel(v: list[float]) -> list[float]:
         return [x - min(v) for x in v]
 
+    def err(measured: list[float], v: list[float]) -> float:
+        """The largest error of a rank's first operation, each after the first rank's."""
+        return max(abs(a - b) for a, b in zip(rel(measured), rel(v)))
+
     alone, model = [], []
     for path in paths:
         for text in open(path):
@@ -86,13 +90,12 @@ def compare(paths: list[str], seeds: int = 5) -> None:
             ps_late = testbed_ps_start(p) * 1e3 if p.scenario == "ps_async" else 0.0  # the PS's start_after
             base = [t / 1e6 for t in barrier_exits(len(measured), one_way)]
             base[0] += ps_late
-            err = lambda v: max(abs(a - b) for a, b in zip(rel(measured), rel(v)))  # noqa: E731
             errs = []
             for seed in range(seeds):
                 starts = [t / 1e6 for t in testbed_starts(p, one_way, seed)]
                 starts[0] += ps_late
-                errs.append(err(starts))
-            alone.append(err(base))
+                errs.append(err(measured, starts))
+            alone.append(err(measured, base))
             model.append(sum(errs) / len(errs))
             print(f"{p.scenario:8} K={p.K} L={r['L_ms']:g} ms M={p.M_bytes / 1e6:g} MB {r.get('priority', '')}: "
                   f"measured {' '.join(f'{x:.1f}' for x in rel(measured))}; largest error: barrier alone "
