@@ -23,7 +23,11 @@ stations, this model moves what a Linux host really hands to its NIC: TSO/GSO pa
   ACKs, ACK on read for short packets, the delayed-ACK timer, ACKs riding data).
 * **Host software**: a message reaches its application ``host_latency`` after its last
   byte (system calls, a thread wake-up), plus a keyed exponential jitter of mean
-  ``host_jitter`` drawn per message — what makes real workers drift apart.
+  ``host_jitter`` drawn per message — what makes real workers drift apart. A sender acts
+  on an ACK the hosts' share of a round trip after it arrived (the stacks, the bridge):
+  ``host_rtt`` per connection plus a keyed exponential draw of mean ``ack_delay`` per ACK,
+  a connection's ACKs kept in order — so two connections that share a NIC do not take
+  their slow-start rounds in lockstep.
 
 Every time is an integer nanosecond and every draw is keyed, so results are identical
 whatever the placement of vworkers on agents. A connection's sender state lives on the
@@ -73,8 +77,9 @@ class TcpSpec:
     wmem_max_bytes: int = 4 * 1024 * 1024  # net.ipv4.tcp_wmem[2]: the largest send buffer autotuning gives
     host_latency_ns: int = 257_000  # application-visible delay of a delivered message (calibrated)
     host_jitter_ns: int = 0         # mean of a keyed exponential extra delay per message
+    ack_delay_ns: int = 30_000      # mean of the keyed exponential part of the hosts' share of a round trip
     host_rtt_min_ns: int = 3_000    # the hosts' share of a connection's minimum RTT: keyed uniform per connection
-    host_rtt_max_ns: int = 80_000   # in [min, max], read by TSO autosizing (measured: lab/min-rtt.jsonl)
+    host_rtt_max_ns: int = 80_000   # in [min, max]; every ACK waits it (measured: lab/min-rtt.jsonl)
     small_messages_first: bool = True  # CUBIC's minimum RTT starts at a small message's round trip
     delayed_ack: bool = False  # the receiver's ACK policy of Linux (quick ACKs, ACK on read, delayed ACK)
     delack_ns: int = 40_000_000  # TCP_DELACK_MIN / TCP_ATO_MIN: the delayed-ACK timer
@@ -89,8 +94,8 @@ class TcpSpec:
         for name in ("initial_window", "gso_max_bytes", "clock_hz", "wmem_max_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"tcp: {name}={getattr(self, name)} must be positive")
-        for name in ("frame_bytes", "rto_min_ns", "host_latency_ns", "host_jitter_ns", "tsq_limit_bytes",
-                     "host_rtt_min_ns"):
+        for name in ("frame_bytes", "rto_min_ns", "host_latency_ns", "host_jitter_ns", "ack_delay_ns",
+                     "tsq_limit_bytes", "host_rtt_min_ns"):
             if getattr(self, name) < 0:
                 raise ValueError(f"tcp: {name}={getattr(self, name)} must not be negative")
         if self.host_rtt_max_ns < self.host_rtt_min_ns:
@@ -198,6 +203,8 @@ class _AckTimer:
 class _Sender:
     """One TCP connection's sender (Linux tcp_output.c / tcp_input.c / tcp_cubic.c, loss-free)."""
 
+    ack_ready: VirtualTime = 0  # when the sender acted on the newest ACK (``ack_delay``: ACKs keep their order)
+
     def __init__(self, net: "TcpNetwork", host: _Host, dst: int, rtt0: VirtualTime,
                  base_rtt: VirtualTime | None = None):
         self.net, self.host, self.dst = net, host, dst
@@ -217,8 +224,11 @@ class _Sender:
         self._rtt_sample(rtt0)
         if base_rtt is not None:  # the handshake and gloo's small messages: small packets' round trips
             self.min_rtt = max(self.min_rtt, base_rtt)
-        # what the hosts' stacks add to every round trip, in Linux's minimum RTT (tcp_min_rtt) but not in the
-        # model's packet times: a draw per connection (docs/benchmarks.md, "The minimum RTT of a connection")
+        # what the hosts' stacks add to every round trip, the constant part: a draw per connection that each of
+        # its ACKs waits (with a keyed exponential draw of mean ack_delay) before the sender acts on it, and
+        # that TSO autosizing adds to the handshake's and small messages' round trips, as Linux's minimum RTT
+        # (tcp_min_rtt) holds it (docs/benchmarks.md, "The minimum RTT of a connection", "The hosts' share of
+        # a round trip")
         self.host_rtt = s.host_rtt_min_ns + int((s.host_rtt_max_ns - s.host_rtt_min_ns)
                                                 * keyed.uniform(net.env.seed, "host_rtt", host.worker.id, dst))
         # sk_pacing_rate: set from cwnd and srtt when an ACK has been processed (tcp_update_pacing_rate, the
@@ -641,6 +651,10 @@ class TcpNetwork:
         host = self._host(dst)
         release = max(e_done + latency, host.port_free + ser_in)
         host.port_free = release
+        if ack:  # the hosts' share of the round trip: the sender acts on the ACK later, ACKs in order
+            snd = host.senders[src]
+            release = max(release + snd.host_rtt + self._ack_jitter(src, dst, end), snd.ack_ready)
+            snd.ack_ready = release
         if not ack:
             rcv = host.receivers.get(src)
             if rcv is None:
@@ -717,6 +731,14 @@ class TcpNetwork:
         tsent, rcv.tsent = (rcv.tsent, rcv.tlast), None
         self.enqueue(host, _Packet(host.worker.id, src, True, rcv.rcv_nxt, rcv.rcv_nxt, 0, tsent,
                                    self.tcp.header_bytes + self.tcp.frame_bytes))
+
+    def _ack_jitter(self, src: int, dst: int, end: int) -> VirtualTime:
+        """The keyed exponential part of the hosts' share of a round trip (mean ``ack_delay``), drawn per ACK:
+        ``(seed, "ack", the ACK's sender, its receiver, the byte it acknowledges up to)``."""
+        if not self.tcp.ack_delay_ns:
+            return 0
+        u = keyed.uniform(self.env.seed, "ack", src, dst, end)
+        return int(-self.tcp.ack_delay_ns * math.log1p(-u))
 
     def _host_delay(self, src: int, dst: int, seq: int) -> VirtualTime:
         s = self.tcp

@@ -331,9 +331,13 @@ class TcpConfig:
                                      "(fitted by lockstep calibrate)", unit="duration", lo=0)
     host_jitter: Any = doc("0us", "mean of a keyed exponential extra delay per delivered message", unit="duration",
                            lo=0)
-    host_rtt_min: Any = doc("3us", "the hosts' share of a connection's minimum RTT (stacks, bridge), which TSO "
-                                   "autosizing reads: drawn per connection, keyed, uniform in [host_rtt_min, "
-                                   "host_rtt_max] (measured on the calibration testbed)", unit="duration", lo=0)
+    ack_delay: Any = doc("30us", "the hosts' share of a round trip beyond host_rtt: a sender acts on each ACK "
+                                 "host_rtt plus a keyed exponential draw of this mean after it arrived, a connection's "
+                                 "ACKs kept in order (measured on the calibration testbed)", unit="duration", lo=0)
+    host_rtt_min: Any = doc("3us", "the hosts' share of a connection's minimum RTT (stacks, bridge), which every ACK "
+                                   "waits and TSO autosizing reads: drawn per connection, keyed, uniform in "
+                                   "[host_rtt_min, host_rtt_max] (measured on the calibration testbed)",
+                            unit="duration", lo=0)
     host_rtt_max: Any = doc("80us", "the upper end of host_rtt_min's range", unit="duration", lo=0)
     delayed_ack: bool = doc(False, "the receiver acknowledges like Linux: at once when two segments are due or in "
                                    "quick-ACK mode, a short packet when the application reads it (not in pingpong "

@@ -708,7 +708,7 @@ def _network(n: S.NetworkConfig, workers: int | None, p: _Problems) -> NetworkSe
 def _tcp(t: S.TcpConfig, p: _Problems) -> TcpSpec | None:
     """``network.tcp`` as the engine's TcpSpec (durations in ns); None when a value is bad (reported)."""
     ns = {}
-    for key in ("rto_min", "host_latency", "host_jitter", "delack", "host_rtt_min", "host_rtt_max"):
+    for key in ("rto_min", "host_latency", "host_jitter", "ack_delay", "delack", "host_rtt_min", "host_rtt_max"):
         s = _duration(p, f"network.tcp.{key}", getattr(t, key))
         if s is None:
             return None

@@ -66,6 +66,12 @@ def test_the_hosts_share_of_the_minimum_rtt_is_a_range():
         load(["network=tcp", "network.tcp.host_rtt_max=1us"])
 
 
+def test_the_hosts_share_of_a_round_trip_is_not_negative():
+    with pytest.raises(ConfigError, match=r"network.tcp.ack_delay=-5us is not valid; accepted: a duration >= 0 "):
+        load(["network=tcp", "network.tcp.ack_delay=-5us"])
+    assert load(["network=tcp", "network.tcp.ack_delay=0"]).network.tcp.ack_delay_ns == 0
+
+
 @pytest.mark.parametrize("overrides, expected", [
     (["data.partition=dirichlet", "data.per_client=8"], r"data.per_client=8 is not valid; accepted: null unless "
                                                         r"data.partition=iid"),

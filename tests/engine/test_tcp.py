@@ -8,19 +8,24 @@ window (``tcp_cwnd_test``): a fresh connection's first 10 segments leave as two 
 full (72 887 bytes), so a host's first packet leaves at once; the line then serialises
 (``e = max(t, egress_free) + w/B``), the latency follows, and the receiver's switch port
 serialises again in arrival order (``r = max(e + L, port_free + w/B)``). Host latency, and the hosts' share of
-the minimum RTT, are 0 unless a test sets them.
+a round trip (``host_rtt``, ``ack_delay``), are 0 unless a test sets them.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
+from agents.sim import keyed
+from agents.sim import tcp as tcp_model
 from agents.sim.tcp import TcpSpec, _sndbuf, goodput_fraction, wire_bytes
 from agents.sim.worker import Worker
 from agents.strategies.collective import GlooP2P, _GlooPair, gloo_ring_allreduce
 
 MS = 1_000_000
 SEG = 1448
-TCP = TcpSpec(host_latency_ns=0, host_rtt_min_ns=0, host_rtt_max_ns=0)
+TCP = TcpSpec(host_latency_ns=0, host_rtt_min_ns=0, host_rtt_max_ns=0, ack_delay_ns=0)
 
 
 class Sender(Worker):
@@ -140,7 +145,7 @@ def test_tso_autosizing_reads_the_minimum_rtt_with_the_hosts_share(build_kernel,
     # + 16 384 = 50 321, 34 segments. The testbed's connections at 0.5 ms ended with minimum RTTs of
     # 1 009-1 041 us and split into both (docs/benchmarks.md, "The minimum RTT of a connection").
     B, L = 125e6, 500_000
-    spec = TcpSpec(host_latency_ns=0, host_rtt_min_ns=host_rtt_us * 1000, host_rtt_max_ns=host_rtt_us * 1000)
+    spec = replace(TCP, host_latency_ns=0, host_rtt_min_ns=host_rtt_us * 1000, host_rtt_max_ns=host_rtt_us * 1000)
     k, env, o = build_kernel({"a": (Sender, {"plan": [(0, "b", SEG)]}), "b": (Sink, {})},
                              latency_ns=L, bw=B, tcp=spec)
     k.run_until(1)
@@ -152,7 +157,7 @@ def test_tso_autosizing_reads_the_minimum_rtt_with_the_hosts_share(build_kernel,
 
 
 def test_the_hosts_share_of_the_minimum_rtt_is_drawn_per_connection_and_keyed(build_kernel):
-    spec = TcpSpec(host_latency_ns=0, host_rtt_min_ns=3_000, host_rtt_max_ns=80_000)
+    spec = replace(TCP, host_latency_ns=0, host_rtt_min_ns=3_000, host_rtt_max_ns=80_000)
     draws = []
     for _ in range(2):
         plan = [(0, "b", SEG), (0, "c", SEG)]
@@ -278,7 +283,7 @@ def test_hystart_measures_its_ack_train_against_the_smallest_round_trip_seen(bui
     # each gap under 2 ms. HyStart compares it with (min RTT + 1 ms) / 2 (the ACK delay allowance,
     # min(1 ms, 4 * 64 KiB / pacing rate), is 1 ms at these rates).
     B = 12.5e6
-    tcp = TcpSpec(host_latency_ns=0, small_messages_first=small_first)
+    tcp = replace(TCP, small_messages_first=small_first)
     k, env, _ = build_kernel({"a": (Sender, {"plan": [(0, "b", 60 * SEG)]}), "b": (Sink, {})},
                              latency_ns=MS, bw=B, tcp=tcp)
     snd = None
@@ -362,7 +367,7 @@ def test_a_small_message_waits_behind_a_packet_already_on_the_line(build_kernel)
 def test_host_latency_and_its_keyed_jitter_delay_every_delivered_message(build_kernel):
     B = 125e6
     base = ns(15380, B) + MS
-    spec = TcpSpec(host_latency_ns=150_000)
+    spec = replace(TCP, host_latency_ns=150_000)
     k, _, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 10 * SEG)]}), "b": (Sink, {})},
                            latency_ns=MS, bw=B, tcp=spec)
     k.run_until()
@@ -370,12 +375,57 @@ def test_host_latency_and_its_keyed_jitter_delay_every_delivered_message(build_k
     got = []
     for seed in (0, 0, 1):
         k, _, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 10 * SEG)]}), "b": (Sink, {})},
-                               latency_ns=MS, bw=B, tcp=TcpSpec(host_latency_ns=150_000, host_jitter_ns=300_000),
+                               latency_ns=MS, bw=B, tcp=replace(TCP, host_latency_ns=150_000, host_jitter_ns=300_000),
                                seed=seed)
         k.run_until()
         got.append(o["b"].got[0][2])
     assert got[0] == got[1] and got[0] != got[2]  # a keyed draw: same seed, same delay
     assert min(got) > base + 150_000
+
+
+def _ack_jitter(seed: int, ack_src: int, ack_dst: int, end: int, mean: int) -> int:
+    """The keyed exponential draw of ``ack_delay`` for the ACK of bytes up to ``end`` (docs/engine.md)."""
+    u = keyed.uniform(seed, "ack", ack_src, ack_dst, end)
+    return int(-mean * math.log1p(-u))
+
+
+@pytest.mark.parametrize("host_rtt, jitter", [(0, 300_000), (40_000, 0), (40_000, 300_000)])
+def test_the_sender_acts_on_each_ack_after_the_hosts_share_of_the_round_trip_in_order(build_kernel, monkeypatch,
+                                                                                      host_rtt, jitter):
+    B = 125e6
+    # Ten segments leave at 0 as two packets of 5 (7 690 wire bytes each); b acknowledges each on arrival,
+    # so a's port releases the ACKs at r1 = e1 + 2L + ACK and r2 = r1 + one packet's line time. a acts on
+    # them at t1 = r1 + H + d1 and t2 = max(r2 + H + d2, t1): H the connection's host_rtt, d the keyed
+    # draws of mean ack_delay. The 11th segment leaves at t1 (cwnd 10 -> 15) and its ACK is acted on last.
+    # A seed whose second draw is short enough to overtake the first shows the order.
+    r1 = ns(7690, B) + MS + ns(90, B) + MS
+    r2 = r1 + ns(7690, B)
+    d = {seed: (_ack_jitter(seed, 1, 0, 5 * SEG, jitter), _ack_jitter(seed, 1, 0, 10 * SEG, jitter))
+         for seed in range(50)}
+    overtaking = next(s for s, (d1, d2) in d.items() if r2 + d2 < r1 + d1) if jitter else 1
+    acted = []
+    on_ack = tcp_model._Sender.on_ack
+    monkeypatch.setattr(tcp_model._Sender, "on_ack",
+                        lambda snd, seq, tsent: (acted.append((seq, snd.net.kernel.now)), on_ack(snd, seq, tsent)))
+    spec = replace(TCP, host_rtt_min_ns=host_rtt, host_rtt_max_ns=host_rtt, ack_delay_ns=jitter)
+    for seed in (0, overtaking):
+        d1, d2 = d[seed]
+        acted.clear()
+        k, env, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 11 * SEG)]}), "b": (Sink, {})},
+                                 latency_ns=MS, bw=B, tcp=spec, seed=seed)
+        k.run_until()
+        t1 = r1 + host_rtt + d1
+        assert o["b"].got == [("a", 11 * SEG, t1 + ns(1538, B) + MS)]
+        t2 = max(r2 + host_rtt + d2, t1)
+        r3 = t1 + ns(1538, B) + MS + ns(90, B) + MS
+        t3 = max(r3 + host_rtt + _ack_jitter(seed, 1, 0, 11 * SEG, jitter), t2)
+        assert acted == [(5 * SEG, t1), (10 * SEG, t2), (11 * SEG, t3)]
+    if jitter:
+        assert r2 + d[overtaking][1] < r1 + d[overtaking][0]  # the order rule was exercised
+    k, env, o = build_kernel({"a": (Sender, {"plan": [(0, "b", 11 * SEG)]}), "b": (Sink, {})},
+                             latency_ns=MS, bw=B, tcp=TCP)
+    k.run_until()
+    assert o["b"].got == [("a", 11 * SEG, r1 + ns(1538, B) + MS)]  # no share: acted on at arrival
 
 
 class GlooMember(Worker):
@@ -497,7 +547,7 @@ def test_the_receiver_acknowledges_like_linux_with_delayed_ack(build_kernel):
     is acknowledged when the application reads it (100 us after it arrives); after a gap longer than the
     RTO (200 ms) quick ACKs are armed again."""
     plan = [(i * 10 * MS, "b", SEG) for i in range(17)] + [(300 * MS, "b", 100), (600 * MS, "b", SEG)]
-    spec = TcpSpec(host_latency_ns=100_000, delayed_ack=True)
+    spec = replace(TCP, host_latency_ns=100_000, delayed_ack=True)
     k, env, o = build_kernel({"a": (Sender, {"plan": plan}), "b": (Sink, {"expect": len(plan)})},
                              latency_ns=MS, bw=125e6, tcp=spec)
     acks = []
@@ -521,7 +571,7 @@ def test_the_receiver_acknowledges_like_linux_with_delayed_ack(build_kernel):
 def test_without_delayed_ack_every_packet_is_acknowledged_on_arrival(build_kernel):
     plan = [(0, "b", SEG), (300 * MS, "b", 100)]
     k, env, o = build_kernel({"a": (Sender, {"plan": plan}), "b": (Sink, {"expect": 2})},
-                             latency_ns=MS, bw=125e6, tcp=TcpSpec(host_latency_ns=100_000))
+                             latency_ns=MS, bw=125e6, tcp=replace(TCP, host_latency_ns=100_000))
     acks = []
     enqueue = env.network.enqueue
     env.network.enqueue = lambda host, pkt: (acks.append(k.now) if pkt.ack else None, enqueue(host, pkt))
@@ -557,7 +607,7 @@ def test_a_receiver_that_answers_at_once_leaves_short_packets_to_the_delayed_ack
     and L each way, a answers 100 us after it arrives) is neither quick-ACKed nor ACKed on read, but after
     the 40 ms timer, which ends pingpong; the next short packet, 100 ms after the start, is quick-ACKed."""
     k, env, o = build_kernel({"a": (_Asks, {}), "b": (_Answers, {})}, latency_ns=MS, bw=125e6,
-                             tcp=TcpSpec(host_latency_ns=100_000, delayed_ack=True))
+                             tcp=replace(TCP, host_latency_ns=100_000, delayed_ack=True))
     acks = []
     enqueue = env.network.enqueue
 
@@ -604,7 +654,7 @@ def test_a_connection_remembers_the_barrier_before_its_first_tensor(build_kernel
     from a — after the 40 ms delayed-ACK timer."""
     k, env, o = build_kernel({"a": (Sender, {"plan": [(5 * MS, "b", 100)]}),
                               "b": (_AfterBarrier, {"heard": heard, "answered": answered, "notify": notify})},
-                             latency_ns=MS, bw=125e6, tcp=TcpSpec(host_latency_ns=0, delayed_ack=True))
+                             latency_ns=MS, bw=125e6, tcp=replace(TCP, host_latency_ns=0, delayed_ack=True))
     acks = []
     enqueue = env.network.enqueue
 
@@ -623,7 +673,7 @@ def test_without_delayed_ack_the_barrier_leaves_nothing(build_kernel):
     """Without ``delayed_ack`` every packet is acknowledged on arrival, barrier or not."""
     k, env, o = build_kernel({"a": (Sender, {"plan": [(5 * MS, "b", 100)]}),
                               "b": (_AfterBarrier, {"heard": [0], "answered": True})},
-                             latency_ns=MS, bw=125e6, tcp=TcpSpec(host_latency_ns=0))
+                             latency_ns=MS, bw=125e6, tcp=replace(TCP, host_latency_ns=0))
     acks = []
     enqueue = env.network.enqueue
     env.network.enqueue = lambda host, pkt: (acks.append(k.now) if pkt.ack and pkt.src == 1 else None,
