@@ -3,7 +3,7 @@
 
   python benchmarks/realrun/capture.py --scenario ps_async --workers 2 --latency-ms 0.5 --rate-mbit 2500 \
       --model-bytes 10MB --steps 4 --warmup 1 --sample-us 0 --pcap-hosts 1,2 --no-trace --out-dir DIR
-  python benchmarks/realrun/roundtrips.py DIR [DIR ...] [--rounds 4] [--json]
+  python benchmarks/realrun/roundtrips.py DIR [DIR ...] [--rounds 4] [--gap-ms 0.15] [--busy-ms 0.3]
 
 In its first rounds a connection's slow start is clean: the sender sends a window, the receiver acknowledges
 each packet as it arrives, and each ACK of n segments releases 2n at once (slow start), so the first ACK of a
@@ -18,9 +18,9 @@ host less than ``--busy-ms`` before it) is left out, and so is a burst less than
 began: a second clump of the same round (gloo's small operations ahead of a tensor split a connection's ACKs
 into two clumps per round trip), not the next round. The last line gives the quantiles and the mean.
 
-The model's round trips have none of this excess but ``network.tcp.ack_delay`` (docs/engine.md, "Host
-software"), its keyed draw per ACK: the measured mean is that parameter's value (docs/benchmarks.md, "The
-hosts' share of a round trip").
+In the model this excess is what a sender waits before it acts on an ACK: the connection's ``host_rtt`` plus a
+keyed exponential draw of mean ``network.tcp.ack_delay`` (docs/engine.md, "The hosts' share of a round trip"):
+``ack_delay`` is the measured mean less ``host_rtt``'s (docs/benchmarks.md, same title).
 """
 from __future__ import annotations
 
