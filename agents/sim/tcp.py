@@ -646,16 +646,17 @@ class TcpNetwork:
         return max(t, data[5] + data[6])
 
     def _on_port(self, data: tuple) -> None:
-        """A packet reached its receiver's switch port: serialised there in arrival order."""
+        """A packet reached its receiver's switch port: serialised there in arrival order. An ACK is acted on
+        the hosts' share of the round trip later, a data packet arrives in its connection's byte order."""
         src, dst, ack, end, tsent, e_done, latency, ser_in, msgs = data
         host = self._host(dst)
         release = max(e_done + latency, host.port_free + ser_in)
         host.port_free = release
-        if ack:  # the hosts' share of the round trip: the sender acts on the ACK later, ACKs in order
+        if ack:
             snd = host.senders[src]
             release = max(release + snd.host_rtt + self._ack_jitter(src, dst, end), snd.ack_ready)
             snd.ack_ready = release
-        if not ack:
+        else:
             rcv = host.receivers.get(src)
             if rcv is None:
                 rcv = host.receivers[src] = _Receiver()

@@ -16,7 +16,8 @@ before each); only the first ``--rounds`` are read (later rounds merge into each
 first packet may have queued behind another connection's (a packet of another flow arrived at a captured
 host less than ``--busy-ms`` before it) is left out, and so is a burst less than 2L after the previous one
 began: a second clump of the same round (gloo's small operations ahead of a tensor split a connection's ACKs
-into two clumps per round trip), not the next round. The last line gives the quantiles and the mean.
+into two clumps per round trip), not the next round. The last line gives the mean, the median and
+nearest-rank quantiles.
 
 In the model this excess is what a sender waits before it acts on an ACK: the connection's ``host_rtt`` plus a
 keyed exponential draw of mean ``network.tcp.ack_delay`` (docs/engine.md, "The hosts' share of a round trip"):
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ex = sorted(r["excess_us"] for r in rows)
     if ex:
         qs = {f"q{int(q * 100)}": ex[round(q * (len(ex) - 1))] for q in (0, 0.1, 0.25, 0.5, 0.75, 0.9, 1)}
-        print(json.dumps({"rounds": len(ex), "mean_us": round(statistics.mean(ex), 1), **qs}))
+        print(json.dumps({"rounds": len(ex), "mean_us": round(statistics.mean(ex), 1),
+                          "median_us": round(statistics.median(ex), 1), **qs}))
     return 0
 
 
