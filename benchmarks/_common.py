@@ -9,13 +9,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def ideal_unless_named(overrides: list[str]) -> list[str]:
+    """``network=ideal`` unless ``overrides`` name a network: the benchmarks' figures in docs/benchmarks.md were
+    recorded on the ideal network, `lockstep run`'s default until 2026-11-29 (now tcp); ``--set network=tcp``
+    (or any preset) measures another."""
+    return [] if any(o.startswith("network=") for o in overrides) else ["network=ideal"]
+
+
 def run(run_dir: Path, overrides: list[str], local: bool, **settings):
     from controller.config import load
     from controller.launchers.local import LocalLauncher
     from controller.remote import ControllerSettings, RemoteAgents
     from controller.run import execute
 
-    rc = load(["progress=false", *overrides])
+    rc = load(["progress=false", *ideal_unless_named(overrides), *overrides])
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
     pool = RemoteAgents(LocalLauncher(), ControllerSettings(**settings), extra_env=env) if local else None
     return execute(rc, run_dir, launcher=pool)

@@ -362,7 +362,9 @@ class NetworkConfig:
     ingress: Optional[Discipline] = doc(None, "the discipline of the ingress side; null = discipline")
     efficiency: float = doc(1.0, "goodput / line rate, in (0, 1] (TCP over Ethernet: about 0.94)", lo=0, lo_open=True, hi=1)
     model: NetworkModel = doc(NetworkModel.ideal, "ideal: the closed-form stations (Eq. 7, 8, 11 exactly) | tcp: "
-                                                  "Linux TCP over Ethernet, bandwidth the line rate (docs/engine.md)")
+                                                  "Linux TCP over Ethernet, bandwidth the line rate (docs/engine.md); "
+                                                  "lockstep run starts from the network=tcp option (conf/config.yaml), "
+                                                  "network=ideal and the other presets from ideal")
     tcp: TcpConfig = doc(help="the tcp model's parameters (used with model: tcp)", factory=TcpConfig)
     topology: Any = doc("star", "star (one switch: the per-NIC model above) | tree (sim4DistrDL's edge network: "
                                 "cloud, edge nodes, end devices) | fat_tree (oversubscribed leaf-spine) | {links: "

@@ -66,6 +66,16 @@ def test_the_hosts_share_of_the_minimum_rtt_is_a_range():
         load(["network=tcp", "network.tcp.host_rtt_max=1us"])
 
 
+def test_lockstep_run_starts_from_the_calibrated_tcp_network_and_ideal_is_one_override_away():
+    # issue 10: tcp is the default once it meets the targets (docs/engine.md, "What validate emulates")
+    assert load([]).network.tcp is not None and load([]).network.tcp.ack_delay_ns == 30_000
+    assert load(["network=ideal"]).network.tcp is None and load(["network=default"]).network.tcp is None
+    with pytest.raises(ConfigError, match=r"network.topology=tree is not valid with network.model=tcp; accepted: "
+                                          r"star .*run on network=ideal"):
+        load(["network.topology=tree"])
+    assert load(["network=ideal", "network.topology=tree"]).network.topology == "tree"
+
+
 def test_the_hosts_share_of_a_round_trip_is_not_negative():
     with pytest.raises(ConfigError, match=r"network.tcp.ack_delay=-5us is not valid; accepted: a duration >= 0 "):
         load(["network=tcp", "network.tcp.ack_delay=-5us"])

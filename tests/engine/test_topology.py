@@ -121,8 +121,8 @@ def _lockstep_run(*overrides):
                       "loop); accepted: routes that visit each node once."),
 ])
 def test_a_bad_topology_stops_lockstep_run_with_one_sentence_and_exit_2(tmp_path, routes, sentence):
-    p = _lockstep_run(f"network.topology={{links:[[a,b,1e9],[b,c,1e9]],attach:{{w0:a,w1:c,ps0:b}},routes:{routes}}}",
-                      f"hydra.run.dir={tmp_path}")
+    topology = f"network.topology={{links:[[a,b,1e9],[b,c,1e9]],attach:{{w0:a,w1:c,ps0:b}},routes:{routes}}}"
+    p = _lockstep_run("network=ideal", topology, f"hydra.run.dir={tmp_path}")
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["lockstep: invalid configuration:", f"  {sentence}"]
     assert not (tmp_path / "metrics.csv").exists()
@@ -165,5 +165,5 @@ def test_a_topology_too_large_for_the_plan_is_refused_before_it_is_built(overrid
     from controller.config import ConfigError, load
 
     with pytest.raises(ConfigError) as e:  # before: 21 GB and the OOM killer (fat_tree with 3 750 workers)
-        load(overrides)
+        load(["network=ideal", *overrides])
     assert sentence in e.value.problems[0], e.value.problems

@@ -48,7 +48,7 @@ def test_a_run_that_reaches_its_stop_or_ends_with_its_vworkers_done_has_nothing_
 def test_the_cli_warns_after_its_result_line(tmp_path):
     # compute=constant: the CLI's default (profiled) times the calls its profile lacks on this host (the
     # aggregate of 4 gradients), which would make the virtual times, and so the rounds, the host's
-    p = subprocess.run([sys.executable, "-m", "controller.cli", "run", *NET, *LOST, "compute=constant",
+    p = subprocess.run([sys.executable, "-m", "controller.cli", "run", "network=ideal", *NET, *LOST, "compute=constant",
                         "progress=false", f"hydra.run.dir={tmp_path / 'cli'}"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr

@@ -34,8 +34,8 @@ def test_totals_add_up_over_workers_and_the_cache_changes_nothing_in_a_first_epo
 def test_prometheus_and_the_trace_show_the_data_moved_and_the_wait(tmp_path):
     from tests.observability import runs
 
-    d = runs.run(tmp_path / "run", *EDGE, "strategy=ps_sync", "workers=1", "stop.updates=3", "eval.every=0",
-                 "compute.gradient=0.01", "compute.update=0", "compute.aggregate=0")
+    d = runs.run(tmp_path / "run", "network=ideal", *EDGE, "strategy=ps_sync", "workers=1", "stop.updates=3",
+                 "eval.every=0", "compute.gradient=0.01", "compute.update=0", "compute.aggregate=0")
     prom = (d / "metrics.prom").read_text()
     assert "lockstep_data_cache_misses_total 48.0" in prom
     assert "lockstep_data_cache_hits_total 0.0" in prom
