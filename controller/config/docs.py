@@ -69,7 +69,9 @@ def _table(title: str, cls: type, prefix: str, intro: str = "") -> str:
 def render() -> str:
     parts = [_table("The run (`conf/config.yaml`)", S.LockstepConfig, "")]
     parts.append(_table("`network=`", S.NetworkConfig, "network.",
-                        "Options: " + ", ".join(f"`{o}`" for o in _options("network")) + "."))
+                        "Options: " + ", ".join(f"`{o}`" for o in _options("network")) + ". `lockstep run` "
+                        "starts from `tcp` (conf/config.yaml); `default` is the base the presets extend, the ideal "
+                        "stations, and the column below gives its values."))
     parts.append(_table("`compute=`", S.ComputeConfig, "compute.",
                         "Options: " + ", ".join(f"`{o}`" for o in _options("compute")) + "."))
     for name, cls in S.GROUP_SCHEMAS["strategy"].items():
