@@ -441,32 +441,18 @@ class AgentProcess:
 
 
 def _prepare(plan: Plan) -> Any:
-    """Load the data set on a thread while this one imports torch._dynamo (the first optimizer would).
+    """The data set of the plan's workload (None when no vworker holds data).
 
-    Each takes a second or two at start-up; the data reader spends much of it in zlib and file reads,
-    which release the GIL, so doing both at once shortens the time to Ready.
+    Read once per process and cached by file: an agent forked from the warm forkserver finds it read already
+    (agents/forked.py). torch's compiler is not imported: nothing in a run needs it (docs/benchmarks.md, "A
+    run's start without torch's compiler"), and importing it here cost every agent about a second before Ready.
     """
     wl = plan.workload
     if not getattr(wl, "data_holders", None):
         return None
     from agents.workloads.data import load_fashion_mnist
 
-    out: dict[str, Any] = {}
-
-    def load() -> None:
-        try:
-            out["data"] = load_fashion_mnist(wl.data_root)
-        except BaseException as e:  # noqa: BLE001 - raised again on the main thread
-            out["error"] = e
-
-    t = threading.Thread(target=load, name="load-data", daemon=True)
-    t.start()
-    import torch._dynamo  # noqa: F401 - imported lazily by torch.optim's first constructor
-
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["data"]
+    return load_fashion_mnist(wl.data_root)
 
 
 def _device() -> str:

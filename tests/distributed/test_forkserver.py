@@ -86,3 +86,28 @@ def test_an_unknown_start_method_is_refused_naming_the_key_the_value_and_the_cho
         load(["launcher=local", "agents=2", "launcher.start_method=fork"])
     text = str(e.value)
     assert "launcher.start_method=fork " in text and "forkserver" in text and "spawn" in text
+
+
+def test_an_agent_reads_its_data_builds_its_vworkers_and_runs_windows_without_torchs_compiler():
+    """The agent's start once imported torch._dynamo beside reading the data: about a second before Ready,
+    in every agent, for a compiler no run uses (docs/benchmarks.md, "The agents' start without the compiler")."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys
+        from agents.agent import _prepare
+        from agents.common.plan import Plan
+        from agents.core import AgentCore
+        from controller.config import load
+        from controller.plan import make_plan
+
+        plan = Plan.from_json(make_plan(load(["agents=2", "launcher=local", "stop.updates=20", "progress=false",
+                                              "compute=constant", "eval.every=0"])).to_json())
+        core = AgentCore(plan, 0, data=_prepare(plan), metrics=None, own_process=True)
+        core.advance(core.next_time() + 1_000_000)
+        print(len(core.local), "torch._dynamo" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "33 False", out.stderr
