@@ -139,8 +139,8 @@ def main() -> None:
     agents = int(args[2]) if len(args) > 2 else 4
     after_catch_up = "--after-catch-up" in flags
     ckpt = next((float(f.split("=", 1)[1]) for f in flags if f.startswith("--checkpoint-every=")), 10.0)
-    run = ["progress=false", "network=ideal", f"agents={agents}", f"stop.updates={updates}", "recovery.max_restarts=1000",
-           f"recovery.checkpoint_every_s={ckpt:g}"]
+    run = ["progress=false", "network=ideal", f"agents={agents}", f"stop.updates={updates}",
+           "recovery.max_restarts=1000", f"recovery.checkpoint_every_s={ckpt:g}"]
     print(f"load average before: {load_average()}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         base, killed, resumed = Path(tmp) / "undisturbed", Path(tmp) / "agent-kills", Path(tmp) / "controller-kill"

@@ -67,7 +67,7 @@ def test_the_hosts_share_of_the_minimum_rtt_is_a_range():
 
 
 def test_lockstep_run_starts_from_the_calibrated_tcp_network_and_ideal_is_one_override_away():
-    # issue 10: tcp is the default once it meets the targets (docs/engine.md, "What validate emulates")
+    # issue 10: tcp is the default once it meets the targets (docs/engine.md, "Status" of the transport model)
     assert load([]).network.tcp is not None and load([]).network.tcp.ack_delay_ns == 30_000
     assert load(["network=ideal"]).network.tcp is None and load(["network=default"]).network.tcp is None
     with pytest.raises(ConfigError, match=r"network.topology=tree is not valid with network.model=tcp; accepted: "
