@@ -229,8 +229,7 @@ class _Sender:
         # that TSO autosizing adds to the handshake's and small messages' round trips, as Linux's minimum RTT
         # (tcp_min_rtt) holds it (docs/benchmarks.md, "The minimum RTT of a connection", "The hosts' share of
         # a round trip")
-        self.host_rtt = s.host_rtt_min_ns + int((s.host_rtt_max_ns - s.host_rtt_min_ns)
-                                                * keyed.uniform(net.env.seed, "host_rtt", host.worker.id, dst))
+        self.host_rtt = net.host_rtt(host.worker.id, dst)
         # sk_pacing_rate: set from cwnd and srtt when an ACK has been processed (tcp_update_pacing_rate, the
         # end of tcp_cong_control), read in between: a restart after idle keeps the rate of the last ACK
         self.pacing = 0
@@ -566,6 +565,13 @@ class TcpNetwork:
             h = self._hosts[vid] = _Host(self.kernel.workers[vid], rate_out, rate_in, burst)
         return h
 
+    def host_rtt(self, sender: int, receiver: int) -> VirtualTime:
+        """The hosts' constant share of the round trip of the connection ``sender`` -> ``receiver``: a keyed
+        uniform draw in [host_rtt_min, host_rtt_max], the same on every agent (the ACK's poster needs it)."""
+        s = self.tcp
+        return s.host_rtt_min_ns + int((s.host_rtt_max_ns - s.host_rtt_min_ns)
+                                       * keyed.uniform(self.env.seed, "host_rtt", sender, receiver))
+
     def _latency(self, src: int, dst: int, seq: int) -> VirtualTime:
         return self.spec.latency.sample(src, dst, seq)
 
@@ -631,7 +637,7 @@ class TcpNetwork:
         carried = tuple((m.seq, m.src_name, m.dst_name, m.tag, m.payload, m.nbytes, m.sent_at,
                          m.first_out if m.first_out is not None else m.sent_at, m.latency) for m in msgs)
         data = (pkt.src, pkt.dst, pkt.ack, pkt.end, pkt.tsent, pkt.e_done, latency, ser_in, carried)
-        k.post(now + latency, PRIO_NET, host.worker, pkt.dst, "tcp.pkt", data, pkt.e_done + latency)
+        k.post(now + latency, PRIO_NET, host.worker, pkt.dst, "tcp.pkt", data, self._port_effect(data, now + latency))
         if not pkt.ack:
             snd = host.senders[pkt.dst]
             snd.qdisc_bytes -= pkt.truesize
@@ -641,9 +647,15 @@ class TcpNetwork:
         k.schedule(now, PRIO_NET, host.worker, self._serve, host)
 
     # ---------------------------------------------------------- receiver
-    @staticmethod
-    def _port_effect(data: tuple, t: VirtualTime) -> VirtualTime:
-        return max(t, data[5] + data[6])
+    def _port_effect(self, data: tuple, t: VirtualTime) -> VirtualTime:
+        """The earliest time a packet announced to its receiver's port at ``t`` can make anything happen:
+        its last bit's arrival, and for an ACK the hosts' share of the round trip after it (what
+        :meth:`_on_port` adds before the sender acts on it)."""
+        src, dst, ack, end, _, e_done, latency = data[:7]
+        acts = e_done + latency
+        if ack:
+            acts += self.host_rtt(dst, src) + self._ack_jitter(src, dst, end)
+        return acts if acts > t else t
 
     def _on_port(self, data: tuple) -> None:
         """A packet reached its receiver's switch port: serialised there in arrival order. An ACK is acted on

@@ -1,6 +1,8 @@
 """What the controller's per-agent window ends rest on: cancellable timers, output bounds, the reply cap."""
 from __future__ import annotations
 
+import math
+
 from agents.sim.compute import ComputeSpec
 from agents.sim.env import Environment
 from agents.sim.kernel import INFINITY, Kernel, RemoteEvent
@@ -105,3 +107,75 @@ def test_a_window_stops_a_lookahead_after_the_earliest_reply_to_what_it_sent():
     assert nxt == 10 + 2 * MS and k.now < 10 + 2 * MS
     k.run_until(INFINITY)  # a new window (the controller's) starts uncapped until the next remote post
     assert len(w.log) == 10
+
+
+def test_a_tcp_ack_crossing_agents_acts_only_after_the_hosts_share_of_the_round_trip():
+    """An ACK's effect is its arrival plus what the sender's host adds before acting on it (docs/engine.md,
+    "Transport model": host_rtt per connection, a keyed draw of mean ack_delay per ACK): the receiving
+    agent's window may reach that far, and the sender acts exactly then on an idle port."""
+    from dataclasses import replace
+
+    from agents.sim import tcp as tcp_model
+    from agents.sim.tcp import TcpSpec
+
+    B, H, D, SEG = 125e6, 40_000, 300_000, 1448
+    spec = replace(TcpSpec(), host_latency_ns=0, host_rtt_min_ns=H, host_rtt_max_ns=H, ack_delay_ns=D)
+
+    def agent(name, vid, cls):
+        k = Kernel()
+        env = Environment(k, ["a", "b"], NetworkSpec(ConstantLatency(MS), (B, B), (B, B), "fifo", "fifo", spec),
+                          ComputeSpec(model="constant", constant_s={"gradient": 0.0}), seed=3)
+        w = cls(name, vid, env)
+        k.add_worker(w)
+        return k, w
+
+    class A(Worker):
+        async def run(self):
+            self.send("b", None, nbytes=5 * SEG)  # one packet of 5 segments: 7 690 wire bytes
+
+    class Bw(Worker):
+        async def run(self):
+            await self.recv()
+
+    ka, wa = agent("a", 0, A)
+    kb, _ = agent("b", 1, Bw)
+    ka.run_until()
+    (pkt,) = ka.outbox
+    kb.inject(pkt)
+    kb.run_until()
+    (ack,) = kb.outbox
+    # the data's last bit at b: 61 520 + L; the ACK leaves at once (90 bytes, 720 ns), crosses L
+    u = tcp_model.keyed.uniform(3, "ack", 1, 0, 5 * SEG)
+    d = int(-D * math.log1p(-u))
+    assert ack.time == 61_520 + 2 * MS and ack.acts_at == 61_520 + 720 + 2 * MS + H + d
+    acted = []
+    net = wa.env.network
+    snd = net._hosts[0].senders[1]
+    on_ack = snd.on_ack
+    snd.on_ack = lambda seq, tsent: (acted.append(ka.now), on_ack(seq, tsent))
+    ka.inject(ack)
+    assert ka.next_time() == ack.time and ka.output_bound() == ack.acts_at
+    ka.run_until()
+    assert acted == [ack.acts_at]
+
+
+def test_why_windows_names_what_ended_every_window_of_a_run(tmp_path):
+    """benchmarks/why_windows.py (docs/benchmarks.md, "What bounds the windows on the tcp network") counts
+    one reason per window: as many as the run's summary has windows, the tcp conversation among them."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "why_windows.py"), "run", "launcher=inprocess", "agents=2",
+         "workers=4", "model=mlp", "compute=constant", "network=tcp", "eval.every=0", "progress=false",
+         "stop.updates=20", f"hydra.run.dir={tmp_path}"],
+        cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    total = int(lines[0].split()[0])
+    counts = {ln.split()[2]: int(ln.split()[0]) for ln in lines[1:]}
+    assert total == json.loads((tmp_path / "summary.json").read_text())["windows"] == sum(counts.values()) > 0
+    assert any(k.startswith("_arrive:") for k in counts) and any(k.startswith("_serve:") for k in counts)

@@ -1,0 +1,93 @@
+"""What ends the windows of a multi-agent run: for every window, the queued event behind the earliest
+``first(b)`` (docs/distributed.md, "Window ends"), counted by kind.
+
+It runs ``lockstep run`` with the given overrides in this process (use ``launcher=inprocess agents=N``:
+the same windows as agent processes) and prints one line per kind, most frequent first. Kinds are the
+kernel handler's name, refined for the tcp network: a packet's arrival (``_arrive``) as ``ack`` or
+``data`` and by whether its sender is on the same agent, the token bucket's release (``_serve``) by its
+head packet's destination; ``pending:K`` is an event of kind K routed to the agent in the window before.
+usage: python benchmarks/why_windows.py run launcher=inprocess agents=2 stop.updates=3000 [k=v ...]
+(docs/benchmarks.md, "What bounds the windows on the tcp network").
+"""
+from __future__ import annotations
+
+import collections
+import sys
+
+import agents.sim.kernel as kernel_mod
+import controller.clock as clock
+from agents.sim.types import INFINITY
+
+_counts: collections.Counter = collections.Counter()
+_handles: list = []
+
+
+def _kind(k: kernel_mod.Kernel, fn, arg) -> str:
+    if fn is None:
+        return "resume"
+    if fn is kernel_mod._fire:
+        return "timer:" + type(arg.fn).__name__
+    name = getattr(fn, "__name__", "?")
+    if name == "_arrive":  # tcp: (src, dst, ack, ...)
+        return f"_arrive:{'ack' if arg[2] else 'data'}:{'src-local' if arg[0] in k.workers else 'src-remote'}"
+    if name == "_serve" and hasattr(arg, "queue"):
+        q = arg.queue
+        if not q:
+            return "_serve:empty"
+        return f"_serve:{'ack' if q[0].ack else 'data'}:{'dst-local' if q[0].dst in k.workers else 'dst-remote'}"
+    return name
+
+
+def _bound_kind(k: kernel_mod.Kernel) -> str:
+    """The kind of the queued event that gives ``k.output_bound()`` its value (as that method computes it)."""
+    best, kind = INFINITY, "none"
+    for t, _, fn, arg in k._heap:
+        if t >= best or (fn is kernel_mod._fire and arg.cancelled):
+            continue
+        f = k._effects.get(fn) if fn is not None else None
+        b = t if f is None else f(arg, t)
+        if b < best:
+            best, kind = b, _kind(k, fn, arg)
+    return kind
+
+
+_run_windows = clock.run_windows
+_window_ends = clock.window_ends
+
+
+def _recording_run_windows(handles, *args, **kwargs):
+    _handles[:] = handles
+    return _run_windows(handles, *args, **kwargs)
+
+
+def _recording_window_ends(T, bound, pending, lookahead):
+    first = []
+    for b in range(len(bound)):
+        routed = min([ev.acts_at for ev in pending[b]], default=INFINITY)
+        if routed < bound[b]:
+            first.append((routed, "pending:" + ",".join(sorted({ev.kind for ev in pending[b] if ev.acts_at == routed}))))
+        else:
+            core = getattr(_handles[b], "core", None)
+            first.append((bound[b], _bound_kind(core.kernel) if core is not None else "?"))
+    _counts[min(first, key=lambda f: f[0])[1]] += 1
+    return _window_ends(T, bound, pending, lookahead)
+
+
+def main() -> int:
+    clock.run_windows = _recording_run_windows
+    clock.window_ends = _recording_window_ends
+    import controller.run as run_mod
+
+    run_mod.run_windows = _recording_run_windows
+    from controller.cli import main as lockstep
+
+    rc = lockstep(sys.argv[1:])
+    total = sum(_counts.values()) or 1
+    print(f"{total} windows; what set the earliest first(b):")
+    for kind, n in _counts.most_common():
+        print(f"{n:8d} {n / total:6.1%}  {kind}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
