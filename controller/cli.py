@@ -115,12 +115,35 @@ def _warm(rc) -> None:
     from controller.config.schema import LocalLauncherConfig
 
     if isinstance(rc.launcher, LocalLauncherConfig) and rc.launcher.start_method == "forkserver" and rc.agents > 1:
-        from controller.launchers.local import warm_forkserver
+        from controller.launchers.forkserver import warm_forkserver
 
         warm_forkserver()
 
 
+def _asks_for_local_agents(args: list[str]) -> bool:
+    """What the command line alone says: several agents (``agents=N``, N > 1) on the local launcher (the
+    default) forked from the forkserver (the default), one run. A guess from the words, before Hydra composes
+    anything: an experiment preset that sets ``agents`` is found by :func:`_warm` instead, a little later."""
+    if any(a in _HYDRA_FLAGS for a in args):  # a sweep, --cfg, --help...: not one run starting now
+        return False
+    values: dict[str, str] = {}
+    for a in args:
+        key, eq, value = a.lstrip("+~").partition("=")
+        if eq:
+            values[key] = value
+    n = values.get("agents", "1")
+    return (n.isdigit() and int(n) > 1 and values.get("launcher", "local") == "local"
+            and values.get("launcher.start_method", "forkserver") == "forkserver")
+
+
 def _run(args: list[str]) -> int:
+    if _asks_for_local_agents(args):
+        # the forkserver imports torch and the engine for ~1-2 s: from here that overlaps the controller's own
+        # imports and the configuration's validation (~3 s) instead of delaying the agents' start
+        # (docs/benchmarks.md, "Where the agents' start goes")
+        from controller.launchers.forkserver import warm_forkserver
+
+        warm_forkserver()
     import hydra
 
     from controller.config import CONF_DIR, register_configs

@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import atexit
 import logging
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from agents.__main__ import forked
+from controller.launchers.forkserver import FORKSERVER_PRELOAD, warm_forkserver  # noqa: F401 - re-exported
 from controller.config.schema import LocalLauncherConfig
 from controller.launchers.base import AgentFailure, LaunchSpec
 
@@ -40,34 +38,6 @@ def log_tail(path: Path, lines: int = 20) -> str:
             return "".join(deque(f, maxlen=lines)).rstrip()
     except OSError:
         return ""
-
-
-FORKSERVER_PRELOAD = ["agents.forked"]
-"""What the forkserver imports before it forks agents: torch, grpc, the engine, torch._dynamo."""
-
-
-def warm_forkserver() -> Any:
-    """The forkserver context, its server started (importing the preload runs on there, in the background).
-
-    One server per controller process, shared by every run it makes (a test session, a sweep); it exits
-    with the controller. Call early: the imports then overlap the controller's own start-up.
-    """
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
-    # Ctrl-C in the terminal reaches the whole process group: the server must not die of it (with a traceback)
-    # while it imports, before it ignores SIGINT itself. So it starts with SIGINT ignored (that survives exec);
-    # meanwhile SIGINT is blocked here, so one sent to the controller stays pending instead of being dropped.
-    if threading.current_thread() is not threading.main_thread():
-        multiprocessing.forkserver.ensure_running()
-        return ctx
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    return ctx
 
 
 class _Forked:
