@@ -65,7 +65,8 @@ def _recording_window_ends(T, bound, pending, lookahead):
     for b in range(len(bound)):
         routed = min([ev.acts_at for ev in pending[b]], default=INFINITY)
         if routed < bound[b]:
-            first.append((routed, "pending:" + ",".join(sorted({ev.kind for ev in pending[b] if ev.acts_at == routed}))))
+            kinds = sorted({ev.kind for ev in pending[b] if ev.acts_at == routed})
+            first.append((routed, "pending:" + ",".join(kinds)))
         else:
             core = getattr(_handles[b], "core", None)
             first.append((bound[b], _bound_kind(core.kernel) if core is not None else "?"))
