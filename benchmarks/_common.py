@@ -70,6 +70,39 @@ def fresh_runs(variants: dict[str, list[str]], repeats: int, keys: tuple[str, ..
     return out
 
 
+def cli_runs(variants: dict[str, list[str]], repeats: int) -> dict[str, list[dict]]:
+    """Every variant as the command a user types, ``lockstep run OVERRIDES progress=false``, ``repeats`` times
+    interleaved: ``command_s`` from the process's start to its exit (Python, Hydra, validating the
+    configuration, the agents' forkserver, the loss plot: what ``fresh_runs``, which calls ``execute``
+    itself, leaves out), beside the summary's ``wall_time_s`` (``execute`` alone)."""
+    import json
+    import subprocess
+    import tempfile
+    import time
+
+    lockstep = Path(sys.executable).parent / "lockstep"
+    out: dict[str, list[dict]] = {name: [] for name in variants}
+    _adopt_orphans()
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(repeats):
+            for j, (name, overrides) in enumerate(variants.items()):
+                run_dir = Path(d) / f"{i}-{j}"
+                argv = [str(lockstep), "run", "progress=false", *ideal_unless_named(overrides), *overrides,
+                        f"hydra.run.dir={run_dir}"]
+                t0 = time.perf_counter()
+                p = subprocess.run(argv, capture_output=True, text=True)
+                command_s = time.perf_counter() - t0
+                _reap_orphans()
+                if p.returncode:
+                    raise RuntimeError(f"{name} failed:\n{p.stderr[-4000:]}")
+                s = json.loads((run_dir / "summary.json").read_text())
+                out[name].append({"command_s": command_s, "wall_time_s": s["wall_time_s"],
+                                  "windows": s["windows"]})
+                print(f"  {name} #{i + 1}: command {command_s:.2f} s, execute {s['wall_time_s']:.2f} s",
+                      file=sys.stderr, flush=True)
+    return out
+
+
 def _adopt_orphans() -> None:
     """Become the child subreaper (Linux): a run's forkserver (launcher=local), whose agents are its children,
     outlives the run's process by a moment; adopted and reaped here, its CPU and theirs count."""

@@ -17,14 +17,16 @@ also runs agents=1 (one local agent process) to show scale-out on a machine with
 against agents=1 (target there: >= 2x faster with 16 cores), agents=8, and agents=4 and 5 with
 ``placement=ps_alone`` (the PS alone on agent 0).
 ``--set k=v,k=v`` adds overrides to every variant (e.g. ``strategy=ring_allreduce``: another experiment).
+``--cli`` times each variant as the whole ``lockstep run`` command, from the process's start to its exit
+(Python, Hydra, the agents' forkserver, the loss plot), instead of ``execute`` alone.
 usage: python benchmarks/bench_agents_overhead.py [UPDATES] [REPEATS] [--no-hub] [--only inprocess,agents=2,...]
-       [--cores N] [--set k=v,...]
+       [--cores N] [--set k=v,...] [--cli]
 """
 from __future__ import annotations
 
 import sys
 
-from _common import fresh_runs, load_average
+from _common import cli_runs, fresh_runs, load_average
 
 
 def main() -> None:
@@ -51,6 +53,9 @@ def main() -> None:
     if "--only" in sys.argv:
         keep = sys.argv[sys.argv.index("--only") + 1].split(",")
         variants = {k: v for k, v in variants.items() if k in keep}
+    if "--cli" in sys.argv:
+        _commands(variants, repeats, updates, extra)
+        return
     res = fresh_runs(variants, repeats)
     best = {k: min(v, key=lambda s: s["wall_time_s"]) for k, v in res.items()}
     base = best.get("inprocess")
@@ -74,6 +79,22 @@ def main() -> None:
                              f"agents=1 (window loop {one['wall_barrier_s'] / s['wall_barrier_s']:.2f}x)")
     what = f"the default experiment with {','.join(extra)}" if extra else "default experiment (64 workers ps_async cnn)"
     print(f"bench_agents_overhead: {what}, {updates} updates, best of "
+          f"{repeats}, load average {load_average()}\n  " + "\n  ".join(lines))
+
+
+def _commands(variants: dict[str, list[str]], repeats: int, updates: int, extra: list[str]) -> None:
+    """``--cli``: the whole ``lockstep run`` command of each variant, start to exit (``_common.cli_runs``)."""
+    res = cli_runs(variants, repeats)
+    best = {k: min(v, key=lambda s: s["command_s"]) for k, v in res.items()}
+    base = best.get("inprocess")
+    lines = []
+    for name, s in best.items():
+        line = f"{name}: command {s['command_s']:.2f} s (execute {s['wall_time_s']:.2f} s, {s['windows']} windows)"
+        if base is not None and name != "inprocess":
+            line += f"; ratio to inprocess: command {s['command_s'] / base['command_s']:.2f}"
+        lines.append(line)
+    what = f"the default experiment with {','.join(extra)}" if extra else "default experiment (64 workers ps_async cnn)"
+    print(f"bench_agents_overhead --cli: {what}, {updates} updates, `lockstep run` start to exit, best of "
           f"{repeats}, load average {load_average()}\n  " + "\n  ".join(lines))
 
 
