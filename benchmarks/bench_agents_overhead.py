@@ -53,8 +53,9 @@ def main() -> None:
     if "--only" in sys.argv:
         keep = sys.argv[sys.argv.index("--only") + 1].split(",")
         variants = {k: v for k, v in variants.items() if k in keep}
+    what = f"the default experiment with {','.join(extra)}" if extra else "default experiment (64 workers ps_async cnn)"
     if "--cli" in sys.argv:
-        _commands(variants, repeats, updates, extra)
+        _commands(variants, repeats, updates, what)
         return
     res = fresh_runs(variants, repeats)
     best = {k: min(v, key=lambda s: s["wall_time_s"]) for k, v in res.items()}
@@ -77,12 +78,11 @@ def main() -> None:
                 s = best[f"agents={n}"]
                 lines.append(f"scale-out: agents={n} is {one['wall_time_s'] / s['wall_time_s']:.2f}x faster than "
                              f"agents=1 (window loop {one['wall_barrier_s'] / s['wall_barrier_s']:.2f}x)")
-    what = f"the default experiment with {','.join(extra)}" if extra else "default experiment (64 workers ps_async cnn)"
     print(f"bench_agents_overhead: {what}, {updates} updates, best of "
           f"{repeats}, load average {load_average()}\n  " + "\n  ".join(lines))
 
 
-def _commands(variants: dict[str, list[str]], repeats: int, updates: int, extra: list[str]) -> None:
+def _commands(variants: dict[str, list[str]], repeats: int, updates: int, what: str) -> None:
     """``--cli``: the whole ``lockstep run`` command of each variant, start to exit (``_common.cli_runs``)."""
     res = cli_runs(variants, repeats)
     best = {k: min(v, key=lambda s: s["command_s"]) for k, v in res.items()}
@@ -93,7 +93,6 @@ def _commands(variants: dict[str, list[str]], repeats: int, updates: int, extra:
         if base is not None and name != "inprocess":
             line += f"; ratio to inprocess: command {s['command_s'] / base['command_s']:.2f}"
         lines.append(line)
-    what = f"the default experiment with {','.join(extra)}" if extra else "default experiment (64 workers ps_async cnn)"
     print(f"bench_agents_overhead --cli: {what}, {updates} updates, `lockstep run` start to exit, best of "
           f"{repeats}, load average {load_average()}\n  " + "\n  ".join(lines))
 

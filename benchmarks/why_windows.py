@@ -39,16 +39,9 @@ def _kind(k: kernel_mod.Kernel, fn, arg) -> str:
 
 
 def _bound_kind(k: kernel_mod.Kernel) -> str:
-    """The kind of the queued event that gives ``k.output_bound()`` its value (as that method computes it)."""
-    best, kind = INFINITY, "none"
-    for t, _, fn, arg in k._heap:
-        if t >= best or (fn is kernel_mod._fire and arg.cancelled):
-            continue
-        f = k._effects.get(fn) if fn is not None else None
-        b = t if f is None else f(arg, t)
-        if b < best:
-            best, kind = b, _kind(k, fn, arg)
-    return kind
+    """The kind of the queued event that gives ``k.output_bound()`` its value."""
+    bound, fn, arg = k.first_output()
+    return "none" if bound >= INFINITY else _kind(k, fn, arg)
 
 
 _run_windows = clock.run_windows

@@ -123,7 +123,9 @@ def _warm(rc) -> None:
 def _asks_for_local_agents(args: list[str]) -> bool:
     """What the command line alone says: several agents (``agents=N``, N > 1) on the local launcher (the
     default) forked from the forkserver (the default), one run. A guess from the words, before Hydra composes
-    anything: an experiment preset that sets ``agents`` is found by :func:`_warm` instead, a little later."""
+    anything: an experiment preset that sets ``agents`` is found by :func:`_warm` instead, a little later. The
+    defaults named here (``launcher: local``, ``start_method: forkserver``) repeat conf/config.yaml's and the
+    schema's; a guess that goes wrong costs only an idle server, never a run's outcome."""
     if any(a in _HYDRA_FLAGS for a in args):  # a sweep, --cfg, --help...: not one run starting now
         return False
     values: dict[str, str] = {}

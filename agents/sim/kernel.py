@@ -278,7 +278,12 @@ class Kernel:
         At least :meth:`next_time`; later when the first events are arrivals still crossing
         (their ``effect``). INFINITY when nothing is queued or the run has stopped.
         """
-        best = INFINITY
+        return self.first_output()[0]
+
+    def first_output(self) -> tuple[VirtualTime, Callable[[Any], None] | None, Any]:
+        """:meth:`output_bound` with the queued event that gives it: ``(bound, fn, arg)`` (fn None: a
+        vworker's plain resume; ``(INFINITY, None, None)`` when nothing can act)."""
+        best, first = INFINITY, (None, None)
         effects = self._effects
         for t, _, fn, arg in self._heap:
             if t >= best or (fn is _fire and arg.cancelled):
@@ -286,10 +291,10 @@ class Kernel:
             f = effects.get(fn) if effects and fn is not None else None
             b = t if f is None else f(arg, t)
             if b < best:
-                best = b
+                best, first = b, (fn, arg)
         if self._stop_at is not None and best > self._stop_at:
-            return INFINITY
-        return best
+            return INFINITY, None, None
+        return best, *first
 
     def run_until(self, window_end: VirtualTime = INFINITY, max_events: int | None = None) -> VirtualTime:
         """Run every event with time < ``window_end`` (and ≤ the stop time); return the next event time.
