@@ -283,15 +283,29 @@ class Kernel:
     def first_output(self) -> tuple[VirtualTime, Callable[[Any], None] | None, Any]:
         """:meth:`output_bound` with the queued event that gives it: ``(bound, fn, arg)`` (fn None: a
         vworker's plain resume; ``(INFINITY, None, None)`` when nothing can act)."""
-        best, first = INFINITY, (None, None)
+        best, first, first_i = INFINITY, (None, None), -1
         effects = self._effects
-        for t, _, fn, arg in self._heap:
-            if t >= best or (fn is _fire and arg.cancelled):
+        heap = self._heap
+        n = len(heap)
+        # an event acts no earlier than its time, and a heap entry's children are no earlier than it: a
+        # subtree whose root is after the best bound so far cannot hold a better one (ties go to the
+        # lowest heap index, as a scan of the heap's list would give them)
+        todo = [0] if n else []
+        while todo:
+            i = todo.pop()
+            t, _, fn, arg = heap[i]
+            if t > best:
                 continue
-            f = effects.get(fn) if effects and fn is not None else None
-            b = t if f is None else f(arg, t)
-            if b < best:
-                best, first = b, (fn, arg)
+            if not (fn is _fire and arg.cancelled):
+                f = effects.get(fn) if effects and fn is not None else None
+                b = t if f is None else f(arg, t)
+                if b < best or (b == best and i < first_i):
+                    best, first, first_i = b, (fn, arg), i
+            c = 2 * i + 1
+            if c < n:
+                todo.append(c)
+                if c + 1 < n:
+                    todo.append(c + 1)
         if self._stop_at is not None and best > self._stop_at:
             return INFINITY, None, None
         return best, *first

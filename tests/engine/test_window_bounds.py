@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.sim.compute import ComputeSpec
 from agents.sim.env import Environment
 from agents.sim.kernel import INFINITY, Kernel, RemoteEvent
+from agents.sim.kernel import _fire as kernel_fire
 from agents.sim.network import ConstantLatency, NetworkSpec
 from agents.sim.worker import Worker
 from controller.clock import window_ends
@@ -179,3 +184,42 @@ def test_why_windows_names_what_ended_every_window_of_a_run(tmp_path):
     counts = {ln.split()[2]: int(ln.split()[0]) for ln in lines[1:]}
     assert total == json.loads((tmp_path / "summary.json").read_text())["windows"] == sum(counts.values()) > 0
     assert any(k.startswith("_arrive:") for k in counts) and any(k.startswith("_serve:") for k in counts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.sampled_from(["plain", "effect", "timer", "cancelled"]),
+                          st.integers(0, 30)), max_size=40))
+def test_the_output_bound_is_the_earliest_action_of_any_queued_event(queued):
+    """Kernel.first_output walks the heap and skips subtrees that start after its best bound so far; it
+    must find the bound a scan of every queued event finds, and an event that gives it."""
+    k = Kernel()
+    owner = SimpleNamespace(id=0, name="owner", origin_seq=0)
+
+    def plain(arg):  # pragma: no cover - never run
+        pass
+
+    def delayed(arg):  # pragma: no cover - never run
+        pass
+
+    k.on_remote("delayed", delayed, effect=lambda d, t: t + d[1])
+    acts: list[tuple[int, object, object]] = []  # (when it can act, fn, arg) of every live event
+    for i, (t, kind, extra) in enumerate(queued):
+        if kind == "plain":
+            arg = ("plain", i)
+            k.schedule(t, 0, owner, plain, arg)
+            acts.append((t, plain, arg))
+        elif kind == "effect":
+            arg = ("delayed", extra)
+            k.schedule(t, 0, owner, delayed, arg)
+            acts.append((t + extra, delayed, arg))
+        else:
+            timer = k.timer(t, 0, owner, lambda: None)
+            if kind == "cancelled":
+                timer.cancel()
+            else:
+                acts.append((t, kernel_fire, timer))
+    bound, fn, arg = k.first_output()
+    assert bound == min((a for a, _, _ in acts), default=INFINITY)
+    if acts:
+        assert any(a == bound and f is fn and x is arg for a, f, x in acts)
+    assert k.output_bound() == bound
