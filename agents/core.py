@@ -106,6 +106,7 @@ class AgentCore:
         self.local = plan.local_ids(agent_id)
         wl = plan.workload
         self.compact_memory = use_memory(wl.memory, len(self.local))  # before the vworkers allocate anything
+        self.window_cpu_s: float | None = None  # CPU seconds of the thread that ran the direct windows (agents/mesh.py)
         classes = {vid: import_path(plan.vworkers[vid].cls) for vid in self.local}
         needs_training = any(issubclass(c, TrainingWorker) for c in classes.values())
         self.training = Training(wl, plan.seed, data=data) if needs_training else None
@@ -191,7 +192,8 @@ class AgentCore:
         return {"profile_misses": c.profile_misses, "profile_fallbacks": c.profile_fallbacks,
                 "reproducible": c.reproducible, "device": device,
                 "executor": ex.info() if ex is not None else None, "parked": self.parked(),
-                "memory": {**peak_memory(device), "compact": self.compact_memory}, "cpu_s": process_cpu_s()}
+                "memory": {**peak_memory(device), "compact": self.compact_memory}, "cpu_s": process_cpu_s(),
+                "window_cpu_s": self.window_cpu_s}
 
     def parked(self, first: int = PARKED_SHOWN) -> dict[str, Any]:
         """How many of this agent's vworkers are parked (in ``recv`` or ``wait``), and the ``first`` of them

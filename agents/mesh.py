@@ -544,6 +544,7 @@ class MeshLoop:
         self.writer = wire.FrameWriter(pb.AgentFrame, 1 << 30)  # blob ids; tensors > 64 KiB travel raw
         self.windows = 0
         self.wall_s = 0.0
+        self.cpu_s = 0.0  # CPU seconds of the thread that ran :meth:`run` (summary.json wall_cpu_s.window_loops)
         # the loop's view between two windows (what a checkpoint saves besides the core: VIEW_FIELDS)
         inf = INFINITY
         self.pend_time, self.pend_effect, self.pend_n = [inf] * n_agents, [inf] * n_agents, [0] * n_agents
@@ -605,6 +606,7 @@ class MeshLoop:
 
     def run(self) -> tuple[VirtualTime | None, int]:
         """Run every window to the end of the run; return (stop time, windows)."""
+        cpu0 = time.thread_time()
         n, me, L = self.n, self.me, self.lookahead
         inf = INFINITY
         next_t, bound = self.next_t, self.bound
@@ -675,6 +677,7 @@ class MeshLoop:
             self._finished = True
         acc = self._checkpoint_due(acc, True)
         acc.windows, acc.frontier, acc.stop_time, acc.final = self.windows, earliest(next_t, pend_time), stop, True
+        self.cpu_s = time.thread_time() - cpu0
         self.report(acc)
         return stop, self.windows
 
@@ -859,7 +862,9 @@ class MeshSession:
             if early is not None and not loop_.request_checkpoint(*early):
                 self._on_checkpoint(early[0], early[1], None, "ended")
             try:
-                return loop_.run()
+                out = loop_.run()
+                core.window_cpu_s = loop_.cpu_s  # before the reply: the controller asks for info after it
+                return out
             finally:
                 with self._lock:
                     self._over = True

@@ -12,7 +12,9 @@ Variants, each a fresh process per run, interleaved, best of REPEATS kept (the m
 
 It prints whole-run wall times (``execute`` from the plan to summary.json: agent start-up included) and
 window-loop times, their ratios to inprocess, the windows, the CPU seconds of every process (summary.json's
-``wall_cpu_s``: the busiest agent bounds the window loop), and the load average. With ``--cores N`` it
+``wall_cpu_s``: the busiest agent bounds the window loop) and of the thread in each agent that ran the direct
+windows (``wall_cpu_s.window_loops``: one near the window loop's wall time was the bound), and the load
+average. With ``--cores N`` it
 also runs agents=1 (one local agent process) to show scale-out on a machine with N cores: agents=4
 against agents=1 (target there: >= 2x faster with 16 cores), agents=8, and agents=4 and 5 with
 ``placement=ps_alone`` (the PS alone on agent 0).
@@ -66,7 +68,10 @@ def main() -> None:
                 f"{s['windows']} windows, CPU {s['cpu_s']:.1f} s")
         cpu = s.get("wall_cpu_s") or {}
         if "launcher=local" in variants[name] and cpu.get("agents"):  # each process's CPU seconds
-            line += f" (controller {cpu['controller']:.1f}, agents {' '.join(f'{c:.1f}' for c in cpu['agents'])})"
+            line += f" (controller {cpu['controller']:.1f}, agents {' '.join(f'{c:.1f}' for c in cpu['agents'])}"
+            if cpu.get("window_loops"):  # the thread in each agent that ran the direct windows
+                line += f"; their window threads {' '.join(f'{c:.1f}' for c in cpu['window_loops'])}"
+            line += ")"
         if base is not None and name != "inprocess":
             line += (f"; ratio to inprocess: whole run {s['wall_time_s'] / base['wall_time_s']:.2f}, "
                      f"loop {s['wall_barrier_s'] / base['wall_barrier_s']:.2f}")

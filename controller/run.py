@@ -499,6 +499,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             info.setdefault("memory", []).append(i.get("memory") or {})
             info.setdefault("parked", []).append(i.get("parked") or {})
             info.setdefault("cpu_s", []).append(i.get("cpu_s", 0.0))
+            info.setdefault("window_cpu_s", []).append(i.get("window_cpu_s"))
             if observer is not None and getattr(h, "metrics_address", ""):
                 observer.add_agent_exposition(h.agent_id, h.metrics_text())
         return stop, end_ns, params, info
@@ -614,7 +615,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "wall_barrier_s": col.barrier_s,
         "compute_batch": compute_batch_summary(rc.compute, info.get("executors", [])),
         "peak_memory": memory_summary(info.get("memory", [])),
-        "wall_cpu_s": cpu_summary(info.get("cpu_s", [])),
+        "wall_cpu_s": cpu_summary(info.get("cpu_s", []), info.get("window_cpu_s")),
         "recovery": recovery.summary(),
     }
     if stopped is not None:
@@ -699,12 +700,20 @@ def stall_sentence(rc: RunConfig, summary: dict[str, Any]) -> str:
             f"for good).")
 
 
-def cpu_summary(agents_cpu_s: list[float]) -> dict[str, Any]:
+def cpu_summary(agents_cpu_s: list[float], window_cpu_s: list[float | None] | None = None) -> dict[str, Any]:
     """CPU seconds of the controller process and of each agent process (in-process: the same process),
-    counted when the agents reported their last window: where the run's work went, agent by agent."""
+    counted when the agents reported their last window: where the run's work went, agent by agent.
+
+    ``window_cpu_s``: with direct windows, the CPU seconds of the one thread in each agent that ran them
+    (``window_loops``). Against the window loop's wall time it says whether an agent's thread was the bound:
+    a thread busy for nearly all of it could not have gone faster with more cores.
+    """
     from agents.core import process_cpu_s
 
-    return {"controller": round(process_cpu_s(), 3), "agents": [round(c, 3) for c in agents_cpu_s]}
+    out = {"controller": round(process_cpu_s(), 3), "agents": [round(c, 3) for c in agents_cpu_s]}
+    if window_cpu_s and all(isinstance(c, (int, float)) for c in window_cpu_s):
+        out["window_loops"] = [round(c, 3) for c in window_cpu_s]
+    return out
 
 
 def plan_model_bytes(plan: Plan, training: Any) -> int:

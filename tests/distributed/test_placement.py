@@ -26,6 +26,11 @@ def test_results_do_not_depend_on_agents_or_placement(tmp_path, strategy):
         assert all(s > 0 for s in cpu["agents"])
         if local:  # separate processes, started fresh: no agent counts the controller's CPU (this test process)
             assert max(cpu["agents"]) < cpu["controller"]
+            # direct windows: the thread that ran them in each agent, a part of that agent's process
+            assert len(cpu["window_loops"]) == agents
+            assert all(0 < w <= a for w, a in zip(cpu["window_loops"], cpu["agents"]))
+        else:  # the controller's own loop ran the windows
+            assert "window_loops" not in cpu
 
 
 TCP = ["workers=4", "eval.every=4", "eval.samples=200", "network=tcp", "network.latency=1ms",
