@@ -14,10 +14,9 @@ It prints whole-run wall times (``execute`` from the plan to summary.json: agent
 window-loop times, their ratios to inprocess, the windows, the CPU seconds of every process (summary.json's
 ``wall_cpu_s``: the busiest agent bounds the window loop) and of the thread in each agent that ran the direct
 windows (``wall_cpu_s.window_loops``: one near the window loop's wall time was the bound), and the load
-average. With ``--cores N`` it
-also runs agents=1 (one local agent process) to show scale-out on a machine with N cores: agents=4
-against agents=1 (target there: >= 2x faster with 16 cores), agents=8, and agents=4 and 5 with
-``placement=ps_alone`` (the PS alone on agent 0).
+average. With ``--cores N`` it also runs agents=1 (one local agent process) to show scale-out on a machine
+with N cores: agents=4 against agents=1 (target there: >= 2x faster with 16 cores), agents=8, and agents=4
+and 5 with ``placement=ps_alone`` (the PS alone on agent 0).
 ``--set k=v,k=v`` adds overrides to every variant (e.g. ``strategy=ring_allreduce``: another experiment).
 ``--cli`` times each variant as the whole ``lockstep run`` command, from the process's start to its exit
 (Python, Hydra, the agents' forkserver, the loss plot), instead of ``execute`` alone.

@@ -6,6 +6,7 @@ the same windows as agent processes) and prints one line per kind, most frequent
 kernel handler's name, refined for the tcp network: a packet's arrival (``_arrive``) as ``ack`` or
 ``data`` and by whether its sender is on the same agent, the token bucket's release (``_serve``) by its
 head packet's destination; ``pending:K`` is an event of kind K routed to the agent in the window before.
+A last line counts the windows by how many agents ran them (``agents per window: 1:N1 2:N2 ...``).
 usage: python benchmarks/why_windows.py run launcher=inprocess agents=2 stop.updates=3000 [k=v ...]
 (docs/benchmarks.md, "What bounds the windows on the tcp network").
 """
@@ -48,9 +49,17 @@ _run_windows = clock.run_windows
 _window_ends = clock.window_ends
 
 
-def _recording_run_windows(handles, *args, **kwargs):
+_runners: collections.Counter = collections.Counter()  # windows by how many agents ran them
+
+
+def _recording_run_windows(handles, placement, lookahead, on_window, *args, **kwargs):
     _handles[:] = handles
-    return _run_windows(handles, *args, **kwargs)
+
+    def counting(w):
+        _runners[len(w.reached)] += 1  # one Reached per agent that ran the window
+        on_window(w)
+
+    return _run_windows(handles, placement, lookahead, counting, *args, **kwargs)
 
 
 def _recording_window_ends(T, bound, pending, lookahead):
@@ -80,6 +89,7 @@ def main() -> int:
     print(f"{total} windows; what set the earliest first(b):")
     for kind, n in _counts.most_common():
         print(f"{n:8d} {n / total:6.1%}  {kind}")
+    print("agents per window: " + " ".join(f"{k}:{n}" for k, n in sorted(_runners.items())))
     return rc
 
 
