@@ -61,6 +61,7 @@ _HELLO = struct.Struct("<4s32si")  # magic, pair key, connecting agent
 _PREFIX = struct.Struct("<II")
 _BLOB = struct.Struct("<qq")
 _READ = 1 << 20
+_CHUNK = 64 << 10  # a read of reports (several small frames at a time)
 _TLS_WRITE = 256 << 10  # TLS has no sendmsg: buffers go out in slices of this size
 HELLO_TIMEOUT_S = 5.0  # from connecting to a complete hello (and TLS handshake), however slowly bytes come
 MAX_QUEUED_FRAMES = 1024  # frames of one peer received and not yet used: beyond, its stream is not read
@@ -270,19 +271,24 @@ class _Reader:
     frames received and not yet used count against ``limits.max_pending_bytes`` (and
     ``MAX_QUEUED_FRAMES``): past that, :meth:`full` is true and the stream is not read until
     frames are taken, so the peer waits on its own socket instead of filling this agent's memory.
+
+    Small frames (a window's report) are read ``_CHUNK`` bytes at a time, several to a read; a
+    tensor's bytes beyond what came with its report go straight into the tensor's buffer. A read
+    that does not fill the chunk has emptied the socket, so a plain stream is not asked again
+    (the selector says when more comes; a TLS stream may hold decrypted bytes it cannot see).
     """
 
     def __init__(self, agent: int, sock: socket.socket, alloc: Callable[[int], Any] = bytearray,
                  limits: Limits | None = None):
         self.agent, self.sock, self.alloc = agent, sock, alloc
         self.limits = limits or Limits()
-        self.head = bytearray()
-        self.need = _PREFIX.size
-        self.phase = 0  # 0: prefix, 1: report + blob table, 2: blob bytes
-        self.plen = self.nblobs = 0
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        self.chunk = bytearray(_CHUNK)
+        self.chunk_view = memoryview(self.chunk)
+        self.head = bytearray()  # received bytes of frames not yet parsed
         self.report: Any = None
-        self.blobs: list[tuple[int, Any]] = []
-        self.bi = self.got = 0
+        self.blobs: list[tuple[int, Any]] = []  # the tensors of the frame being received
+        self.bi = self.got = 0  # the tensor being filled, and how many of its bytes are in
         self.frames: list[tuple[Any, dict[int, Any]]] = []
         self.frame_bytes: list[int] = []  # what each queued frame holds
         self.held = 0  # bytes of the queued frames and of the frame being received
@@ -300,20 +306,11 @@ class _Reader:
     def pump(self) -> None:
         """Read what the socket has; complete frames go to ``self.frames``; the end sets ``eof``."""
         sock = self.sock
+        self._parse()
         while self.eof is None and not self.full():
             try:
-                if self.phase < 2:
-                    b = sock.recv(min(_READ, self.need - len(self.head)))
-                    if not b:
-                        self.eof = f"agent {self.agent} closed its direct-window stream" + \
-                            (" inside a frame" if self.head else "")
-                        return
-                    self.head += b
-                    if len(self.head) == self.need:
-                        self._advance()
-                else:
-                    _, buf = self.blobs[self.bi]
-                    mv = memoryview(buf).cast("B")
+                if self.blobs:  # a tensor's bytes, straight into its buffer
+                    mv = memoryview(self.blobs[self.bi][1]).cast("B")
                     k = sock.recv_into(mv[self.got:], min(_READ * 8, len(mv) - self.got))
                     if k == 0:
                         self.eof = f"agent {self.agent} closed its direct-window stream inside a tensor"
@@ -322,47 +319,66 @@ class _Reader:
                     if self.got == len(mv):
                         self.bi, self.got = self.bi + 1, 0
                         self._blob_done()
+                        self._parse()
+                    continue
+                k = sock.recv_into(self.chunk_view, _CHUNK)
+                if not k:
+                    self.eof = f"agent {self.agent} closed its direct-window stream" + \
+                        (" inside a frame" if self.head else "")
+                    return
+                self.head += self.chunk_view[:k]
+                self._parse()
+                if k < _CHUNK and not self.tls and not self.blobs:
+                    return
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return
             except OSError as e:  # a reset, a TLS error (ssl.SSLError is an OSError)
                 self.eof = f"the direct-window stream of agent {self.agent} broke: {e}"
                 return
 
-    def _advance(self) -> None:
-        lim = self.limits
-        if self.phase == 0:
-            self.plen, self.nblobs = _PREFIX.unpack(self.head)
-            if self.plen > lim.max_pending_bytes or self.nblobs > lim.max_pending_blobs:
-                raise MeshError(f"agent {self.agent} sent a malformed frame ({self.plen} B, {self.nblobs} blobs; "
+    def _parse(self) -> None:
+        """Take every complete frame out of ``head`` (and the start of a frame's tensors)."""
+        head, lim = self.head, self.limits
+        while not self.blobs and len(head) >= _PREFIX.size and not self.full():
+            plen, nblobs = _PREFIX.unpack_from(head)
+            if plen > lim.max_pending_bytes or nblobs > lim.max_pending_blobs:
+                raise MeshError(f"agent {self.agent} sent a malformed frame ({plen} B, {nblobs} blobs; "
                                 f"at most {lim.max_pending_bytes} B and {lim.max_pending_blobs} blobs accepted)")
-            self.phase, self.need = 1, _PREFIX.size + self.plen + self.nblobs * _BLOB.size
-            if len(self.head) == self.need:
-                self._advance()
-            return
-        off = _PREFIX.size
-        try:
-            self.report = mpb.MeshReport.FromString(bytes(self.head[off:off + self.plen]))
-        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError is a plain Exception
-            raise MeshError(f"agent {self.agent} sent a malformed report: {e}") from e
-        off += self.plen
-        table = [_BLOB.unpack_from(self.head, off + i * _BLOB.size) for i in range(self.nblobs)]
-        total = self.plen
-        for bid, n in table:  # every size checked before the first buffer exists
-            if not 0 <= n <= lim.max_blob_bytes:
-                raise MeshError(f"agent {self.agent} announced a tensor of {n} bytes; at most {lim.max_blob_bytes} "
-                                "accepted (controller.max_blob_bytes)")
-            total += n
-        if total > lim.max_pending_bytes:
-            raise MeshError(f"agent {self.agent} announced {total} bytes in one frame; at most "
-                            f"{lim.max_pending_bytes} accepted (controller.max_held_bytes)")
-        if len({bid for bid, _ in table}) != len(table):
-            raise MeshError(f"agent {self.agent} sent a frame that names one tensor id twice")
-        self.held += total
-        self.blobs = [(bid, self.alloc(n)) for bid, n in table]
-        self.frame_total = total
-        self.bi = self.got = 0
-        self.phase = 2
-        self._blob_done()
+            off = _PREFIX.size
+            need = off + plen + nblobs * _BLOB.size
+            if len(head) < need:
+                return
+            try:
+                report = mpb.MeshReport.FromString(bytes(head[off:off + plen]))
+            except Exception as e:  # noqa: BLE001 - protobuf's DecodeError is a plain Exception
+                raise MeshError(f"agent {self.agent} sent a malformed report: {e}") from e
+            off += plen
+            table = [_BLOB.unpack_from(head, off + i * _BLOB.size) for i in range(nblobs)]
+            total = plen
+            for bid, n in table:  # every size checked before the first buffer exists
+                if not 0 <= n <= lim.max_blob_bytes:
+                    raise MeshError(f"agent {self.agent} announced a tensor of {n} bytes; at most {lim.max_blob_bytes} "
+                                    "accepted (controller.max_blob_bytes)")
+                total += n
+            if total > lim.max_pending_bytes:
+                raise MeshError(f"agent {self.agent} announced {total} bytes in one frame; at most "
+                                f"{lim.max_pending_bytes} accepted (controller.max_held_bytes)")
+            if len({bid for bid, _ in table}) != len(table):
+                raise MeshError(f"agent {self.agent} sent a frame that names one tensor id twice")
+            del head[:need]
+            self.held += total
+            self.report, self.frame_total = report, total
+            self.blobs = [(bid, self.alloc(n)) for bid, n in table]
+            self.bi = self.got = 0
+            while head and self.bi < len(self.blobs):  # tensor bytes that came in the same read
+                mv = memoryview(self.blobs[self.bi][1]).cast("B")
+                k = min(len(head), len(mv) - self.got)
+                mv[self.got:self.got + k] = head[:k]
+                del head[:k]
+                self.got += k
+                if self.got == len(mv):
+                    self.bi, self.got = self.bi + 1, 0
+            self._blob_done()
 
     def _blob_done(self) -> None:
         while self.bi < len(self.blobs) and len(memoryview(self.blobs[self.bi][1]).cast("B")) == 0:
@@ -371,7 +387,7 @@ class _Reader:
             return
         self.frames.append((self.report, dict(self.blobs)))
         self.frame_bytes.append(self.frame_total)
-        self.head, self.need, self.phase, self.report, self.blobs = bytearray(), _PREFIX.size, 0, None, []
+        self.report, self.blobs = None, []
 
 
 class MeshLinks:
@@ -682,7 +698,11 @@ class MeshLoop:
         return stop, self.windows
 
     def _reports(self, k: int, r: Any) -> tuple[Any, dict[int, list]]:
-        """This agent's report of window ``k`` (for its own view) and the frames for each peer."""
+        """This agent's report of window ``k`` (for its own view) and the frames for each peer.
+
+        The part every peer gets is serialized once; a peer's events follow it as a second message
+        with only ``events`` set, which protobuf reads as one report (fields of concatenated messages
+        merge; repeated ones append)."""
         n, me, placement = self.n, self.me, self.placement
         by_dst: dict[int, list[RemoteEvent]] = {}
         for ev in r.outbound:
@@ -694,16 +714,21 @@ class MeshLoop:
             evs = by_dst[c]
             base.routed.add(agent=c, count=len(evs), min_time=min(e.time for e in evs),
                             min_effect=min(e.acts_at for e in evs))
+        common = base.SerializeToString()
+        alone = _PREFIX.pack(len(common), 0) + common
         out: dict[int, list] = {}
         for a in range(n):
             if a == me:
                 continue
+            evs = by_dst.get(a)
+            if not evs:
+                out[a] = [alone]
+                continue
             rep = mpb.MeshReport()
-            rep.CopyFrom(base)
             blobs = self.writer.blobs()
-            for ev in by_dst.get(a, ()):
+            for ev in evs:
                 wire.encode_event(ev, rep.events.add(), blobs)
-            body = rep.SerializeToString()
+            body = common + rep.SerializeToString()
             table = b"".join(_BLOB.pack(bid, mv.nbytes) for bid, mv in blobs.out)
             out[a] = [_PREFIX.pack(len(body), len(blobs.out)) + body + table, *(mv for _, mv in blobs.out)]
         return base, out

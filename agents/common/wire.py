@@ -205,8 +205,19 @@ def encode_value(obj: Any, out: pb.Value, blobs: _Blobs | None = None, _depth: i
     elif isinstance(obj, tuple) or type(obj) is list:  # a NamedTuple (a row, a row key) travels as a tuple
         seq = out.tuple if isinstance(obj, tuple) else out.list
         seq.SetInParent()
-        for x in obj:
-            encode_value(x, seq.items.add(), blobs, _depth + 1)
+        add, depth = seq.items.add, _depth + 1
+        if obj and depth > _MAX_DEPTH:
+            raise WireError(f"payload nested deeper than {_MAX_DEPTH} levels")
+        for x in obj:  # the common scalars without a call each (rows, packets)
+            tx = type(x)
+            if tx is float:
+                add().f = x
+            elif tx is int and _INT64[0] <= x <= _INT64[1]:
+                add().i = x
+            elif tx is str:
+                add().s = x
+            else:
+                encode_value(x, add(), blobs, depth)
     elif type(obj) is dict:
         d = out.dict
         d.SetInParent()
@@ -251,9 +262,9 @@ def decode_value(v: pb.Value, blobs: dict[int, bytearray] | None = None, _depth:
     if kind == "tensor":
         return _decode_tensor(v.tensor, blobs, peer)
     if kind == "tuple":
-        return tuple(decode_value(x, blobs, _depth + 1, peer) for x in v.tuple.items)
+        return tuple(_decode_items(v.tuple.items, blobs, _depth + 1, peer))
     if kind == "list":
-        return [decode_value(x, blobs, _depth + 1, peer) for x in v.list.items]
+        return _decode_items(v.list.items, blobs, _depth + 1, peer)
     if kind == "dict":
         if len(v.dict.keys) != len(v.dict.values):
             raise WireError("dict value with different numbers of keys and values")
@@ -263,6 +274,25 @@ def decode_value(v: pb.Value, blobs: dict[int, bytearray] | None = None, _depth:
         except TypeError as e:  # an unhashable key
             raise WireError(f"dict value with an unusable key: {e}") from e
     raise WireError(f"unknown value kind {kind!r}")  # pragma: no cover - oneof is closed
+
+
+def _decode_items(items: Any, blobs: dict[int, bytearray] | None, depth: int, peer: PeerFetch | None) -> list:
+    """The values of a tuple or list, the common scalars without a call each."""
+    if depth > _MAX_DEPTH and len(items):
+        raise WireError(f"value nested deeper than {_MAX_DEPTH} levels")
+    out = []
+    put = out.append
+    for x in items:
+        kind = x.WhichOneof("kind")
+        if kind == "i":
+            put(x.i)
+        elif kind == "f":
+            put(x.f)
+        elif kind == "s":
+            put(x.s)
+        else:
+            put(decode_value(x, blobs, depth, peer))
+    return out
 
 
 def _decode_tensor(t: pb.Tensor, blobs: dict[int, bytearray] | None, peer: PeerFetch | None = None) -> Any:
