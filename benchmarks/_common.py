@@ -17,6 +17,12 @@ def ideal_unless_named(overrides: list[str]) -> list[str]:
 
 
 def run(run_dir: Path, overrides: list[str], local: bool, **settings):
+    if local and not any(o.startswith("launcher.start_method=") for o in overrides):
+        # as `lockstep run` does first thing (controller/cli.py): the agents' forkserver imports torch and the
+        # engine while this process imports the controller, instead of inside execute, which is what is timed
+        from controller.launchers.forkserver import warm_forkserver
+
+        warm_forkserver()
     from controller.config import load
     from controller.launchers.local import LocalLauncher
     from controller.remote import ControllerSettings, RemoteAgents
