@@ -6,7 +6,11 @@ the same windows as agent processes) and prints one line per kind, most frequent
 kernel handler's name, refined for the tcp network: a packet's arrival (``_arrive``) as ``ack`` or
 ``data`` and by whether its sender is on the same agent, the token bucket's release (``_serve``) by its
 head packet's destination; ``pending:K`` is an event of kind K routed to the agent in the window before.
-A last line counts the windows by how many agents ran them (``agents per window: 1:N1 2:N2 ...``).
+Two lines then count, per agent, the windows whose reports would wake it: as the direct windows send them
+(``every runner to every agent``: it wakes whenever another agent ran the window) and at the least any
+protocol with a leader that forwards the view would need (``runners and newcomers``: it ran the window
+with others, or it runs the next window and not this one; docs/benchmarks.md, "Cheaper windows on the tcp
+network"). A last line counts the windows by how many agents ran them (``agents per window: 1:N1 2:N2 ...``).
 usage: python benchmarks/why_windows.py run launcher=inprocess agents=2 stop.updates=3000 [k=v ...]
 (docs/benchmarks.md, "What bounds the windows on the tcp network").
 """
@@ -50,6 +54,22 @@ _window_ends = clock.window_ends
 
 
 _runners: collections.Counter = collections.Counter()  # windows by how many agents ran them
+_sets: list[frozenset] = []  # the agents that ran each window
+_ran: set = set()
+
+
+class _Counted:
+    """An agent handle that notes that it ran the current window."""
+
+    def __init__(self, h, a):
+        self._h, self._a = h, a
+
+    def __getattr__(self, name):
+        return getattr(self._h, name)
+
+    def advance(self, *args, **kwargs):
+        _ran.add(self._a)
+        return self._h.advance(*args, **kwargs)
 
 
 def _recording_run_windows(handles, placement, lookahead, on_window, *args, **kwargs):
@@ -57,9 +77,24 @@ def _recording_run_windows(handles, placement, lookahead, on_window, *args, **kw
 
     def counting(w):
         _runners[len(w.reached)] += 1  # one Reached per agent that ran the window
+        _sets.append(frozenset(_ran))
+        _ran.clear()
         on_window(w)
 
-    return _run_windows(handles, placement, lookahead, counting, *args, **kwargs)
+    counted = [_Counted(h, a) for a, h in enumerate(handles)]
+    return _run_windows(counted, placement, lookahead, counting, *args, **kwargs)
+
+
+def _wakeups(n: int) -> tuple[list[int], list[int]]:
+    """Per agent: windows in which another agent ran (every runner sends it a report), and windows it ran
+    with others or, not running, whose next window it runs (what it must hear at the least)."""
+    every, least = [0] * n, [0] * n
+    for k, ran in enumerate(_sets):
+        nxt = _sets[k + 1] if k + 1 < len(_sets) else frozenset()
+        for c in range(n):
+            every[c] += bool(ran - {c})
+            least[c] += (c in ran and len(ran) > 1) or (c in nxt and c not in ran)
+    return every, least
 
 
 def _recording_window_ends(T, bound, pending, lookahead):
@@ -89,6 +124,9 @@ def main() -> int:
     print(f"{total} windows; what set the earliest first(b):")
     for kind, n in _counts.most_common():
         print(f"{n:8d} {n / total:6.1%}  {kind}")
+    every, least = _wakeups(len(_handles))
+    print("wake-ups per agent, every runner to every agent: " + " ".join(f"{a}:{n}" for a, n in enumerate(every)))
+    print("wake-ups per agent, runners and newcomers: " + " ".join(f"{a}:{n}" for a, n in enumerate(least)))
     print("agents per window: " + " ".join(f"{k}:{n}" for k, n in sorted(_runners.items())))
     return rc
 

@@ -181,11 +181,16 @@ def test_why_windows_names_what_ended_every_window_of_a_run(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     total = int(lines[0].split()[0])
-    counts = {ln.split()[2]: int(ln.split()[0]) for ln in lines[1:-1]}
+    counts = {ln.split()[2]: int(ln.split()[0]) for ln in lines[1:-3]}
     assert total == json.loads((tmp_path / "summary.json").read_text())["windows"] == sum(counts.values()) > 0
     runners = dict(item.split(":") for item in lines[-1].removeprefix("agents per window: ").split())
     assert set(runners) <= {"1", "2"} and sum(map(int, runners.values())) == total
     assert any(k.startswith("_arrive:") for k in counts) and any(k.startswith("_serve:") for k in counts)
+    every, least = ([int(item.split(":")[1]) for item in ln.split(": ")[1].split()] for ln in lines[-3:-1])
+    # two agents: each hears of every window the other ran, and needs at least those it runs next
+    assert len(every) == len(least) == 2 and 0 < least[0] <= every[0] <= total and 0 < least[1] <= every[1]
+    # a window run by one agent wakes the other; one run by both wakes each
+    assert every[0] + every[1] == int(runners.get("1", 0)) + 2 * int(runners.get("2", 0))
 
 
 @settings(max_examples=300, deadline=None)
