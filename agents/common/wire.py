@@ -221,9 +221,21 @@ def encode_value(obj: Any, out: pb.Value, blobs: _Blobs | None = None, _depth: i
     elif type(obj) is dict:
         d = out.dict
         d.SetInParent()
+        add_key, add_value, depth = d.keys.add, d.values.add, _depth + 1
+        if obj and depth > _MAX_DEPTH:
+            raise WireError(f"payload nested deeper than {_MAX_DEPTH} levels")
         for k, v in obj.items():
-            encode_value(k, d.keys.add(), blobs, _depth + 1)
-            encode_value(v, d.values.add(), blobs, _depth + 1)
+            if type(k) is str:
+                add_key().s = k
+            else:
+                encode_value(k, add_key(), blobs, depth)
+            tv = type(v)
+            if tv is int and _INT64[0] <= v <= _INT64[1]:
+                add_value().i = v
+            elif tv is float:
+                add_value().f = v
+            else:
+                encode_value(v, add_value(), blobs, depth)
     else:
         raise WireError(f"a payload of type {type(obj).__qualname__} cannot cross agents; accepted: None, bool, "
                         "int, float, str, bytes, torch.Tensor, numpy.ndarray and tuple/list/dict of them")
@@ -266,11 +278,13 @@ def decode_value(v: pb.Value, blobs: dict[int, bytearray] | None = None, _depth:
     if kind == "list":
         return _decode_items(v.list.items, blobs, _depth + 1, peer)
     if kind == "dict":
-        if len(v.dict.keys) != len(v.dict.values):
+        d = v.dict
+        if len(d.keys) != len(d.values):
             raise WireError("dict value with different numbers of keys and values")
+        keys = _decode_items(d.keys, blobs, _depth + 1, peer)
+        values = _decode_items(d.values, blobs, _depth + 1, peer)
         try:
-            return {decode_value(k, blobs, _depth + 1, peer): decode_value(x, blobs, _depth + 1, peer)
-                    for k, x in zip(v.dict.keys, v.dict.values)}
+            return dict(zip(keys, values))
         except TypeError as e:  # an unhashable key
             raise WireError(f"dict value with an unusable key: {e}") from e
     raise WireError(f"unknown value kind {kind!r}")  # pragma: no cover - oneof is closed
