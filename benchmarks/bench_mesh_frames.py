@@ -8,6 +8,10 @@ In one process, over a Unix socket pair (what two agents on one host use, agents
 * ``send``: ``MeshLinks.exchange`` sends one such frame. Baseline: one ``send`` of the same bytes.
 * ``ack packet``: a tcp ACK packet crossing agents (a ``tcp.pkt`` event, agents/sim/tcp.py) encoded into an
   ``Event`` and decoded from it (agents/common/wire.py). No baseline: the two figures are absolute.
+* ``state-log record``: one ``state.version`` record (a row key, names and a dict) on its way from an agent
+  to the controller, encoded and decoded (per record of a list of 50). Absolute.
+* ``keyed draw``: one ``keyed.uniform`` with the key of an ACK's jitter (agents/sim/keyed.py), drawn per
+  packet on the tcp network. Absolute.
 
 Each figure is the mean of N calls, best of 3; the ratio is lockstep's cost over the bare call.
 usage: python benchmarks/bench_mesh_frames.py [N]   (docs/benchmarks.md, "Cheaper windows on the tcp network")
@@ -22,6 +26,7 @@ from _common import load_average  # also puts the repository on sys.path
 
 from agents import mesh
 from agents.common import wire
+from agents.sim import keyed
 from agents.sim.kernel import RemoteEvent
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import mesh_pb2 as mpb
@@ -94,12 +99,35 @@ def main() -> None:
             wire.decode_event(e)
         return time.perf_counter_ns() - t0
 
+    records = [((4_000_000_000, 17, 3), "state.version", "ps0", {"version": 1234, "crc": 987654321})] * 50
+    v = wire.encode_value(records, pb.Value())
+
+    def encode_records(k: int) -> int:
+        t0 = time.perf_counter_ns()
+        for _ in range(k // 50):
+            wire.encode_value(records, pb.Value())
+        return time.perf_counter_ns() - t0
+
+    def decode_records(k: int) -> int:
+        t0 = time.perf_counter_ns()
+        for _ in range(k // 50):
+            wire.decode_value(v)
+        return time.perf_counter_ns() - t0
+
+    def draw(k: int) -> int:
+        t0 = time.perf_counter_ns()
+        for end in range(k):
+            keyed.uniform(3, "ack", 1, 0, end)
+        return time.perf_counter_ns() - t0
+
     print(f"bench_mesh_frames: {n} calls, best of 3, a {len(frame)}-byte report, load average {load_average()}")
     for what, ours, bare in (("receive", receive, receive_bare), ("send", send, send_bare)):
         o, r = _best(ours, n), _best(bare, n)
         print(f"  {what}: exchange {o:.1f} us, bare {r:.1f} us: ratio {o / r:.2f}")
     print(f"  ack packet: encode {_best(encode, n):.1f} us, decode {_best(decode, n):.1f} us "
           f"({e.ByteSize()} bytes)")
+    print(f"  state-log record: encode {_best(encode_records, n):.1f} us, decode {_best(decode_records, n):.1f} us")
+    print(f"  keyed draw: {_best(draw, n):.2f} us")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,6 @@ _run_windows = clock.run_windows
 _window_ends = clock.window_ends
 
 
-_runners: collections.Counter = collections.Counter()  # windows by how many agents ran them
 _sets: list[frozenset] = []  # the agents that ran each window
 _ran: set = set()
 
@@ -76,7 +75,6 @@ def _recording_run_windows(handles, placement, lookahead, on_window, *args, **kw
     _handles[:] = handles
 
     def counting(w):
-        _runners[len(w.reached)] += 1  # one Reached per agent that ran the window
         _sets.append(frozenset(_ran))
         _ran.clear()
         on_window(w)
@@ -127,7 +125,8 @@ def main() -> int:
     every, least = _wakeups(len(_handles))
     print("wake-ups per agent, every runner to every agent: " + " ".join(f"{a}:{n}" for a, n in enumerate(every)))
     print("wake-ups per agent, runners and newcomers: " + " ".join(f"{a}:{n}" for a, n in enumerate(least)))
-    print("agents per window: " + " ".join(f"{k}:{n}" for k, n in sorted(_runners.items())))
+    runners = collections.Counter(len(ran) for ran in _sets)
+    print("agents per window: " + " ".join(f"{k}:{n}" for k, n in sorted(runners.items())))
     return rc
 
 

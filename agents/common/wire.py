@@ -205,41 +205,32 @@ def encode_value(obj: Any, out: pb.Value, blobs: _Blobs | None = None, _depth: i
     elif isinstance(obj, tuple) or type(obj) is list:  # a NamedTuple (a row, a row key) travels as a tuple
         seq = out.tuple if isinstance(obj, tuple) else out.list
         seq.SetInParent()
-        add, depth = seq.items.add, _depth + 1
-        if obj and depth > _MAX_DEPTH:
-            raise WireError(f"payload nested deeper than {_MAX_DEPTH} levels")
-        for x in obj:  # the common scalars without a call each (rows, packets)
-            tx = type(x)
-            if tx is float:
-                add().f = x
-            elif tx is int and _INT64[0] <= x <= _INT64[1]:
-                add().i = x
-            elif tx is str:
-                add().s = x
-            else:
-                encode_value(x, add(), blobs, depth)
+        _encode_items(obj, seq.items.add, blobs, _depth + 1)
     elif type(obj) is dict:
         d = out.dict
         d.SetInParent()
-        add_key, add_value, depth = d.keys.add, d.values.add, _depth + 1
-        if obj and depth > _MAX_DEPTH:
-            raise WireError(f"payload nested deeper than {_MAX_DEPTH} levels")
-        for k, v in obj.items():
-            if type(k) is str:
-                add_key().s = k
-            else:
-                encode_value(k, add_key(), blobs, depth)
-            tv = type(v)
-            if tv is int and _INT64[0] <= v <= _INT64[1]:
-                add_value().i = v
-            elif tv is float:
-                add_value().f = v
-            else:
-                encode_value(v, add_value(), blobs, depth)
+        _encode_items(obj.keys(), d.keys.add, blobs, _depth + 1)
+        _encode_items(obj.values(), d.values.add, blobs, _depth + 1)
     else:
         raise WireError(f"a payload of type {type(obj).__qualname__} cannot cross agents; accepted: None, bool, "
                         "int, float, str, bytes, torch.Tensor, numpy.ndarray and tuple/list/dict of them")
     return out
+
+
+def _encode_items(items: Any, add: Callable[[], pb.Value], blobs: _Blobs | None, depth: int) -> None:
+    """Each of ``items`` into ``add()``, the common scalars without a call each (rows, packets)."""
+    if items and depth > _MAX_DEPTH:
+        raise WireError(f"payload nested deeper than {_MAX_DEPTH} levels")
+    for x in items:
+        tx = type(x)
+        if tx is float:
+            add().f = x
+        elif tx is int and _INT64[0] <= x <= _INT64[1]:
+            add().i = x
+        elif tx is str:
+            add().s = x
+        else:
+            encode_value(x, add(), blobs, depth)
 
 
 def _put_bytes(t: pb.Tensor, mv: memoryview, blobs: _Blobs | None) -> None:

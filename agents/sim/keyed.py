@@ -14,8 +14,6 @@ import numpy as np
 
 __all__ = ["key_bytes", "generator", "uniform", "key_int"]
 
-_DOUBLE = struct.Struct("<d")
-
 
 def key_bytes(*key: object) -> bytes:
     """A stable 128-bit digest of a key tuple of ints, strings and floats.
@@ -23,23 +21,20 @@ def key_bytes(*key: object) -> bytes:
     BLAKE2b (16 bytes) of the parts in order: an int (or bool) as ``b"i"`` + 16 bytes little-endian signed,
     a str as ``b"s"`` + its UTF-8 length (4 bytes little-endian) + the bytes, a float as ``b"f"`` + its IEEE
     double (little-endian). Every draw of every run depends on these bytes: they never change
-    (tests/engine/test_keyed.py pins them). Hashed in one call: the draws of the tcp network's ACKs and hosts
-    run per packet.
+    (tests/engine/test_keyed.py pins them).
     """
-    parts = []
-    put = parts.append
+    h = hashlib.blake2b(digest_size=16)
     for part in key:
-        t = type(part)
-        if t is int or t is bool or (t is not float and isinstance(part, int)):
-            put(b"i" + int(part).to_bytes(16, "little", signed=True))
-        elif t is str or isinstance(part, str):
+        if isinstance(part, int):  # bool too
+            h.update(b"i" + int(part).to_bytes(16, "little", signed=True))
+        elif isinstance(part, str):
             data = part.encode()
-            put(b"s" + len(data).to_bytes(4, "little") + data)
-        elif t is float or isinstance(part, float):
-            put(b"f" + _DOUBLE.pack(part))
+            h.update(b"s" + len(data).to_bytes(4, "little") + data)
+        elif isinstance(part, float):
+            h.update(b"f" + struct.pack("<d", part))
         else:
             raise TypeError(f"keyed draw: unsupported key part {part!r} ({type(part).__name__})")
-    return hashlib.blake2b(b"".join(parts), digest_size=16).digest()
+    return h.digest()
 
 
 def key_int(*key: object) -> int:
