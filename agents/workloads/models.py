@@ -244,39 +244,48 @@ def flat_params(model: nn.Module) -> Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def set_flat_params(model: nn.Module, flat: Tensor) -> None:
-    """Copy a ``flat_params`` vector back into the model's parameters, in place."""
-    params = list(model.parameters())
-    total = sum(p.numel() for p in params)
-    if flat.ndim != 1 or flat.numel() != total:
-        raise ValueError(f"set_flat_params: expected a 1-D tensor of {total} values, got shape {tuple(flat.shape)}.")
-    offset = 0
+def set_flat_params(model: nn.Module, flat: Tensor, params: Sequence[Tensor] | None = None) -> None:
+    """Copy a ``flat_params`` vector back into the model's parameters, in place.
+
+    ``params``: ``list(model.parameters())``, when the caller keeps it (a scratch model's per-call cost).
+    """
+    if params is None:
+        params = list(model.parameters())
+    sizes = [p.numel() for p in params]
+    if flat.ndim != 1 or flat.numel() != sum(sizes):
+        raise ValueError(f"set_flat_params: expected a 1-D tensor of {sum(sizes)} values, got shape {tuple(flat.shape)}.")
     with torch.no_grad():
-        for p in params:
-            p.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for p, v in zip(params, flat.split(sizes)):
+            p.copy_(v.view_as(p))
 
 
 def _device(model: nn.Module) -> torch.device:
     return next(model.parameters(), torch.empty(0)).device
 
 
-def gradient(model: nn.Module, x: Tensor, y: Tensor) -> tuple[float, list[Tensor]]:
+def gradient(model: nn.Module, x: Tensor, y: Tensor,
+             params: Sequence[Tensor] | None = None) -> tuple[float, list[Tensor]]:
     """Mean cross-entropy of ``model(x)`` against ``y`` and its gradient, one tensor per parameter.
 
     The gradients are detached and in ``model.parameters()`` order (zeros for a
     frozen or unused parameter); the model's ``.grad`` fields are left as None.
-    Nothing is updated: applying the gradient is the strategy's job.
+    Nothing is updated: applying the gradient is the strategy's job. ``params``:
+    ``list(model.parameters())``, when the caller keeps it.
     """
-    params = list(model.parameters())
-    model.zero_grad(set_to_none=True)
-    device = _device(model)
+    if params is None:
+        params = list(model.parameters())
+    if any(p.grad is not None for p in params):
+        model.zero_grad(set_to_none=True)
+    device = params[0].device if params else torch.device("cpu")
     loss = F.cross_entropy(model(x.to(device)), y.to(device))
     trainable = [p for p in params if p.requires_grad]
-    grads = iter(torch.autograd.grad(loss, trainable, allow_unused=True))
+    grads = torch.autograd.grad(loss, trainable, allow_unused=True)
+    if len(trainable) == len(params) and all(g is not None for g in grads):
+        return loss.item(), [g.detach() for g in grads]
+    it = iter(grads)
     out = []
     for p in params:
-        g = next(grads) if p.requires_grad else None
+        g = next(it) if p.requires_grad else None
         out.append(torch.zeros_like(p) if g is None else g.detach())
     return loss.item(), out
 

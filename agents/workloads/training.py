@@ -66,6 +66,7 @@ class Training:
         self.data = data if data is not None else load_fashion_mnist(spec.data_root)
         self.device = torch.device(resolve_device(spec.device))
         self.scratch = build_model(spec.model, seed).to(self.device)
+        self._params = list(self.scratch.parameters())  # kept: walking the modules costs every call
         # the initial parameters as strategies send them (flat, on the CPU: Training.flat); profiling and the
         # auto probe call gradient_at with them, so their calls look like the run's (same batch key)
         self.initial = flat_params(self.scratch).cpu().clone()
@@ -85,7 +86,7 @@ class Training:
         """For a checkpoint (agents.checkpoint): no lock, thread-local streams or compiled vmap; the test
         set is a view of the data set, which the checkpoint refers to rather than holds."""
         state = dict(self.__dict__)
-        for k in ("lock", "_streams", "_vmapped", "test_x", "test_y"):
+        for k in ("lock", "_streams", "_vmapped", "test_x", "test_y", "_params"):
             state.pop(k)
         state["_n_eval"] = len(self.test_y)
         return state
@@ -97,6 +98,7 @@ class Training:
         self.lock = threading.RLock()
         self._vmapped = None
         self._streams = threading.local()
+        self._params = list(self.scratch.parameters())
 
     # the profile database keys compute calls by function and shapes; add the model's identity
     @property
@@ -129,8 +131,8 @@ class Training:
     def gradient_at(self, params: Tensor, x: Tensor, y: Tensor) -> tuple[float, Tensor]:
         """Loss and flat gradient of the model at ``params`` on batch ``(x, y)``."""
         with self.lock:
-            set_flat_params(self.scratch, params)
-            loss, grads = gradient(self.scratch, x, y)
+            set_flat_params(self.scratch, params, self._params)
+            loss, grads = gradient(self.scratch, x, y, self._params)
             # payloads live on the CPU: they cross agents as raw bytes (a no-op copy on a CPU agent)
             return loss, torch.cat([g.reshape(-1) for g in grads]).cpu()
 
@@ -225,7 +227,7 @@ class Training:
         """Test loss and accuracy (an observer: real compute, no virtual time)."""
         if isinstance(model_or_params, Tensor):
             with self.lock:
-                set_flat_params(self.scratch, model_or_params)
+                set_flat_params(self.scratch, model_or_params, self._params)
                 return evaluate(self.scratch, self.test_x, self.test_y)
         return evaluate(model_or_params, self.test_x, self.test_y)
 

@@ -130,6 +130,20 @@ def test_gradient_gives_zeros_for_a_frozen_parameter():
     assert torch.equal(grads[0], torch.zeros(5, 784)) and grads[1].abs().sum() > 0
 
 
+def test_gradient_gives_zeros_for_an_unused_parameter_and_the_same_with_the_kept_parameter_list():
+    model = MLP(hidden=(5,))
+    model.spare = torch.nn.Parameter(torch.ones(3))  # registered, never used by forward
+    params = list(model.parameters())
+    x, y = batch()
+    loss, grads = gradient(model, x, y)
+    assert torch.equal(grads[0], torch.zeros(3)) and grads[1].abs().sum() > 0  # (its own parameters come first)
+    loss2, grads2 = gradient(model, x, y, params)
+    assert loss2 == loss and all(torch.equal(a, b) for a, b in zip(grads, grads2))
+    flat = flat_params(model)
+    set_flat_params(model, flat * 3, params)
+    assert torch.equal(flat_params(model), flat * 3)
+
+
 def test_evaluate_matches_a_manual_count_whatever_the_batch_size():
     model = build_model("cnn", seed=0)
     model.train()
