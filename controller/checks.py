@@ -103,7 +103,7 @@ def _state_fields(kind: str, fields: Any, plan: Plan, what: str, max_tensor_byte
     if type(fields) is not dict or not set(fields) <= set(allowed) or "version" not in fields:
         raise RowError(f"{what}: a {kind} record must hold the fields {sorted(allowed)} (version required), "
                        f"got {sorted(map(str, fields)) if type(fields) is dict else type(fields).__name__}")
-    names = set(plan.names)
+    names = plan.name_set
     for k, v in fields.items():
         if type(v) not in allowed[k] or (type(v) is int and not _is_int(v)):
             raise RowError(f"{what}: {kind} field {k!r} is a {type(v).__name__}")

@@ -48,7 +48,8 @@ METADATA_TICKET, METADATA_PROTOCOL = wire.METADATA_TICKET, wire.METADATA_PROTOCO
 _SERVICE = "/lockstep.v1.Controller/"
 # authenticated calls one agent may have open at once: a Register, its Session, a Beat (and one late)
 _PER_AGENT = {"Register": 1, "Session": 1, "Beat": 2}
-_INBOX_FRAMES = 16  # frames an agent may send ahead of the window loop (it answers one Advance at a time)
+_INBOX_FRAMES = 16  # frames of an agent the controller holds before it stops reading the agent's stream
+_INBOX_WAIT_S = 0.002  # how often a stopped reader looks whether the controller took a frame
 
 
 ControllerSettings = ControllerConfig
@@ -131,6 +132,10 @@ class AgentSession:
         reason = "the agent closed its stream"
         try:
             while True:
+                while self.inbox.qsize() >= _INBOX_FRAMES:
+                    # the controller is behind (a slow check, a busy machine): read no more of this stream, so
+                    # gRPC's flow control holds the agent back and the controller never holds more than this
+                    await asyncio.sleep(_INBOX_WAIT_S)
                 frame = await context.read()
                 if frame is grpc.aio.EOF:
                     break
@@ -138,8 +143,6 @@ class AgentSession:
                 msg = reader.feed(frame)
                 if msg is None:
                     continue
-                if self.inbox.qsize() >= _INBOX_FRAMES:
-                    raise wire.WireError(f"more than {_INBOX_FRAMES} frames the controller did not ask for")
                 self.inbox.put(("frame", msg, reader.hand_over()))
         except wire.WireError as e:
             reason = f"sent a malformed message: {e}"

@@ -6,6 +6,7 @@ vworkers placed on it. Nothing in it depends on the wall clock or the host.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,9 +45,15 @@ class Plan:
     faults: FaultSpec = FaultSpec()  # faults: the injected faults (docs/faults.md)
     limits: Limits = Limits()  # what a peer may make a process hold (controller.run.plan_limits, docs/security.md)
 
-    @property
+    @functools.cached_property
     def names(self) -> list[str]:
+        """The vworkers' names by id (built once: the controller checks every row an agent sends against it;
+        callers do not change it)."""
         return [v.name for v in self.vworkers]
+
+    @functools.cached_property
+    def name_set(self) -> frozenset[str]:
+        return frozenset(self.names)
 
     def local_ids(self, agent: AgentId) -> list[VWorkerId]:
         return [VWorkerId(i) for i, a in enumerate(self.placement) if a == agent]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import grpc
@@ -11,6 +12,7 @@ import pytest
 from agents.common import wire
 from agents.agent import EXIT_REFUSED, AgentProcess
 from controller.launchers.base import AgentFailure
+from controller import server as server_mod
 from controller.server import ControllerServer
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
@@ -81,6 +83,42 @@ def test_garbage_bytes_on_the_stream_fail_that_session_only(server):
     assert kind == "closed"
     # the controller still serves: another agent registers fine
     assert register(server, agent_id=1).agent_id == 1
+
+
+def test_an_agent_ahead_of_a_slow_controller_is_held_back_and_loses_nothing(server):
+    """An agent streaming progress faster than the controller takes it (a 10 000-vworker run's first rows, a
+    busy machine) is held back by the stream's flow control: the controller holds at most its inbox's frames
+    and reads the rest as it takes them, in order. (It used to fail the session at the 17th frame.)"""
+    a = register(server, agent_id=0)
+    n = 3 * server_mod._INBOX_FRAMES
+    done = threading.Event()
+
+    def frames():
+        for i in range(n):
+            f = pb.AgentFrame()
+            f.reached.window = i
+            yield f.SerializeToString()
+        done.wait(30)  # keep the stream open until the test has taken every frame
+
+    with grpc.insecure_channel(server.address) as ch:
+        raw = ch.stream_stream("/lockstep.v1.Controller/Session", request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+        call = raw(frames(), timeout=30, metadata=(("lockstep-agent-id", "0"), ("lockstep-ticket", a.ticket)))
+        try:
+            sess = wait_until(lambda: server.sessions[0].attached and server.sessions[0], timeout=10,
+                              what="the session")
+            wait_until(lambda: sess.inbox.qsize() >= server_mod._INBOX_FRAMES, timeout=10, what="a full inbox")
+            got = []
+            while len(got) < n:
+                assert sess.inbox.qsize() <= server_mod._INBOX_FRAMES
+                item = sess.inbox.get(timeout=10)
+                assert item[0] == "frame", f"the session ended after {len(got)} frames: {item[1]}"
+                got.append(item[1].reached.window)
+            assert got == list(range(n))
+            assert not sess.closed.is_set()
+        finally:
+            done.set()
+            call.cancel()
 
 
 def test_a_reached_for_an_unknown_vworker_is_rejected_with_a_clear_error(server, plan):
