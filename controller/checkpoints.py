@@ -300,6 +300,7 @@ class _Round:
     done: dict[int, bytes] = field(default_factory=dict)  # agents whose checkpoint is complete (held)
     answered: set[int] = field(default_factory=set)
     failed: str | None = None  # why this round will not commit
+    asked_at: float = field(default_factory=time.monotonic)
 
 
 class Checkpointer:
@@ -315,7 +316,8 @@ class Checkpointer:
         self._commit = commit
         self._busy = busy  # the last checkpoint is still being written
         self.enabled = every_s > 0
-        self.spacing = every_s  # wall seconds from one round to the next: every_s, or more after a costly write
+        self.spacing = every_s  # wall seconds from one round to the next: every_s, or more after a costly one
+        self.gathered_s = 0.0  # wall seconds the last round took, from asking to the last piece
         self.round: _Round | None = None
         self.slack = FIRST_SLACK
         self._last = time.monotonic()
@@ -331,9 +333,11 @@ class Checkpointer:
         return furthest if exact else furthest + self.slack
 
     def written(self, seconds: float) -> None:
-        """The last checkpoint took ``seconds`` to write: space the next ones so that writing them takes at
-        most about 1/COST_SHARE of the wall time (a 10 000-vworker run's 3.3 GB took 9.9 s: 99 s apart)."""
-        self.spacing = max(self.every_s, COST_SHARE * seconds)
+        """The last checkpoint took ``seconds`` to write, after its round took :attr:`gathered_s` (the agents'
+        snapshots and their pieces' way here): space the next ones so that taking them costs at most about
+        1/COST_SHARE of the wall time (a 10 000-vworker run's 3.3 GB took 9.9 s to write: 99 s apart, and more
+        for the time its round took)."""
+        self.spacing = max(self.every_s, COST_SHARE * (self.gathered_s + seconds))
 
     def asked(self, window: int, ids: dict[int, int]) -> None:
         self.round = _Round(window, ids)
@@ -401,6 +405,8 @@ class Checkpointer:
         """Every agent answered: commit (when all sent their checkpoint); True when one was committed."""
         r, self.round = self.round, None
         self._last = time.monotonic()
+        if r is not None:
+            self.gathered_s = self._last - r.asked_at
         if r is not None and r.failed == "missed":  # ask again at once, further ahead
             self._last -= self.spacing
         if r is None or r.failed is not None:

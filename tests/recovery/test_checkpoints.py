@@ -331,13 +331,26 @@ def test_a_checkpoint_that_took_long_to_write_spaces_the_next_ones():
     ck.answer(0, ("ok", 0, 0, 1, blob))
     assert ck.finish({}) and committed == [{0: blob}]
     ck.written(9.9)  # a 3.3 GB checkpoint (10 000 vworkers) took 9.9 s to write: the next one 99 s later
-    assert ck.spacing == pytest.approx(99.0)
+    assert ck.spacing == pytest.approx(99.0 + 10 * ck.gathered_s) and ck.gathered_s < 1.0
     ck._last = time.monotonic() - 98.0
     assert ck.due(5, exact=True) is None
     ck._last = time.monotonic() - 100.0
     assert ck.due(5, exact=True) == 5
     ck.written(0.2)  # a small one: every_s again
     assert ck.spacing == 10.0
+
+
+def test_the_time_a_round_took_to_gather_counts_with_its_write_in_the_spacing():
+    ck = Checkpointer(10.0, lambda k, blobs, view: None)
+    ck._last -= 10.0
+    ck.asked(ck.due(0, exact=True), {0: 1, 1: 2})
+    ck.round.asked_at -= 5.0  # the agents' snapshots and their pieces took 5 s to come in
+    ck.answer(0, ("ok", 0, 0, 1, b"a"))
+    ck.answer(1, ("ok", 0, 0, 1, b"b"))
+    assert ck.finish({})
+    assert 5.0 <= ck.gathered_s < 6.0
+    ck.written(8.0)  # then 8 s to write: the next round no sooner than 10 x (5 + 8) s later
+    assert ck.spacing == pytest.approx(10 * (ck.gathered_s + 8.0)) and ck.spacing >= 130.0
 
 
 def test_a_strategy_that_refuses_again_and_again_is_not_asked_any_more():
