@@ -378,10 +378,13 @@ class ControllerServer:
 
     async def _start(self) -> int:
         limit = self.settings.max_message_bytes + 64 * 1024
+        # what agents send stays within the limit; what the controller sends may be larger only by the plan it
+        # assigns (100 000 vworkers: 17 MB of JSON), which only the authenticated controller sends
+        send_limit = max(limit, len(self.plan_json.encode()) + 64 * 1024)
         self.gate = _Gate(self)  # its in_flight counts the open calls of each agent (read by tests)
         self._server = grpc.aio.server(
             interceptors=[self.gate],
-            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
+            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", send_limit),
                      ("grpc.so_reuseport", 0),
                      # one connection cannot open streams without end, nor stall its TLS handshake
                      ("grpc.max_concurrent_streams", 16),

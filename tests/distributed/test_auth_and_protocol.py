@@ -13,7 +13,7 @@ from agents.common import wire
 from agents.agent import EXIT_REFUSED, AgentProcess
 from controller.launchers.base import AgentFailure
 from controller import server as server_mod
-from controller.server import ControllerServer
+from controller.server import ControllerServer, ControllerSettings
 from protos.lockstep.v1 import agent_pb2 as pb
 from protos.lockstep.v1 import agent_pb2_grpc as pb_grpc
 
@@ -83,6 +83,18 @@ def test_garbage_bytes_on_the_stream_fail_that_session_only(server):
     assert kind == "closed"
     # the controller still serves: another agent registers fine
     assert register(server, agent_id=1).agent_id == 1
+
+
+def test_a_plan_larger_than_the_message_limit_still_reaches_the_agent(plan):
+    """A 100 000-client FedAvg plan is 17 MB of JSON, above the default 16 MiB limit: the Assignment that
+    carries it may exceed the limit (agents' messages may not). Before, registration failed RESOURCE_EXHAUSTED."""
+    big = plan.to_json()[:-1] + ', "padding": "' + "x" * 300_000 + '"}'  # 4.6 x this server's 64 KiB limit
+    s = ControllerServer(TOKEN, plan.run_id, big, plan.n_agents, ControllerSettings(max_message_bytes=1 << 16))
+    s.start()
+    try:
+        assert register(s, agent_id=0).plan_json == big
+    finally:
+        s.stop(grace=0)
 
 
 def test_an_agent_ahead_of_a_slow_controller_is_held_back_and_loses_nothing(server):
