@@ -10,6 +10,8 @@ In one process, over a Unix socket pair (what two agents on one host use, agents
   ``Event`` and decoded from it (agents/common/wire.py). No baseline: the two figures are absolute.
 * ``state-log record``: one ``state.version`` record (a row key, names and a dict) on its way from an agent
   to the controller, encoded and decoded (per record of a list of 50). Absolute.
+* ``checkpoint piece``: one 4 MiB piece of an agent's checkpoint as the controller receives it (its
+  ``AgentFrame`` parsed, then its value decoded, agents/mesh.py ``checkpoint_reply``). Absolute, in ms.
 * ``keyed draw``: one ``keyed.uniform`` with the key of an ACK's jitter (agents/sim/keyed.py), drawn per
   packet on the tcp network. Absolute.
 
@@ -120,6 +122,26 @@ def main() -> None:
             keyed.uniform(3, "ack", 1, 0, end)
         return time.perf_counter_ns() - t0
 
+    piece = pb.AgentFrame()
+    piece.reply.id = 1
+    wire.encode_value(("ok", 5, 0, 10, bytes(mesh.piece_bytes(wire.FrameWriter(pb.AgentFrame)))), piece.reply.value)
+    piece_bytes = piece.SerializeToString()
+    pieces = max(1, n // 400)
+
+    def parse_piece(k: int) -> float:
+        t0 = time.perf_counter_ns()
+        for _ in range(k):
+            pb.AgentFrame.FromString(piece_bytes)
+        return (time.perf_counter_ns() - t0) / k / 1e6
+
+    parsed = pb.AgentFrame.FromString(piece_bytes)
+
+    def decode_piece(k: int) -> float:
+        t0 = time.perf_counter_ns()
+        for _ in range(k):
+            wire.decode_value(parsed.reply.value)
+        return (time.perf_counter_ns() - t0) / k / 1e6
+
     print(f"bench_mesh_frames: {n} calls, best of 3, a {len(frame)}-byte report, load average {load_average()}")
     for what, ours, bare in (("receive", receive, receive_bare), ("send", send, send_bare)):
         o, r = _best(ours, n), _best(bare, n)
@@ -128,6 +150,8 @@ def main() -> None:
           f"({e.ByteSize()} bytes)")
     print(f"  state-log record: encode {_best(encode_records, n):.1f} us, decode {_best(decode_records, n):.1f} us")
     print(f"  keyed draw: {_best(draw, n):.2f} us")
+    print(f"  checkpoint piece ({len(piece_bytes) / 2**20:.1f} MiB, {pieces} calls, best of 3): parse "
+          f"{min(parse_piece(pieces) for _ in range(3)):.2f} ms, decode {min(decode_piece(pieces) for _ in range(3)):.2f} ms")
 
 
 if __name__ == "__main__":
