@@ -75,7 +75,8 @@ class AgentProcess:
         self.mesh: Any = None  # agents.mesh.MeshSession: direct windows (controller.windows=direct)
         self._mesh_task: Any = None
         self._view: dict | None = None  # a restored checkpoint's window-loop view, for mesh_run
-        self._restore_parts: list[bytes] = []
+        self._restore_buf = bytearray()  # the checkpoint's pieces so far (call restore), side by side
+        self._restore_parts = 0
 
     # ------------------------------------------------------------- plumbing
     async def _send(self, frame: pb.AgentFrame, blobs: Any = None) -> None:
@@ -144,7 +145,10 @@ class AgentProcess:
                      a.protocol_version)
             self.writer = wire.FrameWriter(pb.AgentFrame, int(a.max_message_bytes))
             md = ((wire.METADATA_AGENT, str(self.agent_id)), (wire.METADATA_TICKET, a.ticket))
-            self.call = stub.Session(metadata=md)
+            session = channel.stream_stream(  # stub.Session, taking frames already serialized too (checkpoints)
+                "/lockstep.v1.Controller/Session", request_serializer=wire.serialize_frame,
+                response_deserializer=pb.ControllerFrame.FromString)
+            self.call = session(metadata=md)
             hb = threading.Thread(target=self._heartbeats, args=(max(a.heartbeat_s, 0.01), md),
                                   name="heartbeat", daemon=True)
             hb.start()
@@ -372,15 +376,15 @@ class AgentProcess:
             await self._fail(f"restore: malformed arguments: {e}")
             return False
         if part == 0:
-            self._restore_parts = []
-        parts_so_far = self._restore_parts
-        if len(parts_so_far) != part:
-            await self._fail(f"restore: part {part} after {len(parts_so_far)} parts")
+            self._restore_buf, self._restore_parts = bytearray(), 0
+        if self._restore_parts != part:
+            await self._fail(f"restore: part {part} after {self._restore_parts} parts")
             return False
-        parts_so_far.append(piece)
+        self._restore_buf += piece  # grown in place (no list of pieces joined at the end: one copy, not two)
+        self._restore_parts += 1
         value: Any = None
         if part == parts - 1:
-            blob, self._restore_parts = b"".join(parts_so_far), []
+            blob, self._restore_buf, self._restore_parts = self._restore_buf, bytearray(), 0
             try:
                 value = ("ok", self._restore_from(blob))
             except Exception as e:  # noqa: BLE001 - answered: the controller falls back to a replay
@@ -395,7 +399,7 @@ class AgentProcess:
         await self._send(f)
         return True
 
-    def _restore_from(self, blob: bytes) -> int:
+    def _restore_from(self, blob: bytes | bytearray) -> int:
         from agents.checkpoint import restore
         from agents.mesh import unpack_checkpoint
 

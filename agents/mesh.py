@@ -40,7 +40,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from agents.common import wire
 from agents.common.wire import Limits
@@ -784,7 +784,7 @@ class MeshSession:
         self._lock = threading.Lock()
         self._early: tuple[int, int] | None = None  # a checkpoint asked for before the loop was built
         self._over = False
-        self._post: Callable[[list], None] | None = None
+        self._post: Callable[[Iterable[Any]], None] | None = None
 
     def open(self) -> tuple[str, str, bytes]:
         if self.listener is None:
@@ -853,7 +853,7 @@ class MeshSession:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
-        def post(frames: list) -> None:
+        def post(frames: Iterable[Any]) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, frames)
 
         self._post = post
@@ -964,23 +964,26 @@ def piece_bytes(writer: Any) -> int:
 
 
 def checkpoint_reply(writer: Any, call_id: int, status: str, window: int, blob: Any = b"",
-                     reason: str = "") -> list:
+                     reason: str = "") -> Iterator[Any]:
     """The reply frames to call ``checkpoint``: ``(status, window, part, parts, bytes or reason)`` each.
 
     ``status``: ok (the checkpoint, in ``parts`` frames), missed (this agent was past ``window`` when asked),
-    ended (the windows ended before it), refused / refused_permanent (NotCheckpointable: its sentence)."""
-    frames: list = []
-    step = piece_bytes(writer)
+    ended (the windows ended before it), refused / refused_permanent (NotCheckpointable: its sentence).
+
+    The frames are made as they are taken, so an agent holds one piece's frame at a time beside the checkpoint,
+    not a second copy of all of it (a 10 000-vworker agent's is GBs), and the window thread that posts them does
+    not make them. A piece's frame is its serialized bytes (:func:`~agents.common.wire.reply_bytes`: one copy of the
+    piece), which the agent's stream sends as they are (:func:`~agents.common.wire.serialize_frame`)."""
     if status != "ok":
-        pieces: list = [reason]
-    elif hasattr(blob, "chunks"):  # a Blob: views of its pieces, each copied only into its own frame
-        pieces = blob.chunks(step) or [b""]
-    else:
-        pieces = [blob[i:i + step] for i in range(0, len(blob), step)]
-    for i, piece in enumerate(pieces):
         f = pb.AgentFrame()
         f.reply.id = call_id
-        value = bytes(piece) if status == "ok" else piece  # one piece copied at a time, into its frame
-        wire.encode_value((status, window, i, len(pieces), value), f.reply.value)
-        frames.extend(writer.frames(f))
-    return frames
+        wire.encode_value((status, window, 0, 1, reason), f.reply.value)
+        yield from writer.frames(f)
+        return
+    step = piece_bytes(writer)  # a piece and its few fields stay below the message limit
+    if hasattr(blob, "chunks"):  # a Blob: views of its pieces
+        pieces = blob.chunks(step) or [b""]
+    else:
+        pieces = [memoryview(blob)[i:i + step] for i in range(0, len(blob), step)] or [b""]
+    for i, piece in enumerate(pieces):
+        yield wire.reply_bytes(call_id, (status, window, i, len(pieces)), piece)

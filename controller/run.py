@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,39 +249,52 @@ def latest_checkpoint(store: CheckpointStore, recovery: Recovery) -> Checkpoint 
         return None
 
 
+RESTORE_IN_FLIGHT = 4  # pieces of one agent's checkpoint sent and not yet answered, at most
+
+
 def restore_agents(handles: list[Any], ck: Checkpoint) -> None:
     """Send each agent its checkpoint (call ``restore``, in pieces below the message limit) and wait until
-    every one has restored its core; CheckpointUnusable when one could not."""
+    every one has restored its core; CheckpointUnusable when one could not.
+
+    The pieces are read from the file as they go, at most ``RESTORE_IN_FLIGHT`` of an agent's unanswered at a
+    time (an agent answers each piece as it takes it), so the controller holds a few pieces, not the agents'
+    checkpoints: two agents of 10 000 vworkers restore GBs each. Each agent restores its core once its last
+    piece is in, while the next agent's pieces go out; the answers are read in agent order."""
     from agents.mesh import piece_bytes
 
-    sent: list[tuple[Any, list[int]]] = []
+    sent: list[tuple[Any, deque]] = []
     for h in handles:
         if isinstance(h, InProcessAgent):
             h.restore(ck.agent_blob(h.core.agent_id), ck.window)
             continue
-        blob = ck.agent_blob(h.agent_id)
         step = piece_bytes(h.session.writer)
-        pieces = [blob[i:i + step] for i in range(0, len(blob), step)] or [b""]
-        ids = []
-        for i, piece in enumerate(pieces):
+        parts, ids = ck.agent_parts(h.agent_id, step), deque()
+        for i, piece in enumerate(ck.agent_pieces(h.agent_id, step)):
+            if len(ids) >= RESTORE_IN_FLIGHT:
+                _restore_answer(h, ids.popleft())
             h._calls += 1
             f = pb.ControllerFrame()
             f.call.id, f.call.method = h._calls, "restore"
-            wire.encode_value((i, len(pieces), piece), f.call.args)
+            wire.encode_value((i, parts, piece), f.call.args)
             h.session.send(f)
             ids.append(h._calls)
         sent.append((h, ids))
     errors = []
-    for h, ids in sent:  # every agent restores at once; the answers are read in agent order
-        for call_id in ids:
-            msg, blobs = h._receive("reply to restore")
-            if msg.WhichOneof("body") != "reply" or msg.reply.id != call_id:
-                raise h.fail(f"protocol error: expected the reply to restore, got {msg.WhichOneof('body')}")
-            value = wire.decode_value(msg.reply.value, blobs)
+    for h, ids in sent:
+        while ids:
+            value = _restore_answer(h, ids.popleft())
         if not (isinstance(value, tuple) and len(value) == 2 and value[0] == "ok" and value[1] == ck.window):
             errors.append(f"agent {h.agent_id}: {value[1] if isinstance(value, tuple) and len(value) == 2 else value}")
     if errors:
         raise CheckpointUnusable(f"the agents could not restore checkpoint {ck.window} ({'; '.join(errors)})")
+
+
+def _restore_answer(h: Any, call_id: int) -> Any:
+    """Agent ``h``'s answer to its call ``restore`` ``call_id`` (None for a piece before the last)."""
+    msg, blobs = h._receive("reply to restore")
+    if msg.WhichOneof("body") != "reply" or msg.reply.id != call_id:
+        raise h.fail(f"protocol error: expected the reply to restore, got {msg.WhichOneof('body')}")
+    return wire.decode_value(msg.reply.value, blobs)
 
 
 def build_inprocess(plan: Plan, observer: Any = None) -> list[InProcessAgent]:
@@ -459,7 +473,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         """The windows, then the final calls (parameters, final evaluation, info) of the current agents."""
         nonlocal stop, finished, checkpointer
         every = rc.recovery.checkpoint_every_s
-        ck = checkpointer = Checkpointer(every, commit_checkpoint, lambda: store.busy) if every > 0 else None
+        ck = checkpointer = Checkpointer(every, commit_checkpoint, lambda: store.busy,
+                                         stage=store.stage) if every > 0 else None
         if direct:
             from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
 

@@ -36,6 +36,7 @@ from protos.lockstep.v1 import agent_pb2 as pb
 
 __all__ = ["PROTOCOL_VERSION", "WireError", "BlobRef", "FrameWriter", "FrameReader", "Limits", "limits_for",
            "encode_value", "decode_value", "encode_event", "decode_event", "encode_stats", "decode_stats",
+           "reply_bytes", "serialize_frame",
            "DEFAULT_MAX_MESSAGE_BYTES", "METADATA_TOKEN", "METADATA_AGENT", "METADATA_TICKET", "METADATA_PROTOCOL"]
 
 PROTOCOL_VERSION = 5  # 5: the token in Register's metadata, checked before the request is read
@@ -403,6 +404,51 @@ def decode_stats(s: pb.Stats) -> Stats:
 
 
 # ----------------------------------------------------------------- frames
+def serialize_frame(frame: Any) -> bytes:
+    """The agent stream's serializer: a frame message, or the bytes of one already serialized
+    (:func:`reply_bytes`), which gRPC then sends as they are."""
+    return frame if type(frame) is bytes else frame.SerializeToString()
+
+
+def _len_field(number: int, length: int) -> bytes:
+    """A length-delimited field's tag and length (protobuf's wire format: varints)."""
+    out = bytearray()
+    for n in (number << 3 | 2, length):
+        while n > 0x7F:
+            out.append(n & 0x7F | 0x80)
+            n >>= 7
+        out.append(n)
+    return bytes(out)
+
+
+_F = pb.AgentFrame.DESCRIPTOR.fields_by_name["reply"].number, pb.Reply.DESCRIPTOR.fields_by_name["value"].number, \
+    pb.Value.DESCRIPTOR.fields_by_name["tuple"].number, pb.Seq.DESCRIPTOR.fields_by_name["items"].number, \
+    pb.Value.DESCRIPTOR.fields_by_name["raw"].number
+
+
+def reply_bytes(call_id: int, items: tuple, data: Any) -> bytes:
+    """The serialized ``AgentFrame`` replying ``(*items, bytes(data))`` to call ``call_id``, with ``data`` (any
+    bytes-like object) copied once, into the result.
+
+    Building the frame instead copies a 4 MiB checkpoint piece four times (into ``bytes``, into the message,
+    ``ByteSize`` and gRPC's ``SerializeToString`` each encode it), each copy into freshly mapped pages in a
+    compact agent (docs/benchmarks.md, "Checkpoints at 10 000 vworkers on agents"). Here the small fields are
+    serialized as a message and the last item follows as a second message holding only it: protobuf's parser
+    merges concatenated messages (a repeated field appends), so the controller reads the frame the message
+    would have made. ``tests/distributed/test_wire.py`` checks the two parse to the same frame."""
+    head = pb.AgentFrame()
+    head.reply.id = call_id
+    encode_value(tuple(items), head.reply.value)
+    n = memoryview(data).nbytes
+    reply, value, tup, seq_items, raw = _F
+    parts = [_len_field(raw, n)]
+    size = len(parts[0]) + n
+    for number in (seq_items, tup, value, reply):  # from the inside out
+        parts.append(_len_field(number, size))
+        size += len(parts[-1])
+    return b"".join((head.SerializeToString(), *reversed(parts), data))
+
+
 class FrameWriter:
     """Turns one logical frame into gRPC messages of at most ``max_message_bytes`` each.
 

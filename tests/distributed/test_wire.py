@@ -64,6 +64,23 @@ def test_a_huge_frame_travels_as_an_envelope():
     assert out == big and frames > 10
 
 
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 16_383, 16_384, 3 << 20])
+@pytest.mark.parametrize("call_id", [1, 300, 2**40])
+def test_a_reply_serialized_around_its_bytes_parses_to_the_frame_the_message_makes(n, call_id):
+    """A checkpoint piece's frame is serialized without building it (wire.reply_bytes): the controller must
+    read the very frame the message would have been, whatever the lengths' varints (1 to 4 bytes here)."""
+    data = bytes(range(256)) * (n // 256) + bytes(n % 256)
+    built = pb.AgentFrame()
+    built.reply.id = call_id
+    wire.encode_value(("ok", 140_402, 3, 700, data), built.reply.value)
+    sent = wire.reply_bytes(call_id, ("ok", 140_402, 3, 700), memoryview(data))
+    got = pb.AgentFrame.FromString(sent)
+    assert got == built
+    assert got.SerializeToString() == built.SerializeToString()
+    assert wire.decode_value(got.reply.value) == ("ok", 140_402, 3, 700, data)
+    assert wire.serialize_frame(sent) is sent and wire.serialize_frame(built) == built.SerializeToString()
+
+
 @pytest.mark.parametrize("obj", [object(), {1, 2}, 2**64, torch.zeros(2, dtype=torch.uint16)
                                  if hasattr(torch, "uint16") else object()])
 def test_values_that_cannot_cross_agents_are_refused_with_a_clear_error(obj):
@@ -96,3 +113,25 @@ def test_a_named_tuple_row_travels_as_a_plain_tuple_and_is_rebuilt_field_by_fiel
     out, _ = roundtrip([(key, row)])
     assert type(out[0][1]) is tuple and out == [(tuple(key), tuple(row))]
     assert UpdateRow(*out[0][1]).loss == 0.25 and RowKey(*out[0][0]).time == 5
+
+
+def test_a_checkpoints_frames_are_made_as_they_are_taken_and_carry_its_bytes_in_order():
+    """agents/mesh.py checkpoint_reply: the frames of a checkpoint are made one at a time as the stream takes them
+    (an agent holds one beside its checkpoint, not a copy of all of it), each a reply the controller reads as
+    (status, window, part, parts, bytes) with the pieces in order."""
+    from agents.common.files import Blob
+    from agents.mesh import checkpoint_reply
+
+    writer = wire.FrameWriter(pb.AgentFrame, 1 << 14)  # pieces of 8 KiB
+    storage = bytearray(b"a" * 20_000)
+    blob = Blob([b"head", memoryview(storage)])
+    frames = checkpoint_reply(writer, 9, "ok", 42, blob)
+    first = next(frames)
+    storage[10_000:] = b"b" * 10_000  # a frame not yet taken is made from the bytes as they are when it is
+    rest = list(frames)
+    got = [wire.decode_value(pb.AgentFrame.FromString(wire.serialize_frame(f)).reply.value) for f in [first, *rest]]
+    assert [g[:4] for g in got] == [("ok", 42, i, 4) for i in range(4)]
+    assert b"".join(g[4] for g in got) == b"head" + b"a" * 10_000 + b"b" * 10_000
+    assert max(len(wire.serialize_frame(f)) for f in [first, *rest]) <= 1 << 14
+    refused = list(checkpoint_reply(writer, 9, "refused", 42, reason="vworker w3 waits in recv"))
+    assert [wire.decode_value(f.reply.value) for f in refused] == [("refused", 42, 0, 1, "vworker w3 waits in recv")]

@@ -235,6 +235,33 @@ def test_the_store_commits_a_checkpoint_with_its_manifest_and_finds_it_again_ver
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("size", [0, 1, 999, 1000, 1001, 4500])
+def test_a_checkpoint_is_read_back_a_piece_at_a_time_and_its_last_piece_only_once_the_file_proved_whole(
+        tmp_path, size):
+    """restore_agents sends each agent its file as it reads it (controller/run.py): never all of it in memory, and
+    never the last piece of a file that is not the one its manifest describes (the agent restores on the last)."""
+    store = CheckpointStore(tmp_path, "{}")
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    store.commit(7, 100, {0: data}, {"c": 1}, {})
+    ck = store.latest()
+    pieces = list(ck.agent_pieces(0, 1000))
+    assert b"".join(pieces) == data and len(pieces) == ck.agent_parts(0, 1000) == max(1, -(-size // 1000))
+    assert all(len(p) == 1000 for p in pieces[:-1])
+    if not size:
+        return
+    damaged = bytearray(data)
+    damaged[-1] ^= 1  # in the last piece: every piece before it goes, the last does not
+    (ck.path / "agent-0.ckpt").write_bytes(bytes(damaged))
+    got = []
+    with pytest.raises(CheckpointUnusable, match="agent-0.ckpt is not the file its manifest.json describes"):
+        for p in ck.agent_pieces(0, 1000):
+            got.append(p)
+    assert len(got) == len(pieces) - 1
+    (ck.path / "agent-0.ckpt").write_bytes(data[:-1])  # truncated
+    with pytest.raises(CheckpointUnusable, match=f"{size - 1} bytes, {size} expected"):
+        list(ck.agent_pieces(0, 1000))
+
+
 def test_an_in_process_commit_returns_once_the_bytes_are_in_the_files_and_syncs_and_commits_on_a_thread(
         tmp_path, monkeypatch):
     from controller import checkpoints
@@ -319,6 +346,69 @@ def test_a_checkpoint_round_commits_only_when_every_agent_sent_its_checkpoint_an
     with pytest.raises(ValueError, match="an answer for window"):
         ck.asked(500, {0: 13, 1: 14})
         ck.answer(0, ("ok", 499, 0, 1, b""))
+
+
+def test_a_round_writes_each_piece_to_its_agents_file_as_it_comes_and_holds_none_of_them(tmp_path):
+    """With the store's stage (what `lockstep run` uses) the controller keeps no piece: each goes to its agent's
+    file, its CRC-32 taken on the way; the commit syncs and names them. A lost round leaves no file."""
+    store = CheckpointStore(tmp_path, "{}")
+    commits = []
+    ck = Checkpointer(1e-9, lambda k, blobs, view: commits.append(store.commit(k, 50, blobs, view, {})),
+                      stage=store.stage)
+    k = ck.due(100)
+    ck.asked(k, {0: 1, 1: 2})
+    staged = tmp_path / "checkpoints" / str(k)
+    pieces = [bytes([i]) * (1000 + i) for i in range(3)]
+    for i, piece in enumerate(pieces):
+        ck.answer(0, ("ok", k, i, 3, piece))
+        assert (staged / "agent-0.ckpt").stat().st_size == sum(map(len, pieces[:i + 1])), "written as it came"
+    assert ck.round.parts == {} and ck.holding(0)
+    ck.answer(1, ("ok", k, 0, 1, b"only"))
+    assert ck.finish({"windows": [k, k]})
+    assert commits == [staged] and not list(tmp_path.glob("checkpoints/*/*.tmp"))
+    manifest = json.loads((staged / "manifest.json").read_text())
+    whole = b"".join(pieces)
+    assert manifest["agents"] == [{"file": "agent-0.ckpt", "bytes": len(whole), "crc32": f"{zlib.crc32(whole):08x}"},
+                                  {"file": "agent-1.ckpt", "bytes": 4, "crc32": f"{zlib.crc32(b'only'):08x}"}]
+    got = store.latest()
+    assert (got.window, got.controller, got.agent_blob(0), got.agent_blob(1)) == (k, {"windows": [k, k]}, whole,
+                                                                                   b"only")
+    # a round that will not commit (an agent already past its window): its files go, the last checkpoint stays
+    k2 = ck.due(300)
+    ck.asked(k2, {0: 3, 1: 4})
+    ck.answer(0, ("ok", k2, 0, 2, b"half"))
+    assert (tmp_path / "checkpoints" / str(k2) / "agent-0.ckpt").exists()
+    ck.answer(1, ("missed", k2, 0, 1, ""))
+    ck.answer(0, ("ok", k2, 1, 2, b"rest"))
+    assert not ck.finish({}) and not (tmp_path / "checkpoints" / str(k2)).exists()
+    assert store.latest().window == k and len(commits) == 1
+    # a round left unfinished (its agent lost): the next round's stage drops its files
+    k3 = ck.due(400)
+    ck.asked(k3, {0: 5})
+    ck.answer(0, ("ok", k3, 0, 2, b"lost"))
+    again = Checkpointer(1e-9, lambda *a: None, stage=store.stage)  # what recovery's next drive() makes
+    again.asked(again.due(900), {0: 6})
+    assert not (tmp_path / "checkpoints" / str(k3)).exists() and store.latest().window == k
+    # a round asking for the committed window again (the hub's loop right after a restore from it): kept as it is
+    same = Checkpointer(1e-9, lambda *a: commits.append(a), stage=store.stage)
+    same.asked(k, {0: 7})
+    same.answer(0, ("ok", k, 0, 1, b"other bytes"))
+    assert not same.finish({}) and len(commits) == 1
+    assert (store.latest().window, store.latest().agent_blob(0)) == (k, whole)
+
+
+def test_a_round_that_cannot_write_its_pieces_commits_nothing_and_says_why(tmp_path, caplog):
+    store = CheckpointStore(tmp_path, "{}")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / str(100 + FIRST_SLACK)).write_text("a file where the directory goes")
+    committed = []
+    ck = Checkpointer(1e-9, lambda *a: committed.append(a), stage=store.stage)
+    k = ck.due(100)
+    ck.asked(k, {0: 1})
+    ck.answer(0, ("ok", k, 0, 1, b"piece"))
+    with caplog.at_level("WARNING", logger="lockstep.controller"):
+        assert not ck.finish({})
+    assert committed == [] and f"could not write checkpoint {k}" in caplog.text
 
 
 def test_a_checkpoint_that_took_long_to_write_spaces_the_next_ones():

@@ -1,0 +1,113 @@
+"""A checkpoint's way from an agent process to the controller's files, piece by piece (docs/benchmarks.md,
+"Checkpoints at 10 000 vworkers on agents"): the agent's side — its pieces made into the frames gRPC sends —
+and the controller's — each frame parsed, decoded and kept — as they are now, against the code before them
+(kept below as the baseline), each variant in a fresh process.
+
+* agent, before: ``checkpoint_reply`` built every frame message first (``bytes(piece)``, the message, its
+  ``ByteSize``), then gRPC serialized each (``SerializeToString``).
+* agent, now: ``checkpoint_reply`` yields each frame's bytes as it is taken (``wire.reply_bytes``: one copy);
+  gRPC sends them as they are (``wire.serialize_frame``).
+* controller, before: every piece held until the agent's last (then written by the commit).
+* controller, now: each piece written to the agent's file as it comes (``CheckpointStore.stage``).
+
+Both sides run on the same Blob (PIECES of PIECE_MB MB of random bytes, views, as a snapshot's storages),
+with glibc's mmap threshold fixed at 128 KiB as a compact agent has it (``memory=auto`` from 1 000 vworkers:
+each 4 MiB buffer is then fresh pages), and once without (``--default-malloc``). Printed per variant: the
+best wall time of REPEATS, CPU time, and the process's peak resident set above what it held before.
+usage: python benchmarks/bench_checkpoint_pieces.py [PIECES] [PIECE_MB] [REPEATS] [--default-malloc]
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+
+from _common import ROOT, load_average
+
+_CHILD = r"""
+import ctypes, json, resource, sys, time, tempfile
+from pathlib import Path
+sys.path.insert(0, %(root)r)
+variant, pieces, piece_mb, compact = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+if compact:
+    ctypes.CDLL("libc.so.6").mallopt(-3, 131072)  # M_MMAP_THRESHOLD, as agents.core.use_memory does
+import numpy as np
+from agents import mesh
+from agents.common import wire
+from agents.common.files import Blob, headed
+from controller import checkpoints
+from controller.checkpoints import CheckpointStore, Checkpointer
+from protos.lockstep.v1 import agent_pb2 as pb
+
+checkpoints._sync = lambda path: None  # the CPU's part of the way, not the disk's
+
+n = piece_mb << 20
+whole = memoryview(np.random.default_rng(0).integers(0, 256, pieces * n, dtype=np.uint8))
+blob = headed({"format": 2}, [whole[i * n:(i + 1) * n] for i in range(pieces)])
+writer = wire.FrameWriter(pb.AgentFrame, 16 << 20)
+
+def reply_before(writer, call_id, status, window, blob):  # agents/mesh.py checkpoint_reply of 5f23156
+    frames = []
+    step = mesh.piece_bytes(writer)
+    pieces = blob.chunks(step) or [b""]
+    for i, piece in enumerate(pieces):
+        f = pb.AgentFrame()
+        f.reply.id = call_id
+        wire.encode_value((status, window, i, len(pieces), bytes(piece)), f.reply.value)
+        frames.extend(writer.frames(f))
+    return frames
+
+sent = list(mesh.checkpoint_reply(writer, 1, "ok", 5, blob)) if variant.startswith("controller") else None
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+c0, t0 = time.process_time(), time.perf_counter()
+if variant == "agent before":
+    for f in reply_before(writer, 1, "ok", 5, blob):
+        f.SerializeToString()  # what gRPC's serializer does with each
+elif variant == "agent now":
+    for f in mesh.checkpoint_reply(writer, 1, "ok", 5, blob):
+        wire.serialize_frame(f)
+else:
+    with tempfile.TemporaryDirectory() as d:
+        store = CheckpointStore(Path(d), "{}")
+        ck = Checkpointer(1e-9, lambda k, blobs, view: store.commit(k, 0, blobs, view, {}),
+                          stage=store.stage if variant == "controller now" else None)
+        ck.asked(5, {0: 1})
+        for raw in sent:
+            ck.answer(0, wire.decode_value(pb.AgentFrame.FromString(raw).reply.value))
+        ck.finish({})
+t = time.perf_counter() - t0
+print(json.dumps({"wall_s": t, "cpu_s": time.process_time() - c0,
+                  "peak_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024}))
+"""
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    pieces = int(args[0]) if args else 64
+    piece_mb = int(args[1]) if len(args) > 1 else 8
+    repeats = int(args[2]) if len(args) > 2 else 3
+    compact = "0" if "--default-malloc" in sys.argv else "1"
+    gb = pieces * piece_mb / 1024
+    print(f"bench_checkpoint_pieces: {pieces} pieces of {piece_mb} MiB ({gb:.2f} GiB), "
+          f"{'compact (mmap threshold 128 KiB)' if compact == '1' else 'default'} malloc, best of {repeats}; "
+          f"load average {load_average()}", flush=True)
+    variants = ["agent before", "agent now", "controller before", "controller now"]
+    got: dict[str, list[dict]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory():
+        for _ in range(repeats):
+            for v in variants:
+                out = subprocess.run([sys.executable, "-c", _CHILD % {"root": str(ROOT)}, v, str(pieces),
+                                      str(piece_mb), compact], capture_output=True, text=True, check=True)
+                got[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    best = {v: min(r["wall_s"] for r in rs) for v, rs in got.items()}
+    for v in variants:
+        rs = got[v]
+        print(f"{v:18s} {best[v]:7.2f} s ({best[v] / gb:5.2f} s per GiB)  CPU {min(r['cpu_s'] for r in rs):6.2f} s  "
+              f"peak +{max(r['peak_mb'] for r in rs):7.0f} MB")
+    for side in ("agent", "controller"):
+        print(f"{side}: now {best[f'{side} before'] / best[f'{side} now']:.2f}x faster than before")
+
+
+if __name__ == "__main__":
+    main()
