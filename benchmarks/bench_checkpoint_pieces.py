@@ -1,7 +1,8 @@
-"""A checkpoint's way from an agent process to the controller's files, piece by piece (docs/benchmarks.md,
-"Checkpoints at 10 000 vworkers on agents"): the agent's side — its pieces made into the frames gRPC sends —
-and the controller's — each frame parsed, decoded and kept — as they are now, against the code before them
-(kept below as the baseline), each variant in a fresh process.
+"""A checkpoint's way from an agent process to the controller's files and back, piece by piece
+(docs/benchmarks.md, "Checkpoints at 10 000 vworkers on agents"): the agent's side — its pieces made into the
+frames gRPC sends —, the controller's — each frame parsed, decoded and kept — and a restore's — the file made
+into the frames for the agent —, as they are now, against the code before them (kept below as the baseline),
+each variant in a fresh process.
 
 * agent, before: ``checkpoint_reply`` built every frame message first (``bytes(piece)``, the message, its
   ``ByteSize``), then gRPC serialized each (``SerializeToString``).
@@ -9,11 +10,16 @@ and the controller's — each frame parsed, decoded and kept — as they are now
   gRPC sends them as they are (``wire.serialize_frame``).
 * controller, before: every piece held until the agent's last (then written by the commit).
 * controller, now: each piece written to the agent's file as it comes (``CheckpointStore.stage``).
+* restore, before: the controller read the agent's file whole, sliced it into pieces and made every frame
+  (``ByteSize`` included), all queued for the stream, which serialized each.
+* restore, now: the file read a piece at a time, each frame serialized around its piece
+  (``Checkpoint.agent_pieces``, ``wire.append_bytes``); the stream sends the bytes as they are.
 
-Both sides run on the same Blob (PIECES of PIECE_MB MB of random bytes, views, as a snapshot's storages),
+Every side runs on the same Blob (PIECES of PIECE_MB MiB of random bytes, views, as a snapshot's storages),
 with glibc's mmap threshold fixed at 128 KiB as a compact agent has it (``memory=auto`` from 1 000 vworkers:
 each 4 MiB buffer is then fresh pages), and once without (``--default-malloc``). Printed per variant: the
-best wall time of REPEATS, CPU time, and the process's peak resident set above what it held before.
+best wall time of REPEATS, CPU time, and how far the timed part raised the process's peak resident set (the
+Blob, and for the restore the file, were made before it).
 usage: python benchmarks/bench_checkpoint_pieces.py [PIECES] [PIECE_MB] [REPEATS] [--default-malloc]
 """
 from __future__ import annotations
@@ -59,6 +65,12 @@ def reply_before(writer, call_id, status, window, blob):  # agents/mesh.py check
     return frames
 
 sent = list(mesh.checkpoint_reply(writer, 1, "ok", 5, blob)) if variant.startswith("controller") else None
+if variant.startswith("restore"):
+    ckdir = tempfile.TemporaryDirectory()
+    CheckpointStore(Path(ckdir.name), "{}").commit(5, 0, {0: blob}, {}, {})
+    del blob, whole  # a restarted controller has only the file
+    ck = CheckpointStore(Path(ckdir.name), "{}").latest()
+    cwriter = wire.FrameWriter(pb.ControllerFrame, 16 << 20)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 c0, t0 = time.process_time(), time.perf_counter()
 if variant == "agent before":
@@ -67,6 +79,26 @@ if variant == "agent before":
 elif variant == "agent now":
     for f in mesh.checkpoint_reply(writer, 1, "ok", 5, blob):
         wire.serialize_frame(f)
+elif variant == "restore before":  # controller/run.py restore_agents of 5f23156, and gRPC's serializer
+    data = ck.agent_blob(0)
+    step = mesh.piece_bytes(cwriter)
+    pieces = [data[i:i + step] for i in range(0, len(data), step)] or [b""]
+    queued = []
+    for i, piece in enumerate(pieces):
+        f = pb.ControllerFrame()
+        f.call.id, f.call.method = i + 1, "restore"
+        wire.encode_value((i, len(pieces), piece), f.call.args)
+        queued.extend(cwriter.frames(f))
+    for f in queued:
+        f.SerializeToString()
+elif variant == "restore now":
+    step = mesh.piece_bytes(cwriter)
+    parts = ck.agent_parts(0, step)
+    for i, piece in enumerate(ck.agent_pieces(0, step)):
+        f = pb.ControllerFrame()
+        f.call.id, f.call.method = i + 1, "restore"
+        wire.encode_value((i, parts), f.call.args)
+        wire.serialize_frame(wire.append_bytes(f, ("call", "args"), piece))
 else:
     with tempfile.TemporaryDirectory() as d:
         store = CheckpointStore(Path(d), "{}")
@@ -92,7 +124,7 @@ def main() -> None:
     print(f"bench_checkpoint_pieces: {pieces} pieces of {piece_mb} MiB ({gb:.2f} GiB), "
           f"{'compact (mmap threshold 128 KiB)' if compact == '1' else 'default'} malloc, best of {repeats}; "
           f"load average {load_average()}", flush=True)
-    variants = ["agent before", "agent now", "controller before", "controller now"]
+    variants = ["agent before", "agent now", "controller before", "controller now", "restore before", "restore now"]
     got: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory():
         for _ in range(repeats):
@@ -105,7 +137,7 @@ def main() -> None:
         rs = got[v]
         print(f"{v:18s} {best[v]:7.2f} s ({best[v] / gb:5.2f} s per GiB)  CPU {min(r['cpu_s'] for r in rs):6.2f} s  "
               f"peak +{max(r['peak_mb'] for r in rs):7.0f} MB")
-    for side in ("agent", "controller"):
+    for side in ("agent", "controller", "restore"):
         print(f"{side}: now {best[f'{side} before'] / best[f'{side} now']:.2f}x faster than before")
 
 

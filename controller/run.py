@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import logging
-from collections import deque
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,8 +275,8 @@ def restore_agents(handles: list[Any], ck: Checkpoint) -> None:
             h._calls += 1
             f = pb.ControllerFrame()
             f.call.id, f.call.method = h._calls, "restore"
-            wire.encode_value((i, parts, piece), f.call.args)
-            h.session.send(f)
+            wire.encode_value((i, parts), f.call.args)
+            h.session.send_serialized(wire.append_bytes(f, ("call", "args"), piece))  # the piece copied once
             ids.append(h._calls)
         sent.append((h, ids))
     errors = []

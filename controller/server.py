@@ -117,6 +117,10 @@ class AgentSession:
     def send(self, frame: pb.ControllerFrame, blobs: Any = None) -> None:
         self._post(list(self.writer.frames(frame, blobs)))
 
+    def send_serialized(self, frame: bytes) -> None:
+        """A frame already serialized (:func:`agents.common.wire.append_bytes`), below the message limit."""
+        self._post([frame])
+
     def end(self) -> None:
         """Close the stream from our side (after a Shutdown frame)."""
         self._post(None)
@@ -266,8 +270,9 @@ class _Gate(grpc.aio.ServerInterceptor):
             finally:
                 done()
 
+        # frames, or frames already serialized (a checkpoint's pieces for a restore: wire.append_bytes)
         return grpc.stream_stream_rpc_method_handler(stream, request_deserializer=handler.request_deserializer,
-                                                     response_serializer=handler.response_serializer)
+                                                     response_serializer=wire.serialize_frame)
 
 
 class _Servicer(pb_grpc.ControllerServicer):

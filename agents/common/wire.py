@@ -36,7 +36,7 @@ from protos.lockstep.v1 import agent_pb2 as pb
 
 __all__ = ["PROTOCOL_VERSION", "WireError", "BlobRef", "FrameWriter", "FrameReader", "Limits", "limits_for",
            "encode_value", "decode_value", "encode_event", "decode_event", "encode_stats", "decode_stats",
-           "reply_bytes", "serialize_frame",
+           "append_bytes", "reply_bytes", "serialize_frame",
            "DEFAULT_MAX_MESSAGE_BYTES", "METADATA_TOKEN", "METADATA_AGENT", "METADATA_TICKET", "METADATA_PROTOCOL"]
 
 PROTOCOL_VERSION = 5  # 5: the token in Register's metadata, checked before the request is read
@@ -405,8 +405,8 @@ def decode_stats(s: pb.Stats) -> Stats:
 
 # ----------------------------------------------------------------- frames
 def serialize_frame(frame: Any) -> bytes:
-    """The agent stream's serializer: a frame message, or the bytes of one already serialized
-    (:func:`reply_bytes`), which gRPC then sends as they are."""
+    """The Session stream's serializer, both ways: a frame message, or the bytes of one already serialized
+    (:func:`append_bytes`), which gRPC then sends as they are."""
     return frame if type(frame) is bytes else frame.SerializeToString()
 
 
@@ -421,32 +421,53 @@ def _len_field(number: int, length: int) -> bytes:
     return bytes(out)
 
 
-_F = pb.AgentFrame.DESCRIPTOR.fields_by_name["reply"].number, pb.Reply.DESCRIPTOR.fields_by_name["value"].number, \
-    pb.Value.DESCRIPTOR.fields_by_name["tuple"].number, pb.Seq.DESCRIPTOR.fields_by_name["items"].number, \
-    pb.Value.DESCRIPTOR.fields_by_name["raw"].number
+_SEQ_ITEMS, _TUPLE, _RAW = (pb.Seq.DESCRIPTOR.fields_by_name["items"].number,
+                            pb.Value.DESCRIPTOR.fields_by_name["tuple"].number,
+                            pb.Value.DESCRIPTOR.fields_by_name["raw"].number)
+_PATHS: dict[tuple[type, tuple[str, ...]], tuple[int, ...]] = {}
 
 
-def reply_bytes(call_id: int, items: tuple, data: Any) -> bytes:
-    """The serialized ``AgentFrame`` replying ``(*items, bytes(data))`` to call ``call_id``, with ``data`` (any
-    bytes-like object) copied once, into the result.
+def _field_numbers(frame_cls: type, path: tuple[str, ...]) -> tuple[int, ...]:
+    """The field numbers of ``path`` (field names from ``frame_cls`` down to a ``Value``)."""
+    got = _PATHS.get((frame_cls, path))
+    if got is None:
+        desc, numbers = frame_cls.DESCRIPTOR, []
+        for name in path:
+            f = desc.fields_by_name[name]
+            numbers.append(f.number)
+            desc = f.message_type
+        if desc is not pb.Value.DESCRIPTOR:
+            raise ValueError(f"{'.'.join(path)} of {frame_cls.__name__} is not a Value")
+        got = _PATHS[(frame_cls, path)] = tuple(numbers)
+    return got
+
+
+def append_bytes(frame: Any, path: tuple[str, ...], data: Any) -> bytes:
+    """``frame`` serialized with ``bytes(data)`` appended as the last item of the tuple ``Value`` at ``path``
+    (e.g. ``("reply", "value")`` of an ``AgentFrame``), with ``data`` (any bytes-like object) copied once, into
+    the result.
 
     Building the frame instead copies a 4 MiB checkpoint piece four times (into ``bytes``, into the message,
     ``ByteSize`` and gRPC's ``SerializeToString`` each encode it), each copy into freshly mapped pages in a
-    compact agent (docs/benchmarks.md, "Checkpoints at 10 000 vworkers on agents"). Here the small fields are
-    serialized as a message and the last item follows as a second message holding only it: protobuf's parser
-    merges concatenated messages (a repeated field appends), so the controller reads the frame the message
-    would have made. ``tests/distributed/test_wire.py`` checks the two parse to the same frame."""
+    compact agent (docs/benchmarks.md, "Checkpoints at 10 000 vworkers on agents"). Here ``frame`` is serialized
+    as it is and the item follows as a second message holding only it: protobuf's parser merges concatenated
+    messages (a repeated field appends), so the peer reads the frame the message would have made
+    (``tests/distributed/test_wire.py``). The stream must send bytes as they are (:func:`serialize_frame`)."""
+    n = memoryview(data).nbytes
+    parts = [_len_field(_RAW, n)]
+    size = len(parts[0]) + n
+    for number in (_SEQ_ITEMS, _TUPLE, *reversed(_field_numbers(type(frame), path))):  # from the inside out
+        parts.append(_len_field(number, size))
+        size += len(parts[-1])
+    return b"".join((frame.SerializeToString(), *reversed(parts), data))
+
+
+def reply_bytes(call_id: int, items: tuple, data: Any) -> bytes:
+    """The serialized ``AgentFrame`` replying ``(*items, bytes(data))`` to call ``call_id`` (:func:`append_bytes`)."""
     head = pb.AgentFrame()
     head.reply.id = call_id
     encode_value(tuple(items), head.reply.value)
-    n = memoryview(data).nbytes
-    reply, value, tup, seq_items, raw = _F
-    parts = [_len_field(raw, n)]
-    size = len(parts[0]) + n
-    for number in (seq_items, tup, value, reply):  # from the inside out
-        parts.append(_len_field(number, size))
-        size += len(parts[-1])
-    return b"".join((head.SerializeToString(), *reversed(parts), data))
+    return append_bytes(head, ("reply", "value"), data)
 
 
 class FrameWriter:

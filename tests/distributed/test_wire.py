@@ -115,6 +115,21 @@ def test_a_named_tuple_row_travels_as_a_plain_tuple_and_is_rebuilt_field_by_fiel
     assert UpdateRow(*out[0][1]).loss == 0.25 and RowKey(*out[0][0]).time == 5
 
 
+def test_a_restore_call_serialized_around_its_piece_parses_to_the_call_the_message_makes():
+    """controller/run.py restore_agents sends each piece as wire.append_bytes of a ControllerFrame's call."""
+    piece = bytes(range(256)) * 700
+    built = pb.ControllerFrame()
+    built.call.id, built.call.method = 12, "restore"
+    wire.encode_value((3, 9, piece), built.call.args)
+    head = pb.ControllerFrame()
+    head.call.id, head.call.method = 12, "restore"
+    wire.encode_value((3, 9), head.call.args)
+    got = pb.ControllerFrame.FromString(wire.append_bytes(head, ("call", "args"), memoryview(piece)))
+    assert got == built and wire.decode_value(got.call.args) == (3, 9, piece)
+    with pytest.raises(ValueError, match="call of ControllerFrame is not a Value"):
+        wire.append_bytes(head, ("call",), piece)
+
+
 def test_a_checkpoints_frames_are_made_as_they_are_taken_and_carry_its_bytes_in_order():
     """agents/mesh.py checkpoint_reply: the frames of a checkpoint are made one at a time as the stream takes them
     (an agent holds one beside its checkpoint, not a copy of all of it), each a reply the controller reads as
