@@ -77,11 +77,20 @@ class AgentProcess:
         self._view: dict | None = None  # a restored checkpoint's window-loop view, for mesh_run
         self._restore_buf = bytearray()  # the checkpoint's pieces so far (call restore), side by side
         self._restore_parts = 0
+        self._write_lock = asyncio.Lock()  # one write at a time on the Session stream (_write)
 
     # ------------------------------------------------------------- plumbing
+    async def _write(self, frame: Any) -> None:
+        """One frame (or its bytes) on the Session stream. grpc.aio takes one write at a time per call, and two
+        writers share it: the answers to calls on this loop, and the direct windows' task (its progress, its
+        checkpoints); a checkpoint answered *ended* here while that task still wrote its last frames made two
+        at once (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS, and the agent took the controller for lost)."""
+        async with self._write_lock:
+            await self.call.write(frame)
+
     async def _send(self, frame: pb.AgentFrame, blobs: Any = None) -> None:
         for f in self.writer.frames(frame, blobs):
-            await self.call.write(f)
+            await self._write(f)
 
     def _heartbeats(self, every_s: float, metadata: tuple) -> None:
         """Beat every ``every_s`` from this thread, on a channel of its own: a long window keeps beating."""
@@ -124,6 +133,7 @@ class AgentProcess:
         return asyncio.run(self._run_async())
 
     async def _run_async(self) -> int:
+        self._write_lock = asyncio.Lock()  # this loop's
         async with self.tls.channel(grpc.aio, self.controller, CHANNEL_OPTIONS) as channel:
             stub = pb_grpc.ControllerStub(channel)
             ds = self.direct_server
@@ -324,7 +334,7 @@ class AgentProcess:
             log.exception("call %s failed", call.method)
             await self._fail(f"{call.method}: {type(e).__name__}: {e}")
             return False
-        self._mesh_task = asyncio.ensure_future(self.mesh.run(call.id, args, self.call.write))
+        self._mesh_task = asyncio.ensure_future(self.mesh.run(call.id, args, self._write))
         return True
 
     async def _checkpoint(self, call: pb.Call) -> None:
@@ -344,7 +354,7 @@ class AgentProcess:
         else:  # the controller's own window loop: this agent is between two windows now
             frames = self._snapshot_reply(call.id, window)
         for f in frames:
-            await self.call.write(f)
+            await self._write(f)
 
     def _snapshot_reply(self, call_id: int, window: int) -> list:
         from agents.checkpoint import NotCheckpointable, snapshot

@@ -225,3 +225,42 @@ def test_frames_for_a_stopped_server_are_dropped_without_an_error(plan, caplog):
         sess.end()
     dropped = [r for r in caplog.records if "frame dropped, the server has stopped" in r.getMessage()]
     assert len(dropped) == 2  # the frame and the end of stream: neither raised, both were dropped
+
+
+def test_the_session_stream_takes_one_write_at_a_time_from_both_of_its_writers():
+    """grpc.aio allows one write at a time on a call. A checkpoint answered *ended* by the agent's loop while
+    its direct windows' task still wrote its last frames made two at once: GRPC_CALL_ERROR_TOO_MANY_OPERATIONS,
+    the agent took the controller for lost and exited (a clean-clone CI run, 2026-11-30). Both write through
+    AgentProcess._write now."""
+    import asyncio
+
+    from agents.mesh import checkpoint_reply
+
+    class Call:  # the stream: a write is in flight until the core has taken it
+        def __init__(self):
+            self.active = self.most = 0
+            self.frames = []
+
+        async def write(self, frame):
+            self.active += 1
+            self.most = max(self.most, self.active)
+            await asyncio.sleep(0.001)
+            self.frames.append(frame)
+            self.active -= 1
+
+    class Windows:  # the direct windows are over: the checkpoint is answered by the loop itself
+        def checkpoint(self, call_id, window):
+            return False
+
+    agent = AgentProcess("127.0.0.1:1", 0, "test-run", TOKEN)
+    agent.call, agent.mesh, agent.writer = Call(), Windows(), wire.FrameWriter(pb.AgentFrame)
+
+    async def both():
+        agent._write_lock = asyncio.Lock()
+        call = pb.Call(id=7, method="checkpoint")
+        wire.encode_value((40,), call.args)
+        progress = [f for _ in range(5) for f in checkpoint_reply(agent.writer, 3, "ok", 39, b"x" * 100)]
+        await asyncio.gather(agent._checkpoint(call), *(agent._write(f) for f in progress))
+
+    asyncio.run(both())
+    assert agent.call.most == 1 and len(agent.call.frames) == 6
