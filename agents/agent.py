@@ -31,7 +31,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import grpc
 
@@ -133,7 +133,6 @@ class AgentProcess:
         return asyncio.run(self._run_async())
 
     async def _run_async(self) -> int:
-        self._write_lock = asyncio.Lock()  # this loop's
         async with self.tls.channel(grpc.aio, self.controller, CHANNEL_OPTIONS) as channel:
             stub = pb_grpc.ControllerStub(channel)
             ds = self.direct_server
@@ -356,7 +355,7 @@ class AgentProcess:
         for f in frames:
             await self._write(f)
 
-    def _snapshot_reply(self, call_id: int, window: int) -> list:
+    def _snapshot_reply(self, call_id: int, window: int) -> Iterator[Any]:
         from agents.checkpoint import NotCheckpointable, snapshot
         from agents.mesh import checkpoint_reply, pack_checkpoint
 

@@ -209,9 +209,7 @@ class _Stage:
         """``agent``'s last piece is in: its file closed (not yet synced), its manifest entry."""
         if self.error is not None:
             return None
-        if agent not in self.files:
-            self.write(agent, b"")
-        f, h, name = self.files[agent]
+        f, h, name = self.files[agent]  # its pieces came through write, the first of them at least
         try:
             f.close()
         except OSError as e:

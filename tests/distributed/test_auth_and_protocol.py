@@ -256,7 +256,6 @@ def test_the_session_stream_takes_one_write_at_a_time_from_both_of_its_writers()
     agent.call, agent.mesh, agent.writer = Call(), Windows(), wire.FrameWriter(pb.AgentFrame)
 
     async def both():
-        agent._write_lock = asyncio.Lock()
         call = pb.Call(id=7, method="checkpoint")
         wire.encode_value((40,), call.args)
         progress = [f for _ in range(5) for f in checkpoint_reply(agent.writer, 3, "ok", 39, b"x" * 100)]
