@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from agents.common import wire
 from agents.common.trust import AgentTLS, Trust, client_ssl_context, server_ssl_context
-from agents.core import AgentCore
+from agents.core import AgentCore, passing_buffers
 from agents.direct import DIRECT_MIN_BYTES, DirectLinks, DirectServer, local_address_towards
 from agents.observe.metrics import AgentMetricsSpec, Metrics, serve
 from agents.common.plan import Plan
@@ -77,6 +77,7 @@ class AgentProcess:
         self._view: dict | None = None  # a restored checkpoint's window-loop view, for mesh_run
         self._restore_buf = bytearray()  # the checkpoint's pieces so far (call restore), side by side
         self._restore_parts = 0
+        self._passing = False  # the allocator serves a restore's pieces from the heap (agents.core.passing_buffers)
         self._write_lock = asyncio.Lock()  # one write at a time on the Session stream (_write)
 
     # ------------------------------------------------------------- plumbing
@@ -386,16 +387,22 @@ class AgentProcess:
             return False
         if part == 0:
             self._restore_buf, self._restore_parts = bytearray(), 0
+            if parts > 1 and self.core is not None and self.core.compact_memory:
+                self._passing = passing_buffers(True)  # the pieces' copies reuse the heap's pages (agents/core.py)
         if self._restore_parts != part:
+            self._end_passing()
             await self._fail(f"restore: part {part} after {self._restore_parts} parts")
             return False
         self._restore_buf += piece  # grown in place (no list of pieces joined at the end: one copy, not two)
+        del piece
         self._restore_parts += 1
         value: Any = None
         if part == parts - 1:
             blob, self._restore_buf, self._restore_parts = self._restore_buf, bytearray(), 0
+            heap = self._passing
+            self._end_passing()  # compact again before the core's tensors are allocated
             try:
-                value = ("ok", self._restore_from(blob))
+                value = ("ok", self._restore_from(blob, parts, heap))
             except Exception as e:  # noqa: BLE001 - answered: the controller falls back to a replay
                 from agents.checkpoint import NotCheckpointable
 
@@ -408,7 +415,12 @@ class AgentProcess:
         await self._send(f)
         return True
 
-    def _restore_from(self, blob: bytes | bytearray) -> int:
+    def _end_passing(self) -> None:
+        if self._passing:
+            self._passing = False
+            passing_buffers(False)
+
+    def _restore_from(self, blob: bytes | bytearray, parts: int = 1, heap: bool = False) -> int:
         from agents.checkpoint import restore
         from agents.mesh import unpack_checkpoint
 
@@ -422,7 +434,8 @@ class AgentProcess:
         self._view = d["view"]
         if self.mesh is not None:
             self.mesh.core, self.mesh.view = core, d["view"]
-        log.info("restored the checkpoint of window %d", d["window"])
+        log.info("restored the checkpoint of window %d (%d pieces%s)", d["window"], parts,
+                 ", taken through the heap" if heap else "")
         return int(d["window"])
 
     def _open_metrics(self, spec: AgentMetricsSpec) -> Metrics | None:

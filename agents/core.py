@@ -62,8 +62,10 @@ PARKED_SHOWN = 8
 
 COMPACT_FROM_VWORKERS = 1000
 """``memory=auto`` makes an agent's allocator compact from this many vworkers on (docs/engine.md, *Scale*)."""
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 COMPACT_MMAP_THRESHOLD = 128 * 1024
+PASSING_MMAP_THRESHOLD = 64 << 20  # while a compact agent takes a checkpoint's pieces (passing_buffers)
+PASSING_TRIM_THRESHOLD = 1 << 30
 
 
 def use_memory(mode: str, vworkers: int) -> bool:
@@ -75,18 +77,44 @@ def use_memory(mode: str, vworkers: int) -> bool:
     serves later tensors from a heap whose freed middle is never given back: 10 000 ps_async vworkers peaked at
     8.46 GiB instead of 6.70 GiB (docs/benchmarks.md, issue 11). It costs a page fault per page of each fresh
     tensor (~17 % more CPU on the default CNN), so ``auto`` keeps glibc's default below
-    ``COMPACT_FROM_VWORKERS`` vworkers per agent. A process cannot go back: ``fast`` leaves the allocator as it is.
+    ``COMPACT_FROM_VWORKERS`` vworkers per agent. ``fast`` leaves the allocator as it is. (A compact agent leaves
+    compact only while it takes a restore's pieces: :func:`passing_buffers`.)
     """
     if mode == "fast" or (mode == "auto" and vworkers < COMPACT_FROM_VWORKERS):
         return False
+    try:
+        return bool(_libc().mallopt(M_MMAP_THRESHOLD, COMPACT_MMAP_THRESHOLD))
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to set
+        log.warning("memory=%s: this C library has no mallopt; its allocator is left as it is", mode)
+        return False
+
+
+def _libc() -> Any:
     import ctypes
     import ctypes.util
 
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
+def passing_buffers(on: bool) -> bool:
+    """In a compact process: serve buffers of up to 64 MiB from the heap and keep the freed ones (on), or go back to
+    compact and hand the heap's free memory back to the OS (off); True when the setting took.
+
+    For what passes through a compact agent and is gone a moment later: the 4 MiB pieces of a checkpoint it
+    restores, each copied three times on its way from gRPC to the buffer that gathers them. In its own mapping each
+    copy costs a page fault per 4 KiB page, 17x the copy itself (docs/benchmarks.md, "Restoring the agents side by
+    side"); from the heap the next piece reuses the pages of the last. Only while nothing long-lived is allocated:
+    a tensor allocated meanwhile would land in the heap and pin it (:func:`use_memory`)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, COMPACT_MMAP_THRESHOLD))
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to set
-        log.warning("memory=%s: this C library has no mallopt; its allocator is left as it is", mode)
+        libc = _libc()
+        if on:
+            return bool(libc.mallopt(M_TRIM_THRESHOLD, PASSING_TRIM_THRESHOLD)
+                        and libc.mallopt(M_MMAP_THRESHOLD, PASSING_MMAP_THRESHOLD))
+        took = bool(libc.mallopt(M_MMAP_THRESHOLD, COMPACT_MMAP_THRESHOLD)
+                    and libc.mallopt(M_TRIM_THRESHOLD, COMPACT_MMAP_THRESHOLD))
+        libc.malloc_trim(0)
+        return took
+    except (OSError, AttributeError):  # not glibc: use_memory left the allocator as it is
         return False
 
 

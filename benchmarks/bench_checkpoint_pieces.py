@@ -1,7 +1,7 @@
 """A checkpoint's way from an agent process to the controller's files and back, piece by piece
-(docs/benchmarks.md, "Checkpoints at 10 000 vworkers on agents"): the agent's side — its pieces made into the
-frames gRPC sends —, the controller's — each frame parsed, decoded and kept — and a restore's — the file made
-into the frames for the agent —, as they are now, against the code before them (kept below as the baseline),
+(docs/benchmarks.md, "Checkpoints at 10 000 vworkers on agents", "Restoring the agents side by side"): the agent's
+side — its pieces made into the frames gRPC sends —, the controller's — each frame parsed, decoded and kept —, a
+restore's — the file made into the frames for the agent — and the agent taking those frames, as they are now, against the code before them (kept below as the baseline),
 each variant in a fresh process.
 
 * agent, before: ``checkpoint_reply`` built every frame message first (``bytes(piece)``, the message, its
@@ -14,6 +14,11 @@ each variant in a fresh process.
   (``ByteSize`` included), all queued for the stream, which serialized each.
 * restore, now: the file read a piece at a time, each frame serialized around its piece
   (``Checkpoint.agent_pieces``, ``wire.append_bytes``); the stream sends the bytes as they are.
+* taking, before: the agent takes a restore's frames as gRPC hands them over (fresh bytes each), parses each,
+  decodes its piece and appends it to the buffer that gathers them (``AgentProcess._restore``), every copy in
+  its own mapping when the agent is compact.
+* taking, now: the same, with ``agents.core.passing_buffers`` on while the pieces come (the copies reuse the
+  heap's pages), off after the last.
 
 Every side runs on the same Blob (PIECES of PIECE_MB MiB of random bytes, views, as a snapshot's storages),
 with glibc's mmap threshold fixed at 128 KiB as a compact agent has it (``memory=auto`` from 1 000 vworkers:
@@ -65,6 +70,18 @@ def reply_before(writer, call_id, status, window, blob):  # agents/mesh.py check
     return frames
 
 sent = list(mesh.checkpoint_reply(writer, 1, "ok", 5, blob)) if variant.startswith("controller") else None
+if variant.startswith("taking"):  # the frames a restore sends (controller/run.py _RestoreStream.send_next)
+    from agents.core import passing_buffers
+    data = b"".join(bytes(c) for c in blob.chunks(1 << 30))
+    step = mesh.piece_bytes(wire.FrameWriter(pb.ControllerFrame, 16 << 20))
+    parts = max(1, -(-len(data) // step))
+    received = []
+    for i in range(parts):
+        f = pb.ControllerFrame()
+        f.call.id, f.call.method = i + 1, "restore"
+        wire.encode_value((i, parts), f.call.args)
+        received.append(wire.append_bytes(f, ("call", "args"), memoryview(data)[i * step:(i + 1) * step]))
+    del blob, whole, data
 if variant.startswith("restore"):
     ckdir = tempfile.TemporaryDirectory()
     CheckpointStore(Path(ckdir.name), "{}").commit(5, 0, {0: blob}, {}, {})
@@ -99,6 +116,21 @@ elif variant == "restore now":
         f.call.id, f.call.method = i + 1, "restore"
         wire.encode_value((i, parts), f.call.args)
         wire.serialize_frame(wire.append_bytes(f, ("call", "args"), piece))
+elif variant.startswith("taking"):  # agents/agent.py AgentProcess._restore, up to the core's restore
+    if variant == "taking now":
+        passing_buffers(True)
+    buf = bytearray()
+    for raw in received:
+        got = bytes(raw)  # gRPC hands each message over as fresh bytes
+        call = pb.ControllerFrame.FromString(got).call
+        del got
+        part, parts, piece = wire.decode_value(call.args)
+        del call
+        buf += piece
+        del piece
+    if variant == "taking now":
+        passing_buffers(False)
+    del buf
 else:
     with tempfile.TemporaryDirectory() as d:
         store = CheckpointStore(Path(d), "{}")
@@ -124,7 +156,8 @@ def main() -> None:
     print(f"bench_checkpoint_pieces: {pieces} pieces of {piece_mb} MiB ({gb:.2f} GiB), "
           f"{'compact (mmap threshold 128 KiB)' if compact == '1' else 'default'} malloc, best of {repeats}; "
           f"load average {load_average()}", flush=True)
-    variants = ["agent before", "agent now", "controller before", "controller now", "restore before", "restore now"]
+    variants = ["agent before", "agent now", "controller before", "controller now", "restore before", "restore now",
+                "taking before", "taking now"]
     got: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory():
         for _ in range(repeats):
@@ -137,7 +170,7 @@ def main() -> None:
         rs = got[v]
         print(f"{v:18s} {best[v]:7.2f} s ({best[v] / gb:5.2f} s per GiB)  CPU {min(r['cpu_s'] for r in rs):6.2f} s  "
               f"peak +{max(r['peak_mb'] for r in rs):7.0f} MB")
-    for side in ("agent", "controller", "restore"):
+    for side in ("agent", "controller", "restore", "taking"):
         print(f"{side}: now {best[f'{side} before'] / best[f'{side} now']:.2f}x faster than before")
 
 

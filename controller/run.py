@@ -256,37 +256,61 @@ def restore_agents(handles: list[Any], ck: Checkpoint) -> None:
     """Send each agent its checkpoint (call ``restore``, in pieces below the message limit) and wait until
     every one has restored its core; CheckpointUnusable when one could not.
 
-    The pieces are read from the file as they go, at most ``RESTORE_IN_FLIGHT`` of an agent's unanswered at a
+    The pieces are read from the files as they go, at most ``RESTORE_IN_FLIGHT`` of an agent's unanswered at a
     time (an agent answers each piece as it takes it), so the controller holds a few pieces, not the agents'
-    checkpoints: two agents of 10 000 vworkers restore GBs each. Each agent restores its core once its last
-    piece is in, while the next agent's pieces go out; the answers are read in agent order."""
+    checkpoints: two agents of 10 000 vworkers restore GBs each. The agents' pieces go out in turn, one of each
+    agent's, so that the agents take theirs and restore their cores side by side: taking a piece costs an agent
+    more than sending it costs the controller (docs/benchmarks.md, "Restoring the agents side by side")."""
     from agents.mesh import piece_bytes
 
-    sent: list[tuple[Any, deque]] = []
+    streams = []
     for h in handles:
         if isinstance(h, InProcessAgent):
             h.restore(ck.agent_blob(h.core.agent_id), ck.window)
             continue
         step = piece_bytes(h.session.writer)
-        parts, ids = ck.agent_parts(h.agent_id, step), deque()
-        for i, piece in enumerate(ck.agent_pieces(h.agent_id, step)):
-            if len(ids) >= RESTORE_IN_FLIGHT:
-                _restore_answer(h, ids.popleft())
-            h._calls += 1
-            f = pb.ControllerFrame()
-            f.call.id, f.call.method = h._calls, "restore"
-            wire.encode_value((i, parts), f.call.args)
-            h.session.send_serialized(wire.append_bytes(f, ("call", "args"), piece))  # the piece copied once
-            ids.append(h._calls)
-        sent.append((h, ids))
-    errors = []
-    for h, ids in sent:
-        while ids:
-            value = _restore_answer(h, ids.popleft())
-        if not (isinstance(value, tuple) and len(value) == 2 and value[0] == "ok" and value[1] == ck.window):
-            errors.append(f"agent {h.agent_id}: {value[1] if isinstance(value, tuple) and len(value) == 2 else value}")
+        streams.append(_RestoreStream(h, ck.agent_parts(h.agent_id, step), ck.agent_pieces(h.agent_id, step)))
+    live = streams
+    while live:
+        live = [s for s in live if s.send_next()]
+    errors = [e for e in (s.finish(ck.window) for s in streams) if e]
     if errors:
         raise CheckpointUnusable(f"the agents could not restore checkpoint {ck.window} ({'; '.join(errors)})")
+
+
+class _RestoreStream:
+    """One agent's checkpoint going out a piece at a time (:func:`restore_agents`)."""
+
+    def __init__(self, h: Any, parts: int, pieces: Any):
+        self.h, self.parts, self.pieces = h, parts, enumerate(pieces)
+        self.ids: deque = deque()  # calls sent and not yet answered
+        self.value: Any = None  # the answer to the last piece
+
+    def send_next(self) -> bool:
+        """Send the next piece (once fewer than ``RESTORE_IN_FLIGHT`` are unanswered); False when all went."""
+        nxt = next(self.pieces, None)
+        if nxt is None:
+            return False
+        i, piece = nxt
+        h = self.h
+        if len(self.ids) >= RESTORE_IN_FLIGHT:
+            self.value = _restore_answer(h, self.ids.popleft())
+        h._calls += 1
+        f = pb.ControllerFrame()
+        f.call.id, f.call.method = h._calls, "restore"
+        wire.encode_value((i, self.parts), f.call.args)
+        h.session.send_serialized(wire.append_bytes(f, ("call", "args"), piece))  # the piece copied once
+        self.ids.append(h._calls)
+        return True
+
+    def finish(self, window: int) -> str | None:
+        """Wait for the agent's last answers; why it could not restore checkpoint ``window``, or None."""
+        while self.ids:
+            self.value = _restore_answer(self.h, self.ids.popleft())
+        value = self.value
+        if isinstance(value, tuple) and len(value) == 2 and value[0] == "ok" and value[1] == window:
+            return None
+        return f"agent {self.h.agent_id}: {value[1] if isinstance(value, tuple) and len(value) == 2 else value}"
 
 
 def _restore_answer(h: Any, call_id: int) -> Any:

@@ -64,3 +64,53 @@ def test_the_summary_says_which_agents_compact_their_memory(tmp_path):
     assert compact.summary["peak_memory"]["agents_compact"] == [True, True]
     assert auto.summary["peak_memory"]["agents_compact"] == [False, False]  # 5 vworkers: below 1 000
     assert (tmp_path / "compact" / "metrics.csv").read_text().count("\n") == 21
+
+
+# Pieces of 4 MiB copied and freed one after the other (a restore's, agents/agent.py), counting the page faults; then,
+# compact again, the probe above: the freed tensors go back to the OS.
+_PASSING = """
+import json, resource, sys, torch
+from agents.core import passing_buffers, use_memory
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+use_memory("compact", 1)
+src = bytes(4 << 20)
+def copies():
+    f = faults()
+    for _ in range(64):
+        piece = bytes(bytearray(src))
+        del piece
+    return faults() - f
+out = {"compact": copies(), "took": passing_buffers(sys.argv[1] == "on")}
+out["passing"] = copies()
+out["back"] = passing_buffers(False)
+base = rss()
+big, small = [], []
+for _ in range(256):
+    big.append(torch.ones(1 << 18))
+    small.append(torch.ones(1 << 14))
+peak = rss()
+big.clear()
+out.update(grown=peak - base, kept=rss() - base)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("passing", ["on", "off"])
+def test_a_compact_agent_passes_a_restores_pieces_through_the_heap_and_is_compact_again_after(passing):
+    """agents.core.passing_buffers: 64 pieces of 4 MiB, each copied twice, fault ~1 024 pages each when every
+    copy gets its own mapping (compact); through the heap the pages of one piece serve the next. Once it is off, a
+    freed tensor goes back to the OS again, as use_memory's compact promises."""
+    out = subprocess.run([sys.executable, "-c", _PASSING, passing], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=True)
+    r = json.loads(out.stdout)
+    assert r["compact"] >= 2 * 64 * 1024 * 0.9, r  # two fresh mappings a piece, 1 024 pages each
+    assert r["took"] is True and r["back"] is True
+    if passing == "on":
+        assert r["passing"] < 64 * 1024 * 0.1, r
+    else:
+        assert r["passing"] >= 2 * 64 * 1024 * 0.9, r
+    assert r["grown"] >= 250 << 20 and r["kept"] < 24 << 20, r

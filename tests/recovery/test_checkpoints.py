@@ -109,11 +109,15 @@ def test_taking_checkpoints_changes_no_output_and_a_complete_run_deletes_them(tm
     assert not (d / "checkpoints").exists(), "a complete run keeps no recovery data"
 
 
-@pytest.mark.parametrize("windows", ["direct", "hub"])
+# compact: agents whose allocator is compact (memory=compact) take a restore's pieces, 32 KiB each here, through
+# their heap (agents.core.passing_buffers) and are compact again for their cores' tensors
+@pytest.mark.parametrize("windows", ["direct", "hub", "compact"])
 def test_an_agent_killed_after_a_checkpoint_restarts_from_it_and_the_run_ends_as_if_nothing_happened(
         tmp_path, undisturbed, windows):
     d = tmp_path / "run"
-    proc = _cli("run", *RUN, *OFTEN, f"controller.windows={windows}", f"hydra.run.dir={d}")
+    over = ["memory=compact", "controller.max_message_bytes=65536"] if windows == "compact" else \
+        [f"controller.windows={windows}"]
+    proc = _cli("run", *RUN, *OFTEN, *over, f"hydra.run.dir={d}")
     try:
         pids = agent_pids(d, 2, timeout=120)
         wait_until(lambda: _committed(d) and _rows(d) > 1000, timeout=120,
@@ -134,6 +138,15 @@ def test_an_agent_killed_after_a_checkpoint_restarts_from_it_and_the_run_ends_as
     assert rec["agent_restarts"] == 1 and rec["restored_from_window"] == restored["window"]
     assert_identical(undisturbed, d)
     assert not any(alive(p) for p in pids)
+    logs = [(d / "agents" / f"agent-{a}.log").read_text() for a in (0, 1)]
+    for log in logs:
+        taken = re.findall(rf"restored the checkpoint of window {restored['window']} \((\d+) pieces(, taken through "
+                           r"the heap)?\)", log)
+        assert len(taken) == 1, log
+        if windows == "compact":
+            assert int(taken[0][0]) > 1 and taken[0][1], log
+        else:
+            assert not taken[0][1], log
 
 
 def _kill_controller_after_a_checkpoint(d: Path) -> tuple[dict, bytes]:
@@ -456,3 +469,64 @@ def test_a_strategy_that_refuses_again_and_again_is_not_asked_any_more():
     once.asked(once.due(0), {0: 1})
     once.answer(0, ("refused_permanent", FIRST_SLACK, 0, 1, "ring_allreduce cannot say where it is"))
     assert not once.enabled
+
+
+class _RecordingAgent:
+    """An agent's handle as restore_agents uses it, answering each restore call as a real agent does (None, then
+    ("ok", window) for the last piece) and recording what it was sent and when it was asked for an answer."""
+
+    def __init__(self, agent_id, log, window, limit):
+        from agents.common import wire
+        from protos.lockstep.v1 import agent_pb2 as pb
+
+        self.agent_id, self.log, self.window, self._calls = agent_id, log, window, 0
+        self.unanswered, self.got, self.most_unanswered = [], [], 0
+        outer = self
+
+        class Session:
+            writer = wire.FrameWriter(pb.ControllerFrame, limit)
+
+            @staticmethod
+            def send_serialized(frame):
+                call = pb.ControllerFrame.FromString(frame).call
+                part, parts, piece = wire.decode_value(call.args)
+                outer.log.append(("sent", agent_id, part))
+                outer.got.append(piece)
+                outer.unanswered.append((call.id, part == parts - 1))
+                outer.most_unanswered = max(outer.most_unanswered, len(outer.unanswered))
+
+        self.session = Session()
+
+    def _receive(self, what):
+        from agents.common import wire
+        from protos.lockstep.v1 import agent_pb2 as pb
+
+        call_id, last = self.unanswered.pop(0)
+        f = pb.AgentFrame()
+        f.reply.id = call_id
+        wire.encode_value(("ok", self.window) if last else None, f.reply.value)
+        return f, {}
+
+
+def test_a_restore_sends_the_agents_pieces_in_turn_so_that_they_take_them_side_by_side(tmp_path):
+    """controller/run.py restore_agents: one piece of each agent's file in turn, never more than RESTORE_IN_FLIGHT of
+    an agent's unanswered, each agent's bytes whole and in order (before, agent 1's pieces went only once agent 0's
+    were all out, so at 10 000 vworkers it restored 14 s later: docs/benchmarks.md)."""
+    from controller.run import RESTORE_IN_FLIGHT, restore_agents
+
+    store = CheckpointStore(tmp_path, "{}")
+    files = {0: bytes(range(256)) * 80, 1: bytes(reversed(range(256))) * 60}  # 20 480 and 15 360 bytes
+    store.commit(7, 100, files, {"c": 1}, {})
+    ck = store.latest()
+    log = []
+    agents = [_RecordingAgent(a, log, 7, 4096) for a in (0, 1)]  # pieces of 2 048 bytes: 10 and 8 of them
+    restore_agents(agents, ck)
+    assert [b"".join(a.got) for a in agents] == [files[0], files[1]]
+    assert log == [("sent", a, p) for p in range(8) for a in (0, 1)] + [("sent", 0, 8), ("sent", 0, 9)]
+    assert [a.most_unanswered for a in agents] == [RESTORE_IN_FLIGHT] * 2 and not any(a.unanswered for a in agents)
+    (ck.path / "agent-1.ckpt").write_bytes(files[1][:-1] + b"x")  # damaged: its last piece never goes
+    log.clear()
+    agents = [_RecordingAgent(a, log, 7, 4096) for a in (0, 1)]
+    with pytest.raises(CheckpointUnusable, match="agent-1.ckpt is not the file its manifest.json describes"):
+        restore_agents(agents, ck)
+    assert ("sent", 1, 7) not in log and ("sent", 1, 6) in log
