@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from agents.common import wire
 from agents.common.trust import AgentTLS, Trust, client_ssl_context, server_ssl_context
-from agents.core import AgentCore, passing_buffers
+from agents.core import AgentCore, passing_buffers, peak_memory
 from agents.direct import DIRECT_MIN_BYTES, DirectLinks, DirectServer, local_address_towards
 from agents.observe.metrics import AgentMetricsSpec, Metrics, serve
 from agents.common.plan import Plan
@@ -75,7 +75,8 @@ class AgentProcess:
         self.mesh: Any = None  # agents.mesh.MeshSession: direct windows (controller.windows=direct)
         self._mesh_task: Any = None
         self._view: dict | None = None  # a restored checkpoint's window-loop view, for mesh_run
-        self._restore_buf = bytearray()  # the checkpoint's pieces so far (call restore), side by side
+        self._taking: Any = None  # the checkpoint being restored, taken piece by piece (agents.checkpoint.Taking)
+        self._taking_error: Exception | None = None  # why its pieces could not be taken (answered after the last)
         self._restore_parts = 0
         self._passing = False  # the allocator serves a restore's pieces from the heap (agents.core.passing_buffers)
         self._write_lock = asyncio.Lock()  # one write at a time on the Session stream (_write)
@@ -386,29 +387,42 @@ class AgentProcess:
             await self._fail(f"restore: malformed arguments: {e}")
             return False
         if part == 0:
-            self._restore_buf, self._restore_parts = bytearray(), 0
+            from agents.checkpoint import Taking
+
+            self._taking, self._taking_error, self._restore_parts = Taking(self._compact_meanwhile), None, 0
             if parts > 1 and self.core is not None and self.core.compact_memory:
                 self._passing = passing_buffers(True)  # the pieces' copies reuse the heap's pages (agents/core.py)
-        if self._restore_parts != part:
+        if self._restore_parts != part or self._taking is None:
             self._end_passing()
             await self._fail(f"restore: part {part} after {self._restore_parts} parts")
             return False
-        self._restore_buf += piece  # grown in place (no list of pieces joined at the end: one copy, not two)
+        if self._taking_error is None:
+            try:  # each storage's bytes straight into its tensor: no buffer of the whole checkpoint
+                self._taking.feed(piece)
+            except Exception as e:  # noqa: BLE001 - answered after the last piece: the controller replays
+                self._taking_error = e
         del piece
         self._restore_parts += 1
         value: Any = None
         if part == parts - 1:
-            blob, self._restore_buf, self._restore_parts = self._restore_buf, bytearray(), 0
+            taking, error, self._taking, self._taking_error = self._taking, self._taking_error, None, None
             heap = self._passing
-            self._end_passing()  # compact again before the core's tensors are allocated
+            self._end_passing()  # compact again before the core's own tensors are allocated
             try:
-                value = ("ok", self._restore_from(blob, parts, heap))
+                if error is not None:
+                    from agents.checkpoint import NotCheckpointable
+
+                    if isinstance(error, NotCheckpointable):
+                        raise NotCheckpointable(f"the checkpoint of agent {self.agent_id} {error}")
+                    raise error
+                value = ("ok", self._restore_from(taking, parts, heap))
             except Exception as e:  # noqa: BLE001 - answered: the controller falls back to a replay
                 from agents.checkpoint import NotCheckpointable
 
                 log.warning("could not restore the checkpoint: %s: %s", type(e).__name__, e,
-                            exc_info=not isinstance(e, NotCheckpointable))
+                            exc_info=not isinstance(e, (NotCheckpointable, ValueError)))
                 value = ("error", f"{type(e).__name__}: {e}")
+            del taking
         f = pb.AgentFrame()
         f.reply.id = call.id
         wire.encode_value(value, f.reply.value)
@@ -420,22 +434,35 @@ class AgentProcess:
             self._passing = False
             passing_buffers(False)
 
-    def _restore_from(self, blob: bytes | bytearray, parts: int = 1, heap: bool = False) -> int:
-        from agents.checkpoint import restore
-        from agents.mesh import unpack_checkpoint
+    @contextlib.contextmanager
+    def _compact_meanwhile(self) -> Iterator[None]:
+        """Compact while a restore allocates its storages' tensors (they live on), back to the heap after."""
+        if not self._passing:
+            yield
+            return
+        passing_buffers(False)
+        try:
+            yield
+        finally:
+            passing_buffers(True)
 
-        d = unpack_checkpoint(blob)
+    def _restore_from(self, taking: Any, parts: int = 1, heap: bool = False) -> int:
+        from agents.checkpoint import restore
+        from agents.mesh import taken_checkpoint
+
+        taking.done()
+        d = taken_checkpoint(taking)
         old = self.core
         data = old.training.data if old is not None and old.training is not None else None
-        core = restore(old.plan, self.agent_id, d["core"], data=data, metrics=old.metrics)
+        core = restore(old.plan, self.agent_id, taken=taking, data=data, metrics=old.metrics)
         self.core = core
         with contextlib.suppress(Exception):
             old.close()
         self._view = d["view"]
         if self.mesh is not None:
             self.mesh.core, self.mesh.view = core, d["view"]
-        log.info("restored the checkpoint of window %d (%d pieces%s)", d["window"], parts,
-                 ", taken through the heap" if heap else "")
+        log.info("restored the checkpoint of window %d (%d pieces%s; peak resident set so far %.2f GB)", d["window"],
+                 parts, ", taken through the heap" if heap else "", peak_memory()["peak_rss_bytes"] / 1e9)
         return int(d["window"])
 
     def _open_metrics(self, spec: AgentMetricsSpec) -> Metrics | None:

@@ -49,7 +49,7 @@ import pickle
 import time
 import types
 import warnings
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 import torch
@@ -57,7 +57,7 @@ import torch
 from agents.common.files import Blob, headed, read_headed
 from agents.sim.resume import NotCheckpointable, continues, finishes, frames_of, rebuilt  # noqa: F401 - re-exported
 
-__all__ = ["Blob", "NotCheckpointable", "snapshot", "restore", "continues", "finishes", "FORMAT"]
+__all__ = ["Blob", "NotCheckpointable", "Taking", "snapshot", "restore", "continues", "finishes", "FORMAT"]
 
 FORMAT = 2
 """Bumped whenever what a checkpoint holds changes: a restore refuses another format."""
@@ -137,6 +137,116 @@ def _storages(table: list[tuple], region: memoryview) -> dict[tuple, Any]:
     return out
 
 
+class Taking:
+    """A checkpoint taken as its pieces come (call ``restore``, agents/agent.py): the bytes of
+    ``headed(outer, [headed(core head, [graph, storages])])`` — what :func:`agents.mesh.pack_checkpoint` wraps around
+    :func:`snapshot` — with the heads and the graph gathered and every storage's bytes written straight into the
+    tensor that keeps it. So no buffer holds the whole checkpoint (GBs at 10 000 vworkers) and its bytes are copied
+    once, not twice (docs/recovery.md). ``allocating()`` is entered around the allocation of the storages' tensors
+    (a compact agent is compact for them: :func:`agents.core.passing_buffers`). A malformed checkpoint raises
+    ValueError or :class:`NotCheckpointable` from :meth:`feed` or :meth:`done`."""
+
+    def __init__(self, allocating: Callable[[], ContextManager] = contextlib.nullcontext):
+        self.allocating = allocating
+        self.outer: dict[str, Any] | None = None  # the outer head (the window loop's view, the core's length)
+        self.head: dict[str, Any] | None = None  # the core's head: its format, storages table, graph's length
+        self.graph = bytearray()
+        self.storages: dict[tuple, Any] = {}
+        self._stage, self._need, self._buf = "outer length", 8, bytearray()
+        self._core = 0  # the core's bytes (outer["core"]) and how many of them are before its storages
+        self._fill: list[tuple[int, int, Any]] = []  # (offset, bytes, numpy view of the tensor) by offset
+        self._next_fill = 0
+        self._region = self._pos = 0  # the storages' bytes, and how many of them came
+
+    def feed(self, data: Any) -> None:
+        """Take the next bytes of the checkpoint."""
+        mv = memoryview(data).cast("B")
+        while mv.nbytes:
+            if self._stage == "storages":
+                mv = self._take_storages(mv)
+            elif self._stage == "done":
+                raise ValueError(f"{mv.nbytes} bytes more than the checkpoint's")
+            else:
+                k = min(self._need - len(self._buf), mv.nbytes)
+                self._buf += mv[:k]
+                mv = mv[k:]
+                while self._stage not in ("storages", "done") and len(self._buf) == self._need:
+                    self._next()
+
+    def done(self) -> None:
+        """The last bytes came: check that they were all of the checkpoint's; the device's storages go to it."""
+        if self._stage != "done":
+            raise ValueError(f"the checkpoint ended early (in its {self._stage}, after {self._pos} of {self._region} "
+                             "storage bytes)")
+        for key, u in list(self.storages.items()):
+            if key[0] != "cpu":
+                t = torch.empty(0, dtype=torch.uint8).set_(u).to(torch.device(key[0], key[1]))
+                self.storages[key] = t.untyped_storage()
+
+    def _next(self) -> None:
+        buf, self._buf = self._buf, bytearray()
+        if self._stage == "outer length":
+            self._stage, self._need = "outer head", int.from_bytes(buf, "little")
+        elif self._stage == "outer head":
+            self.outer = pickle.loads(buf)  # noqa: S301 - trusted like config.yaml (docs/security.md)
+            if not isinstance(self.outer, dict) or not isinstance(self.outer.get("core"), int):
+                raise ValueError("not a lockstep agent checkpoint (its head names no core)")
+            self._core = self.outer["core"]
+            self._stage, self._need = "core length", 8
+        elif self._stage == "core length":
+            self._stage, self._need = "core head", int.from_bytes(buf, "little")
+            self._region = self._core - 8 - self._need
+        elif self._stage == "core head":
+            head = pickle.loads(buf)  # noqa: S301
+            if not isinstance(head, dict) or head.get("format") != FORMAT:
+                raise NotCheckpointable(f"has format {head.get('format') if isinstance(head, dict) else None!r}; "
+                                        f"this lockstep reads format {FORMAT}")
+            self.head, g = head, int(head["graph"])
+            self._region -= g
+            if g < 0 or self._region < 0:
+                raise ValueError(f"a core of {self._core} bytes does not hold a graph of {g} bytes")
+            self._stage, self._need = "graph", g
+        elif self._stage == "graph":
+            self.graph = buf
+            self._allocate(self.head["storages"])
+            self._stage = "storages" if self._region else "done"
+
+    def _allocate(self, table: list[tuple]) -> None:
+        """A tensor for every storage of ``table`` (each one's bytes side by side, as :func:`_storage_pieces` puts
+        them), allocated before any of its bytes come."""
+        end = 0
+        with self.allocating():
+            for key, off, n in sorted(table, key=lambda e: e[1]):
+                if not (isinstance(off, int) and isinstance(n, int) and 0 <= off and n >= 0
+                        and off + n <= self._region):
+                    raise ValueError(f"a storage of {n!r} bytes at {off!r}, outside the {self._region} bytes saved")
+                if off < end:
+                    raise ValueError(f"the storage at {off} overlaps the one before it (which ends at {end})")
+                end = off + n
+                t = torch.empty(n, dtype=torch.uint8)
+                self.storages[key] = t.untyped_storage()
+                if n:
+                    self._fill.append((off, n, t.numpy()))
+
+    def _take_storages(self, mv: memoryview) -> memoryview:
+        """Write the front of ``mv`` (the storages' bytes from ``_pos`` on) into its tensors; what is left of it."""
+        while mv.nbytes and self._pos < self._region:
+            fill = self._fill[self._next_fill] if self._next_fill < len(self._fill) else None
+            if fill is None or self._pos < fill[0]:  # bytes no storage holds (none in a snapshot's checkpoint)
+                k = min(mv.nbytes, (fill[0] if fill else self._region) - self._pos)
+            else:
+                off, n, arr = fill
+                k = min(mv.nbytes, off + n - self._pos)
+                at = self._pos - off
+                arr[at:at + k] = np.frombuffer(mv, dtype=np.uint8, count=k)
+                if at + k == n:
+                    self._next_fill += 1
+            mv, self._pos = mv[k:], self._pos + k
+        if self._pos == self._region:
+            self._stage = "done"
+        return mv
+
+
 def _shared(core: Any) -> dict[str, Any]:
     """What a checkpoint refers to but does not hold: the process's own objects."""
     from agents.sim.kernel import HALTED
@@ -187,9 +297,10 @@ def _parts(blob: Any) -> tuple[dict[str, Any], memoryview, memoryview]:
     return head, rest[:g], rest[g:]
 
 
-def restore(plan: Any, agent_id: int, blob: Any, *, data: Any = None, metrics: Any = None) -> Any:
+def restore(plan: Any, agent_id: int, blob: Any = None, *, taken: Taking | None = None, data: Any = None,
+            metrics: Any = None) -> Any:
     """An AgentCore for ``agent_id`` of ``plan`` in the state :func:`snapshot` saved in ``blob`` (its bytes, a
-    memoryview of them, or the :class:`Blob`)."""
+    memoryview of them, or the :class:`Blob`), or that a :class:`Taking` took from pieces (``taken``, done)."""
     from agents.core import use_memory
     from agents.sim.kernel import HALTED
     from agents.workloads.data import load_fashion_mnist
@@ -208,8 +319,12 @@ def restore(plan: Any, agent_id: int, blob: Any, *, data: Any = None, metrics: A
     if data is not None:
         shared["data"] = data
     try:
-        head, graph, region = _parts(blob)
-        state = _Unpickler(io.BytesIO(graph), shared, _storages(head["storages"], region)).load()
+        if taken is None:
+            head, graph, region = _parts(blob)
+            storages = _storages(head["storages"], region)
+        else:
+            graph, storages = taken.graph, taken.storages
+        state = _Unpickler(io.BytesIO(graph), shared, storages).load()
     except NotCheckpointable as e:
         raise NotCheckpointable(f"the checkpoint of agent {agent_id} {e}") from None
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: one sentence

@@ -958,6 +958,16 @@ def unpack_checkpoint(blob: Any) -> dict[str, Any]:
     return d
 
 
+def taken_checkpoint(taking: Any) -> dict[str, Any]:
+    """What :func:`unpack_checkpoint` gives, from a :class:`agents.checkpoint.Taking` that took the pieces (the
+    core: the Taking itself, for ``agents.checkpoint.restore(..., taken=)``)."""
+    d = dict(taking.outer or {})
+    if d.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"not a lockstep agent checkpoint of format {CHECKPOINT_FORMAT}")
+    d["core"] = taking
+    return d
+
+
 def piece_bytes(writer: Any) -> int:
     """Checkpoint bytes per frame: whole frames below the message limit, so none becomes an envelope blob."""
     return max(1024, min(4 << 20, writer.max_message_bytes // 2))

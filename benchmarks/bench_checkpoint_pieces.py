@@ -15,10 +15,11 @@ each variant in a fresh process.
 * restore, now: the file read a piece at a time, each frame serialized around its piece
   (``Checkpoint.agent_pieces``, ``wire.append_bytes``); the stream sends the bytes as they are.
 * taking, before: the agent takes a restore's frames as gRPC hands them over (fresh bytes each), parses each,
-  decodes its piece and appends it to the buffer that gathers them (``AgentProcess._restore``), every copy in
-  its own mapping when the agent is compact.
-* taking, now: the same, with ``agents.core.passing_buffers`` on while the pieces come (the copies reuse the
-  heap's pages), off after the last.
+  decodes its piece and appends it to the buffer that gathers them, then copies every storage out of that buffer
+  into a tensor of its own (``AgentProcess._restore`` of b4a0546, up to the unpickling), every copy in its own
+  mapping when the agent is compact. The checkpoint here is a core of 640 KiB storages (an MLP's parameters).
+* taking, now: ``agents.core.passing_buffers`` on while the pieces come (the copies reuse the heap's pages), and
+  each piece fed to ``agents.checkpoint.Taking``, which writes each storage's bytes straight into its tensor.
 
 Every side runs on the same Blob (PIECES of PIECE_MB MiB of random bytes, views, as a snapshot's storages),
 with glibc's mmap threshold fixed at 128 KiB as a compact agent has it (``memory=auto`` from 1 000 vworkers:
@@ -71,8 +72,13 @@ def reply_before(writer, call_id, status, window, blob):  # agents/mesh.py check
 
 sent = list(mesh.checkpoint_reply(writer, 1, "ok", 5, blob)) if variant.startswith("controller") else None
 if variant.startswith("taking"):  # the frames a restore sends (controller/run.py _RestoreStream.send_next)
+    import contextlib
+    from agents import checkpoint
     from agents.core import passing_buffers
-    data = b"".join(bytes(c) for c in blob.chunks(1 << 30))
+    size = 640 << 10
+    table = [(("cpu", 0, i), i * size, size) for i in range(len(whole) // size)]
+    core = headed({"format": 2, "storages": table, "graph": 0}, [whole[:len(table) * size]])
+    data = mesh.pack_checkpoint(5, {}, core).tobytes()
     step = mesh.piece_bytes(wire.FrameWriter(pb.ControllerFrame, 16 << 20))
     parts = max(1, -(-len(data) // step))
     received = []
@@ -116,21 +122,40 @@ elif variant == "restore now":
         f.call.id, f.call.method = i + 1, "restore"
         wire.encode_value((i, parts), f.call.args)
         wire.serialize_frame(wire.append_bytes(f, ("call", "args"), piece))
-elif variant.startswith("taking"):  # agents/agent.py AgentProcess._restore, up to the core's restore
-    if variant == "taking now":
+elif variant.startswith("taking"):  # agents/agent.py AgentProcess._restore, up to the unpickling
+    now = variant == "taking now"
+
+    @contextlib.contextmanager
+    def compact_meanwhile():  # AgentProcess._compact_meanwhile
+        passing_buffers(False)
+        yield
         passing_buffers(True)
-    buf = bytearray()
+
+    if now:
+        passing_buffers(True)
+        taking = checkpoint.Taking(compact_meanwhile)
+    else:
+        buf = bytearray()
     for raw in received:
         got = bytes(raw)  # gRPC hands each message over as fresh bytes
         call = pb.ControllerFrame.FromString(got).call
         del got
         part, parts, piece = wire.decode_value(call.args)
         del call
-        buf += piece
+        if now:
+            taking.feed(piece)
+        else:
+            buf += piece
         del piece
-    if variant == "taking now":
+    if now:
         passing_buffers(False)
-    del buf
+        taking.done()
+        storages = taking.storages
+    else:
+        head, graph, region = checkpoint._parts(mesh.unpack_checkpoint(buf)["core"])
+        storages = checkpoint._storages(head["storages"], region)
+        del head, graph, region, buf
+    assert len(storages) == len(table)
 else:
     with tempfile.TemporaryDirectory() as d:
         store = CheckpointStore(Path(d), "{}")

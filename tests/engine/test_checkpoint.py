@@ -2,6 +2,7 @@
 finishes the run exactly as the core it was taken from — the same rows, parameters, events and end time."""
 from __future__ import annotations
 
+import contextlib
 import pickle
 
 import numpy as np
@@ -307,3 +308,62 @@ def test_tensors_that_share_memory_still_share_it_after_a_restore(data):
     again = checkpoint.restore(plan, 0, checkpoint.snapshot(core), data=data).workers["w1"]
     again.base[3] = -1.0
     assert again.view.tolist() == [2.0, -1.0, 4.0]
+
+
+@pytest.mark.parametrize("step", [1, 7, 4096, 1 << 20])
+def test_a_checkpoint_taken_piece_by_piece_restores_the_core_its_bytes_restore(data, step):
+    """agents.checkpoint.Taking (an agent's restore, agents/agent.py): the pieces of pack_checkpoint's bytes, cut
+    anywhere, give the core restore() gives from the whole, each storage's bytes written straight into its tensor,
+    and the core finishes the run as the undisturbed one; the storages' tensors are allocated inside ``allocating``."""
+    from agents.mesh import pack_checkpoint, taken_checkpoint
+
+    plan = _plan(["strategy=ps_async"])
+    whole, updates, _, cuts = helpers.whole_run_and_cuts(plan, data)
+    core = AgentCore(plan, 0, data=data)
+    u0 = helpers.core_rows(core.advance(cuts[len(cuts) // 2]))[0]
+    view = {"windows": 3, "next_t": [5]}
+    packed = pack_checkpoint(3, view, checkpoint.snapshot(core)).tobytes()
+    core.close()
+    entered = []
+
+    @contextlib.contextmanager
+    def allocating():
+        entered.append(len(taking.storages))
+        yield
+        entered.append(len(taking.storages))
+
+    taking = checkpoint.Taking(allocating)
+    for i in range(0, len(packed), step):
+        taking.feed(packed[i:i + step])
+    taking.done()
+    d = taken_checkpoint(taking)
+    assert (d["window"], d["view"]) == (3, view) and entered == [0, len(taking.storages)] and entered[1] > 0
+    again = checkpoint.restore(plan, 0, taken=taking, data=data)
+    assert helpers.core_rows(again.advance(INFINITY))[0] == updates[len(u0):]
+    assert torch.equal(again.result_params(), whole.result_params())
+    again.close()
+    whole.close()
+
+
+def test_a_checkpoint_taken_piece_by_piece_refuses_too_few_too_many_or_overlapping_bytes(data):
+    from agents.common.files import headed
+    from agents.mesh import pack_checkpoint
+
+    core = AgentCore(_plan(["strategy=ps_async"]), 0, data=data)
+    core.advance(10_000_001)
+    packed = pack_checkpoint(3, {}, checkpoint.snapshot(core)).tobytes()
+    core.close()
+    short = checkpoint.Taking()
+    short.feed(packed[:-1])
+    with pytest.raises(ValueError, match=r"^the checkpoint ended early \(in its storages, after \d+ of \d+ storage "):
+        short.done()
+    extra = checkpoint.Taking()
+    with pytest.raises(ValueError, match="^1 bytes more than the checkpoint's$"):
+        extra.feed(packed + b"x")
+    table = [(("cpu", 0, 0), 0, 8), (("cpu", 0, 1), 4, 8)]  # the second begins inside the first
+    for core_head, error, match in [
+            ({"format": 2, "storages": table, "graph": 0}, ValueError, "^the storage at 4 overlaps the one before it"),
+            ({"format": 1, "graph": 0}, NotCheckpointable, "^has format 1; this lockstep reads format 2$")]:
+        core_bytes = headed(core_head, [bytes(12)]).tobytes()
+        with pytest.raises(error, match=match):
+            checkpoint.Taking().feed(headed({"format": 2, "core": len(core_bytes)}, [core_bytes]).tobytes())

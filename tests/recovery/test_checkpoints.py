@@ -141,7 +141,7 @@ def test_an_agent_killed_after_a_checkpoint_restarts_from_it_and_the_run_ends_as
     logs = [(d / "agents" / f"agent-{a}.log").read_text() for a in (0, 1)]
     for log in logs:
         taken = re.findall(rf"restored the checkpoint of window {restored['window']} \((\d+) pieces(, taken through "
-                           r"the heap)?\)", log)
+                           r"the heap)?; peak resident set so far [0-9.]+ GB\)", log)
         assert len(taken) == 1, log
         if windows == "compact":
             assert int(taken[0][0]) > 1 and taken[0][1], log
