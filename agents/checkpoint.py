@@ -153,7 +153,7 @@ class Taking:
         self.graph = bytearray()
         self.storages: dict[tuple, Any] = {}
         self._stage, self._need, self._buf = "outer length", 8, bytearray()
-        self._core = 0  # the core's bytes (outer["core"]) and how many of them are before its storages
+        self._core = 0  # the core's bytes (outer["core"]): its head, its graph and its storages
         self._fill: list[tuple[int, int, Any]] = []  # (offset, bytes, numpy view of the tensor) by offset
         self._next_fill = 0
         self._region = self._pos = 0  # the storages' bytes, and how many of them came
