@@ -392,7 +392,7 @@ class AgentProcess:
             self._taking, self._taking_error, self._restore_parts = Taking(self._compact_meanwhile), None, 0
             if parts > 1 and self.core is not None and self.core.compact_memory:
                 self._passing = passing_buffers(True)  # the pieces' copies reuse the heap's pages (agents/core.py)
-        if self._restore_parts != part or self._taking is None:
+        if self._restore_parts != part:
             self._end_passing()
             await self._fail(f"restore: part {part} after {self._restore_parts} parts")
             return False
@@ -405,23 +405,21 @@ class AgentProcess:
         self._restore_parts += 1
         value: Any = None
         if part == parts - 1:
-            taking, error, self._taking, self._taking_error = self._taking, self._taking_error, None, None
+            taking, error = self._taking, self._taking_error
+            self._taking, self._taking_error, self._restore_parts = None, None, 0
             heap = self._passing
             self._end_passing()  # compact again before the core's own tensors are allocated
-            try:
-                if error is not None:
-                    from agents.checkpoint import NotCheckpointable
-
-                    if isinstance(error, NotCheckpointable):
-                        raise NotCheckpointable(f"the checkpoint of agent {self.agent_id} {error}")
-                    raise error
-                value = ("ok", self._restore_from(taking, parts, heap))
-            except Exception as e:  # noqa: BLE001 - answered: the controller falls back to a replay
+            if error is None:
+                try:
+                    value = ("ok", self._restore_from(taking, parts, heap))
+                except Exception as e:  # noqa: BLE001 - answered: the controller falls back to a replay
+                    error = e
+            if error is not None:
                 from agents.checkpoint import NotCheckpointable
 
-                log.warning("could not restore the checkpoint: %s: %s", type(e).__name__, e,
-                            exc_info=not isinstance(e, (NotCheckpointable, ValueError)))
-                value = ("error", f"{type(e).__name__}: {e}")
+                log.warning("could not restore the checkpoint: %s: %s", type(error).__name__, error,
+                            exc_info=not isinstance(error, (NotCheckpointable, ValueError)))
+                value = ("error", f"{type(error).__name__}: {error}")
             del taking
         f = pb.AgentFrame()
         f.reply.id = call.id

@@ -121,19 +121,35 @@ def _storage_pieces(storages: dict[tuple, Any], copy: bool) -> tuple[list[tuple]
     return table, [memoryview(out.numpy()).cast("B")]
 
 
+def _check_storage(off: Any, n: Any, region: int) -> None:
+    """A storage table's entry lies inside the ``region`` bytes of the storages (ValueError if not)."""
+    if not (isinstance(off, int) and isinstance(n, int) and 0 <= off and 0 <= n and off + n <= region):
+        raise ValueError(f"a storage of {n!r} bytes at {off!r}, outside the {region} bytes saved")
+
+
+def _on_device(key: tuple, t: Any) -> Any:
+    """The untyped storage of the filled host tensor ``t``, on the device ``key`` names."""
+    kind, index = key[0], key[1]
+    return (t if kind == "cpu" else t.to(torch.device(kind, index))).untyped_storage()
+
+
+def _checked_head(head: Any) -> dict[str, Any]:
+    """A core's head, if it is of this lockstep's format (NotCheckpointable if not)."""
+    if not isinstance(head, dict) or head.get("format") != FORMAT:
+        raise NotCheckpointable(f"has format {head.get('format') if isinstance(head, dict) else None!r}; this "
+                                f"lockstep reads format {FORMAT}")
+    return head
+
+
 def _storages(table: list[tuple], region: memoryview) -> dict[tuple, Any]:
     """The storages of a checkpoint, each a fresh tensor's (the checkpoint's buffer is not kept alive)."""
     out = {}
     for key, off, n in table:
-        kind, index = key[0], key[1]
-        if not (isinstance(off, int) and isinstance(n, int) and 0 <= off and off + n <= region.nbytes):
-            raise ValueError(f"a storage of {n!r} bytes at {off!r}, outside the {region.nbytes} bytes saved")
+        _check_storage(off, n, region.nbytes)
         t = torch.empty(n, dtype=torch.uint8)
         if n:
             t.numpy()[:] = np.frombuffer(region, dtype=np.uint8, count=n, offset=off)
-        if kind != "cpu":
-            t = t.to(torch.device(kind, index))
-        out[key] = t.untyped_storage()
+        out[key] = _on_device(key, t)
     return out
 
 
@@ -180,8 +196,7 @@ class Taking:
                              "storage bytes)")
         for key, u in list(self.storages.items()):
             if key[0] != "cpu":
-                t = torch.empty(0, dtype=torch.uint8).set_(u).to(torch.device(key[0], key[1]))
-                self.storages[key] = t.untyped_storage()
+                self.storages[key] = _on_device(key, torch.empty(0, dtype=torch.uint8).set_(u))
 
     def _next(self) -> None:
         buf, self._buf = self._buf, bytearray()
@@ -197,11 +212,8 @@ class Taking:
             self._stage, self._need = "core head", int.from_bytes(buf, "little")
             self._region = self._core - 8 - self._need
         elif self._stage == "core head":
-            head = pickle.loads(buf)  # noqa: S301
-            if not isinstance(head, dict) or head.get("format") != FORMAT:
-                raise NotCheckpointable(f"has format {head.get('format') if isinstance(head, dict) else None!r}; "
-                                        f"this lockstep reads format {FORMAT}")
-            self.head, g = head, int(head["graph"])
+            self.head = _checked_head(pickle.loads(buf))  # noqa: S301
+            g = int(self.head["graph"])
             self._region -= g
             if g < 0 or self._region < 0:
                 raise ValueError(f"a core of {self._core} bytes does not hold a graph of {g} bytes")
@@ -217,9 +229,7 @@ class Taking:
         end = 0
         with self.allocating():
             for key, off, n in sorted(table, key=lambda e: e[1]):
-                if not (isinstance(off, int) and isinstance(n, int) and 0 <= off and n >= 0
-                        and off + n <= self._region):
-                    raise ValueError(f"a storage of {n!r} bytes at {off!r}, outside the {self._region} bytes saved")
+                _check_storage(off, n, self._region)
                 if off < end:
                     raise ValueError(f"the storage at {off} overlaps the one before it (which ends at {end})")
                 end = off + n
@@ -288,9 +298,7 @@ def snapshot(core: Any, live: bool = False) -> Blob:
 def _parts(blob: Any) -> tuple[dict[str, Any], memoryview, memoryview]:
     """``(head, graph, storages)`` of a checkpoint's bytes (ValueError or NotCheckpointable if they are not)."""
     head, rest = read_headed(blob)  # a checkpoint is trusted like config.yaml (docs/security.md)
-    if not isinstance(head, dict) or head.get("format") != FORMAT:
-        raise NotCheckpointable(f"has format {head.get('format') if isinstance(head, dict) else None!r}; this "
-                                f"lockstep reads format {FORMAT}")
+    head = _checked_head(head)
     g = int(head["graph"])
     if g > rest.nbytes:
         raise ValueError(f"{rest.nbytes} bytes do not hold a graph of {g} bytes")
