@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from agents.common.units import UnitError, parse_duration, parse_rate
-from agents.sim.routes import Link, TopologyError, TopologySpec, build_routes, fat_tree_preset, tree_preset
+from agents.sim.routes import Link, TopologyError, TopologySpec, check_routes, fat_tree_preset, tree_preset
 from agents.sim.types import seconds_to_ns
 
 __all__ = ["PRESETS", "topology_spec", "TopologyError"]
@@ -39,23 +39,15 @@ def _lat(key: str, v: Any) -> int:
 
 MAX_LINKS = 65_536
 """A preset topology has at most this many links (the plan carries every one to every agent)."""
-MAX_ROUTED_NODES = 1024
-"""At most this many nodes hold vworkers: the plan stores a route for every ordered pair of them (1 048 576)."""
 
 
 def _check_size(topology: str, links: int, what: str) -> None:
-    """Refuse, before anything is built, a preset whose links or route table would not fit a plan (the fuzzer
-    found ``workers=3750 network.topology=fat_tree`` taking 21 GB: 14 million routes)."""
+    """Refuse, before anything is built, a preset whose links would not fit a plan. (Routes are found when a
+    message needs them, :meth:`TopologySpec.route`; when the plan stored one for every pair of nodes, the fuzzer
+    found ``workers=3750 network.topology=fat_tree`` taking 21 GB: 14 million routes.)"""
     if links > MAX_LINKS:
         raise TopologyError(f"network.topology={topology} with {what} has {links} links; accepted: at most "
                             f"{MAX_LINKS} links.")
-
-
-def _check_routed(topology: str, nodes: int, what: str) -> None:
-    if nodes > MAX_ROUTED_NODES:
-        raise TopologyError(f"network.topology={topology} with {what} puts vworkers on {nodes} nodes, and the plan "
-                            f"stores a route for each pair of them; accepted: at most {MAX_ROUTED_NODES} such nodes "
-                            "(fewer workers, or network.topology=star).")
 
 
 def topology_spec(topology: Any, links_cfg: Any, vworkers: list[Any], data_vworkers: list[int] | None = None
@@ -73,17 +65,14 @@ def topology_spec(topology: Any, links_cfg: Any, vworkers: list[Any], data_vwork
         _check_size("tree", edges * (1 + ends),
                     f"network.links.edges={edges} and network.links.ends_per_edge={ends}")
         links, node = tree_preset(len(names), holders, data, edges, ends, bw, lat)
-        nodes = list(dict.fromkeys(node))
-        _check_routed("tree", len(nodes), f"{len(names)} vworkers")
-        return TopologySpec("tree", links, node, build_routes(links, nodes))
+        return TopologySpec("tree", links, node, check_routes(links, list(node)))
     if topology == "fat_tree":
         per_leaf, spines = links_cfg.hosts_per_leaf, links_cfg.spines
-        _check_routed("fat_tree", len(names), f"{len(names)} vworkers (one host each)")
         leaves = -(-len(names) // per_leaf)
         _check_size("fat_tree", leaves * spines + len(names),
                     f"{leaves} leaves and network.links.spines={spines}")
-        links, node, routes = fat_tree_preset(len(names), per_leaf, spines, bw, links_cfg.oversubscription, lat)
-        return TopologySpec("fat_tree", links, node, build_routes(links, list(dict.fromkeys(node)), routes))
+        links, node = fat_tree_preset(len(names), per_leaf, spines, bw, links_cfg.oversubscription, lat)
+        return TopologySpec("fat_tree", links, node, check_routes(links, list(node)), per_leaf, spines)
     if not isinstance(topology, dict):
         raise TopologyError(f"network.topology={topology!r} is not valid; accepted: {' | '.join(PRESETS)} or a mapping "
                             "{links: [[a, b, bandwidth, latency], ...], attach: {vworker: node}, routes: [[a, ..., b], ...]}.")
@@ -127,4 +116,4 @@ def topology_spec(topology: Any, links_cfg: Any, vworkers: list[Any], data_vwork
                                 "(the route from its first node to its last).")
         routes[(path[0], path[-1])] = list(path)
     node_of = tuple(attach[n] for n in names)
-    return TopologySpec("custom", tuple(links), node_of, build_routes(tuple(links), list(dict.fromkeys(node_of)), routes))
+    return TopologySpec("custom", tuple(links), node_of, check_routes(tuple(links), list(node_of), routes))

@@ -97,7 +97,7 @@ class TopologyNetwork(SharedFlows):
         got = self._route_cache.get((src, dst))
         if got is None:
             topo = self.spec.topology
-            path = topo.routes[(topo.node_of[src], topo.node_of[dst])]
+            path = topo.route(topo.node_of[src], topo.node_of[dst])
             hops = tuple(self._index[(u, v)] for u, v in zip(path, path[1:]))
             got = self._route_cache[(src, dst)] = ((src, *hops, self.n + dst), sum(self.link_latency[h] for h in hops))
         return got
