@@ -22,17 +22,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from agents.sim.kernel import PRIO_NET, Kernel, Timer
 from agents.sim.network import NetworkSpec, SharedFlows, Transfer, payload_nbytes, transfer_ns
 from agents.sim.routes import TopologySpec
-from agents.sim.types import VirtualTime
+from agents.sim.types import NS_PER_S, VirtualTime
 from agents.sim.worker import Message, SendHandle
 
 if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.env import Environment
     from agents.sim.worker import Worker
 
-__all__ = ["TopologyNetwork", "max_min_rates"]
+__all__ = ["TopologyNetwork", "max_min_rates", "max_min_columns"]
+
+# From this many flows in transit the flows are kept as columns (numpy arrays: bytes left, rate, the links of each
+# as a row) and shared by max_min_columns; below half of it, as _Flow attributes and max_min_rates again. Both do
+# the same IEEE-754 operations in the same order on each flow and link (np.subtract.at subtracts once per
+# occurrence, in order; argmin takes the first of equal minima, as min() does), so a run's times do not depend on
+# the switch (tests/engine/test_topology.py compares them). Progressive filling over F flows costs O(F) Python
+# steps per start or end of a flow; a broadcast to thousands of workers made that O(F^2) (docs/engine.md).
+COLUMNS_FROM = 64
 
 
 def max_min_rates(flows: list["_Flow"], capacity: list[float]) -> None:
@@ -55,6 +65,67 @@ def max_min_rates(flows: list["_Flow"], capacity: list[float]) -> None:
                 for l in f.links:
                     left[l] -= share
                     count[l] -= 1
+
+
+def max_min_columns(hops: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """:func:`max_min_rates` over columns: ``hops[i]`` the links of flow ``i`` (padded with -1), in flow order;
+    returns each flow's rate."""
+    rate = np.full(len(hops), -1.0)
+    real = hops >= 0
+    count = np.bincount(hops[real], minlength=len(capacity))
+    left = capacity.copy()
+    unfixed = len(hops)
+    while unfixed:
+        used = np.flatnonzero(count > 0)
+        link = used[np.argmin(left[used] / count[used])]  # the first (smallest id) of equal shares, as min() takes
+        share = left[link] / count[link]
+        on = (hops == link).any(axis=1)
+        on &= rate < 0
+        rate[on] = share
+        crossed = hops[on]
+        crossed = crossed[crossed >= 0]
+        with np.errstate(invalid="ignore"):  # inf - inf on links without a limit, as the loop computes it
+            np.subtract.at(left, crossed, share)  # once per flow crossing a link, as the loop does
+        np.subtract.at(count, crossed, 1)
+        unfixed -= int(np.count_nonzero(on))
+    return rate
+
+
+class _Columns:
+    """The flows in transit as columns, in the order of ``TopologyNetwork.flows``."""
+
+    __slots__ = ("hops", "remaining", "rate")
+
+    def __init__(self, flows: list["_Flow"], width: int):
+        self.hops = np.full((len(flows), width), -1, dtype=np.int64)
+        for i, f in enumerate(flows):
+            self.hops[i, :len(f.links)] = f.links
+        self.remaining = np.array([f.remaining for f in flows], dtype=np.float64)
+        self.rate = np.array([f.rate for f in flows], dtype=np.float64)
+
+    def add(self, f: "_Flow") -> None:
+        if len(f.links) > self.hops.shape[1]:
+            self.hops = np.pad(self.hops, ((0, 0), (0, len(f.links) - self.hops.shape[1])), constant_values=-1)
+        row = np.full((1, self.hops.shape[1]), -1, dtype=np.int64)
+        row[0, :len(f.links)] = f.links
+        self.hops = np.concatenate([self.hops, row])
+        self.remaining = np.append(self.remaining, f.remaining)
+        self.rate = np.append(self.rate, f.rate)
+
+    def left_ns(self) -> np.ndarray:
+        """:func:`transfer_ns` of each flow: round(bytes left · 1e9 / rate), half to even as round() does."""
+        out = np.zeros(len(self.remaining), dtype=np.int64)
+        going = (self.remaining > 0) & ~np.isinf(self.rate)
+        out[going] = np.rint(self.remaining[going] * NS_PER_S / self.rate[going]).astype(np.int64)
+        return out
+
+    def keep(self, keep: np.ndarray) -> None:
+        self.hops, self.remaining, self.rate = self.hops[keep], self.remaining[keep], self.rate[keep]
+
+    def back(self, flows: list["_Flow"]) -> None:
+        """Write each flow's bytes left and rate back into its _Flow (leaving columns)."""
+        for f, r, q in zip(flows, self.remaining.tolist(), self.rate.tolist()):
+            f.remaining, f.rate = r, q
 
 
 class _Flow:
@@ -87,6 +158,8 @@ class TopologyNetwork(SharedFlows):
         self._index = index
         self._route_cache: dict[tuple[int, int], tuple[tuple[int, ...], int]] = {}
         self.flows: list[_Flow] = []
+        self.cols: _Columns | None = None  # the flows as columns, from COLUMNS_FROM of them on
+        self._capacity = np.array(self.capacity, dtype=np.float64)
         self.last: VirtualTime = 0
         self.timer: Timer | None = None
         self.n = n
@@ -122,7 +195,12 @@ class TopologyNetwork(SharedFlows):
             return handle
         handle = SendHandle(k, None)
         self._advance()
-        self.flows.append(_Flow(links, size, tr, handle, w))
+        f = _Flow(links, size, tr, handle, w)
+        self.flows.append(f)
+        if self.cols is not None:
+            self.cols.add(f)
+        elif len(self.flows) >= COLUMNS_FROM:
+            self.cols = _Columns(self.flows, max(len(g.links) for g in self.flows))
         self._reschedule()
         return handle
 
@@ -139,11 +217,42 @@ class TopologyNetwork(SharedFlows):
         self.kernel.workers[owner].ring(name)
 
     # ------------------------------------------------------------- flows
+    def _advance(self) -> None:
+        if self.cols is None:
+            super()._advance()
+            return
+        dt = self.kernel.now - self.last
+        if dt:
+            self.cols.remaining -= self.cols.rate * dt / NS_PER_S  # as f.remaining -= f.rate * dt / NS_PER_S
+        self.last = self.kernel.now
+
+    def _finish(self) -> list:
+        if self.cols is None:
+            return super()._finish()
+        self.timer = None
+        self._advance()
+        ended = self.cols.left_ns() == 0
+        done = [self.flows[i] for i in np.flatnonzero(ended).tolist()]
+        going = ~ended
+        self.flows = [self.flows[i] for i in np.flatnonzero(going).tolist()]
+        self.cols.keep(going)
+        if len(self.flows) < COLUMNS_FROM // 2:
+            self.cols.back(self.flows)
+            self.cols = None
+        self._reschedule()
+        return done
+
     def _reschedule(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         if not self.flows:
+            return
+        if self.cols is not None:
+            self.cols.rate = max_min_columns(self.cols.hops, self._capacity)
+            left = self.cols.left_ns()
+            i = int(np.argmin(left))  # the first of equal times, as min() takes
+            self.timer = self.kernel.timer(self.kernel.now + int(left[i]), PRIO_NET, self.flows[i].owner, self._tick)
             return
         max_min_rates(self.flows, self.capacity)
         first = min(self.flows, key=lambda f: f.left_ns())

@@ -78,6 +78,9 @@ CASES = [
     ["strategy=ps_async", "workers=3", *END_DEVICES],
     ["strategy=ring_allreduce", "workers=3", "network.topology=tree", "network.links.bandwidth=125e6",
      "network.links.latency=100us", *END_DEVICES],
+    # a fat tree crowded enough that its flows are shared as columns (agents.sim.topology.COLUMNS_FROM)
+    ["strategy=ps_async", "workers=70", "batch_size=4", "network.topology=fat_tree", "network.links.latency=10us",
+     "stop.updates=20", "eval.every=10"],
 ]
 
 

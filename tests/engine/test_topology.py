@@ -1,6 +1,8 @@
 """Topologies (DESIGN §4.1): routes, max-min sharing of every link on a route, exact virtual times."""
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,6 +11,7 @@ from agents.sim.compute import ComputeSpec
 from agents.sim.env import Environment
 from agents.sim.kernel import Kernel
 from agents.sim.network import ConstantLatency, NetworkSpec
+from agents.sim.topology import max_min_columns, max_min_rates
 from agents.sim.routes import Link, TopologyError, TopologySpec, check_routes, fat_tree_preset, tree_preset
 from agents.sim.worker import Worker
 from tests.engine.workers import Sink
@@ -242,3 +245,80 @@ def test_routes_found_on_demand_are_the_routes_of_a_search_of_every_node(data):
             topo = pickle.loads(pickle.dumps(topo))
             assert topo._found == {} and topo._adj == {}
         assert topo.route(a, b) == want[(a, b)]
+
+
+def _rates_by_the_loop(hops, capacity):
+    from agents.sim.topology import _Flow
+
+    flows = [_Flow(tuple(h), 1.0, None, None, None) for h in hops]
+    max_min_rates(flows, list(capacity))
+    return [f.rate for f in flows]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_max_min_over_columns_gives_the_loops_rates_to_the_bit(data):
+    """Random flows over a few links with equal and unequal capacities (ties between links, shares that do not
+    divide evenly, links without a limit): the columns' rates are the loop's, float for float."""
+    import numpy as np
+
+    n_links = data.draw(st.integers(2, 12))
+    capacity = data.draw(st.lists(st.sampled_from([1000.0, 1000.0, 333.3, 1e9 / 7, 125e6, math.inf]),
+                                  min_size=n_links, max_size=n_links))
+    if all(math.isinf(c) for c in capacity):
+        capacity[0] = 1000.0
+    hops = data.draw(st.lists(st.lists(st.integers(0, n_links - 1), min_size=1, max_size=6, unique=True),
+                              min_size=1, max_size=120))
+    width = max(len(h) for h in hops)
+    cols = np.full((len(hops), width), -1, dtype=np.int64)
+    for i, h in enumerate(hops):
+        cols[i, :len(h)] = h
+    got = max_min_columns(cols, np.array(capacity, dtype=np.float64)).tolist()
+    want = _rates_by_the_loop(hops, capacity)
+    assert [x.hex() for x in got] == [x.hex() for x in want]
+
+
+class LateSender(Sender):
+    def __init__(self, name, vid, env, to=(), at=0):
+        super().__init__(name, vid, env, to)
+        self.at = at
+
+    async def run(self):
+        await self.sleep(self.at)
+        await super().run()
+
+
+def _crowd(n=200):
+    """``n`` senders on four leaves of two spines, in two waves 2 s apart, to three sinks: more than COLUMNS_FROM
+    flows at once, then fewer than half of it, then more again."""
+    links = [Link(f"leaf{l}", f"spine{s}", 3e5 + 1e5 * s, 10_000) for l in range(4) for s in range(2)]
+    links += [Link(f"leaf{l}", f"h{l}.{j}", 1e6 / (j + 1), 5_000) for l in range(4) for j in range(3)]
+    workers, node_of = {}, []
+    for i in range(n):
+        workers[f"s{i}"] = (LateSender, {"to": [(f"k{i % 3}", 1000 + 37 * i)], "at": (i % 2) * 2 * S + i * 1000})
+        node_of.append(f"h{i % 4}.{i % 3}")
+    for j in range(3):
+        workers[f"k{j}"] = (Sink, {"expect": len(range(j, n, 3))})
+        node_of.append(f"h{(j + 1) % 4}.{j}")
+    return workers, links, node_of
+
+
+def test_a_crowd_of_flows_ends_at_the_same_nanoseconds_with_columns_as_with_the_loop(monkeypatch):
+    import agents.sim.topology as topology
+
+    def run():
+        k, o = build(*_crowd(), nic=2e6, latency_ns=1_000)
+        k.run_until()
+        return {name: (w.got if isinstance(w, Sink) else w.left) for name, w in o.items()}
+
+    calls, switches = [], []
+    real, back = topology.max_min_columns, topology._Columns.back
+    monkeypatch.setattr(topology, "max_min_columns", lambda *a: calls.append(len(a[0])) or real(*a))
+    monkeypatch.setattr(topology._Columns, "back", lambda self, flows: switches.append(len(flows)) or back(self, flows))
+    with_columns = run()
+    assert max(calls) >= 90 and len(calls) > 100  # the columns ran, with the crowd in them ...
+    assert len(switches) == 2 and max(switches) < topology.COLUMNS_FROM // 2  # ... left twice, one wave each
+    monkeypatch.setattr(topology, "COLUMNS_FROM", 10 ** 9)
+    calls.clear()
+    assert run() == with_columns and not calls
+    assert sum(len(v) for v in with_columns.values()) == 2 * 200
