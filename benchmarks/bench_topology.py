@@ -1,8 +1,10 @@
 """A fat tree of N workers (ps_async, the MLP): routes on demand against a route per pair of nodes, and flows
 shared as columns against the per-flow loop — both baselines run here, in this process, on the same plan.
 
-*Plan*: building the plan (``make_plan``) and its size in JSON, against building the table the plan stored
-before 2026-11-30 (a breadth-first search from every node that holds a vworker, every pair kept).
+*Plan*: composing and checking the config (``load``, which validates the topology) and building the plan
+(``make_plan``), and the topology's size in JSON, against building the table the plan stored before 2026-11-30
+(a breadth-first search from every node that holds a vworker, every pair kept; validation and the plan each
+built it).
 *Run*: the agent's core run to ``stop.updates`` (the PS's broadcast to every worker, their gradients back), with
 the columns (``COLUMNS_FROM`` flows on) against the loop alone (``COLUMNS_FROM`` set beyond any crowd); the
 two must end at the same nanosecond with the same parameters (checked here; to the bit by
@@ -73,13 +75,13 @@ def main() -> None:
     default = topology.COLUMNS_FROM
     print(f"bench_topology: fat_tree (4 hosts a leaf, 2 spines), ps_async, MLP, batch 4, {updates} updates, "
           f"in-process; COLUMNS_FROM = {default}; load average {load_average()}")
-    print(f"{'workers':>7} {'plan (s)':>9} {'plan JSON':>10} {'table (s)':>9} {'table JSON':>11} "
+    print(f"{'workers':>7} {'config+plan (s)':>15} {'plan JSON':>10} {'table (s)':>9} {'table JSON':>11} "
           f"{'loop (s)':>9} {'columns (s)':>11} {'speed-up':>8}")
     for n in sizes:
+        t0 = time.perf_counter()
         cfg = load(["model=mlp", "compute=constant", "batch_size=4", "network=ideal", "network.topology=fat_tree",
                     "eval.every=0", "trace.mode=off", "statelog.enabled=false", f"workers={n}",
                     f"stop.updates={updates}", "launcher=inprocess"])
-        t0 = time.perf_counter()
         plan = make_plan(cfg, run_id="bench")
         plan_s = time.perf_counter() - t0
         plan_bytes = len(json.dumps(plan.network.topology.to_dict()))
@@ -92,7 +94,7 @@ def main() -> None:
         loop_s, loop_t, loop_p = run_core(plan, 10 ** 9)
         cols_s, cols_t, cols_p = run_core(plan, default)
         assert loop_t == cols_t and torch.equal(loop_p, cols_p), "the columns and the loop disagree"
-        print(f"{n:>7} {plan_s:9.2f} {plan_bytes / 1e6:8.2f}MB {table} {loop_s:9.2f} {cols_s:11.2f} "
+        print(f"{n:>7} {plan_s:15.2f} {plan_bytes / 1e6:8.2f}MB {table} {loop_s:9.2f} {cols_s:11.2f} "
               f"{loop_s / cols_s:7.2f}x")
     topology.COLUMNS_FROM = default
 
