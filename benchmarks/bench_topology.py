@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections import deque
 
 from _common import load_average  # also puts the repository on sys.path
 
@@ -28,29 +27,12 @@ from agents.core import AgentCore
 from agents.sim.types import INFINITY
 from controller.config import load
 from controller.plan import make_plan
+from tests.engine.test_topology import every_route
 
 
-def every_route(topo) -> int:
-    """The table the plan used to store: a route for every ordered pair of vworker nodes; returns its size."""
-    adj: dict[str, list[str]] = {}
-    for l in topo.links:
-        adj.setdefault(l.a, []).append(l.b)
-        adj.setdefault(l.b, []).append(l.a)
-    nodes = list(dict.fromkeys(topo.node_of))
-    table = {}
-    for a in nodes:
-        prev, q = {a: None}, deque([a])
-        while q:
-            u = q.popleft()
-            for v in adj.get(u, []):
-                if v not in prev:
-                    prev[v] = u
-                    q.append(v)
-        for b in nodes:
-            path = [b]
-            while path[-1] != a:
-                path.append(prev[path[-1]])
-            table[(a, b)] = tuple(reversed(path))
+def table_json_bytes(topo) -> int:
+    """The size in JSON of the table the plan used to store: a route for every ordered pair of vworker nodes."""
+    table = every_route(topo.links, list(dict.fromkeys(topo.node_of)))
     return len(json.dumps([[a, b, list(p)] for (a, b), p in table.items()]))
 
 
@@ -87,7 +69,7 @@ def main() -> None:
         plan_bytes = len(json.dumps(plan.network.topology.to_dict()))
         if n <= table_max:
             t0 = time.perf_counter()
-            table_bytes = every_route(plan.network.topology) + plan_bytes
+            table_bytes = table_json_bytes(plan.network.topology) + plan_bytes
             table = f"{time.perf_counter() - t0:9.2f} {table_bytes / 1e6:9.1f}MB"
         else:
             table = f"{'-':>9} {'-':>11}"

@@ -85,9 +85,6 @@ class TopologySpec:
     def __getstate__(self) -> dict[str, Any]:  # a checkpoint keeps the spec, not the routes found so far
         return {**self.__dict__, "_found": {}, "_adj": {}}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
 
 def _fill(adj: dict[str, list[str]], links: tuple[Link, ...]) -> dict[str, list[str]]:
     """Each node's neighbours, in the order their links are listed."""

@@ -96,8 +96,8 @@ class _Columns:
 
     __slots__ = ("hops", "remaining", "rate")
 
-    def __init__(self, flows: list["_Flow"], width: int):
-        self.hops = np.full((len(flows), width), -1, dtype=np.int64)
+    def __init__(self, flows: list["_Flow"]):
+        self.hops = np.full((len(flows), max(len(f.links) for f in flows)), -1, dtype=np.int64)
         for i, f in enumerate(flows):
             self.hops[i, :len(f.links)] = f.links
         self.remaining = np.array([f.remaining for f in flows], dtype=np.float64)
@@ -200,7 +200,7 @@ class TopologyNetwork(SharedFlows):
         if self.cols is not None:
             self.cols.add(f)
         elif len(self.flows) >= COLUMNS_FROM:
-            self.cols = _Columns(self.flows, max(len(g.links) for g in self.flows))
+            self.cols = _Columns(self.flows)
         self._reschedule()
         return handle
 

@@ -192,8 +192,9 @@ def test_a_fat_tree_of_10000_hosts_is_planned_without_a_route_per_pair():
     assert TopologySpec.from_dict(json.loads(json.dumps(d))) == topo
 
 
-def _every_route(links, nodes, explicit=None):
-    """The route table the plan stored before routes were found on demand: a BFS of every node from each node."""
+def every_route(links, nodes, explicit=None):
+    """The route table the plan stored before routes were found on demand: a BFS of every node from each node
+    (also benchmarks/bench_topology.py's baseline)."""
     from collections import deque
 
     adj = {}
@@ -236,9 +237,9 @@ def test_routes_found_on_demand_are_the_routes_of_a_search_of_every_node(data):
     nodes = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=n, unique=True))
     explicit = {}
     if len(nodes) > 1 and data.draw(st.booleans()):
-        explicit[(nodes[0], nodes[1])] = list(_every_route(links, [nodes[0], nodes[1]])[(nodes[0], nodes[1])])
+        explicit[(nodes[0], nodes[1])] = list(every_route(links, [nodes[0], nodes[1]])[(nodes[0], nodes[1])])
     topo = TopologySpec("custom", tuple(links), tuple(nodes), check_routes(tuple(links), nodes, explicit))
-    want = _every_route(links, nodes, explicit)
+    want = every_route(links, nodes, explicit)
     pairs = data.draw(st.permutations(sorted(want)))
     for i, (a, b) in enumerate(pairs):
         if i == len(pairs) // 2:
