@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.common.plan import Plan
 from controller.config.schema import RecoveryAgents, RecoveryConfig
 from controller.launchers.base import AgentFailure
 
@@ -81,10 +80,11 @@ def resumable_run_id(run_dir: Path) -> str:
                            "starts, so this directory holds no run to resume") from e
 
 
-def check_resumable(run_dir: Path, plan: Plan) -> None:
-    """The plan rebuilt from ``config.yaml`` must be the one the run started with (same version of lockstep)."""
+def check_resumable(run_dir: Path, plan_json: str) -> None:
+    """The plan rebuilt from ``config.yaml`` (``Plan.to_json``) must be the one the run started with (same version
+    of lockstep)."""
     on_disk = (Path(run_dir) / "plan.json").read_text()
-    if on_disk.strip() != plan.to_json().strip():
+    if on_disk.strip() != plan_json.strip():
         raise NotResumable(f"{Path(run_dir) / 'plan.json'} differs from the plan its config.yaml gives with this "
                            "version of lockstep; resume it with the version that started it")
 

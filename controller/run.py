@@ -350,11 +350,12 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     if observer is not None:
         observer.prepare(plan)
         metrics = observer.metrics if metrics is None else metrics
+    plan_json = plan.to_json()  # once: 0.5 s at 100 000 vworkers
     if resume:
-        check_resumable(run_dir, plan)
+        check_resumable(run_dir, plan_json)
     else:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(rc.raw)))
-        (run_dir / "plan.json").write_text(plan.to_json())
+        (run_dir / "plan.json").write_text(plan_json)
     if metrics is not None:
         metrics.set_run_info(run_id=plan.run_id, config_hash=config_hash(rc.raw), strategy=rc.strategy_name,
                              workers=rc.workers, agents=rc.agents)
@@ -374,7 +375,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     # the agents carry the windows between themselves (docs/distributed.md), else the controller's own loop does
     direct = plan.n_agents > 1 and launcher is not None and rc.controller.windows.value == "direct"
     # coordinated checkpoints (docs/recovery.md)
-    store = CheckpointStore(run_dir, plan.to_json())
+    store = CheckpointStore(run_dir, plan_json)
+    del plan_json  # 17 MB at 100 000 vworkers; the store keeps its hash
     if not resume:
         store.clear()  # a new run in this directory: an earlier run's checkpoints are not its own
     restore_from = latest_checkpoint(store, recovery) if resume else None

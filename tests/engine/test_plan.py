@@ -1,0 +1,77 @@
+"""plan.json: ``Plan.to_json`` writes the text it always wrote (asdict of every part), without asdict's deep copy.
+
+The text matters beyond the file: a checkpoint keys on its hash, and ``lockstep resume`` refuses a run whose
+``plan.json`` differs from the plan its ``config.yaml`` gives (controller.recovery.check_resumable).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+
+import pytest
+
+from agents.common.plan import Plan
+from agents.strategies.base import VWorkerSpec
+
+
+def asdict_json(plan: Plan) -> str:
+    """``Plan.to_json`` as it was written before 2026-11-30: every dataclass through asdict."""
+    d = {"run_id": plan.run_id, "seed": plan.seed, "strategy": plan.strategy, "result": plan.result,
+         "vworkers": [asdict(v) for v in plan.vworkers], "placement": list(plan.placement),
+         "n_agents": plan.n_agents, "network": plan.network.to_dict(), "compute": plan.compute.to_dict(),
+         "workload": plan.workload.to_dict(), "settings": plan.settings,
+         "stop_virtual_time_ns": plan.stop_virtual_time_ns, "trace": asdict(plan.trace),
+         "statelog": asdict(plan.statelog), "metrics": asdict(plan.metrics), "limits": plan.limits.to_dict()}
+    if plan.faults.faults:
+        d["faults"] = plan.faults.to_dict()
+    return json.dumps(d, sort_keys=True)
+
+
+def plan_of(overrides: list[str]) -> Plan:
+    from controller.config import load
+    from controller.plan import make_plan
+
+    return make_plan(load(["model=mlp", "compute=constant", *overrides], check_data=False), run_id="plan-text")
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["strategy=ps_sync", "strategy.shards=2", "agents=2"],
+    ["strategy=ssp"],
+    ["strategy=ring_allreduce", "network=ideal"],
+    ["strategy=hierarchical_allreduce", "workers=8"],
+    ["strategy=gossip", "network=wan"],
+    ["strategy=local_sgd"],
+    ["strategy=fedavg", "workers=50", "strategy.fraction=0.1", "data.placement=end_devices", "data.end_devices=2"],
+    ["strategy=fedasync"],
+    ["strategy=sgd", "workers=1"],
+    ["+experiment=faults_crash10"],
+    ["network=ideal", "network.topology=fat_tree", "workers=40"],
+    ["compute.stragglers={w1: 3.0}", "compute.start_spread=1ms"],
+])
+def test_plan_json_is_the_text_asdict_gives(overrides):
+    plan = plan_of(overrides)
+    text = plan.to_json()
+    assert text == asdict_json(plan)
+    assert Plan.from_json(text).to_json() == text
+
+
+@dataclass(frozen=True)
+class _Inner:
+    a: int
+    b: tuple[int, ...]
+
+
+def test_a_dataclass_inside_a_vworkers_kwargs_is_written_as_asdict_writes_it():
+    plan = plan_of(["workers=2"])
+    spec = plan.vworkers[0]
+    plan.vworkers[0] = replace(spec, kwargs={**spec.kwargs, "inner": _Inner(1, (2, 3)), "more": [_Inner(4, ())]})
+    assert plan.to_json() == asdict_json(plan)
+    assert json.loads(plan.to_json())["vworkers"][0]["kwargs"]["more"] == [{"a": 4, "b": []}]
+
+
+def test_a_value_json_cannot_write_is_refused_with_its_type():
+    plan = plan_of(["workers=2"])
+    plan.vworkers.append(VWorkerSpec("odd", "x.Y", {"v": object()}))
+    with pytest.raises(TypeError, match="Object of type object is not JSON serializable"):
+        plan.to_json()
