@@ -532,11 +532,12 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     flow_cap = None if c.predictor.flow_cap is None else _rate(p, "predictor.flow_cap", c.predictor.flow_cap)
     if not p.items and model is not None:
         _check_model(p, model, c.seed)
-    if not p.items and check_data and strategy_cls is not None:
-        _check_data(p, c.data.root, partition, partition_kw, strategy_cls, workers, batch_size, c.seed, settings)
+    # the vworkers, laid out once (100 000 FedAvg clients: 0.4 s a layout)
+    layout = strategy_cls.layout(workers, settings) if not p.items and strategy_cls is not None else None
+    if layout is not None and check_data:
+        _check_data(p, c.data.root, partition, partition_kw, layout, workers, batch_size, c.seed)
     faults: tuple[FaultSetting, ...] = ()
-    if not p.items and strategy_cls is not None:
-        layout = strategy_cls.layout(workers, settings)
+    if not p.items and layout is not None:
         n_vworkers = len(layout)
         if agents > n_vworkers:
             p.bad("agents", agents, f"at most the number of vworkers ({n_vworkers})")
@@ -1059,12 +1060,11 @@ def _dataset(root: str | None) -> Any:
     return load_fashion_mnist(root)
 
 
-def _check_data(p: _Problems, root: str | None, partition: str, kw: dict[str, Any], strategy_cls: Any,
-                workers: int, batch_size: tuple[int, ...], seed: int, settings: dict[str, Any]) -> None:
+def _check_data(p: _Problems, root: str | None, partition: str, kw: dict[str, Any], layout: list[Any],
+                workers: int, batch_size: tuple[int, ...], seed: int) -> None:
     from agents.workloads.data import DataNotFoundError
     from agents.workloads.partition import partition as make_partition
 
-    layout = strategy_cls.layout(workers, settings)
     holders = [v.name for v in layout if v.holds_data]
     if not holders:
         return
