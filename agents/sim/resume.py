@@ -106,7 +106,9 @@ def frames_of(worker: Any) -> list[tuple[str, dict[str, Any] | None]]:
                 out.append((f["frames"][f["i"]][0], None))
                 skip_tail = True
                 continue
-            out.append((_name(frame.f_globals.get("__name__", "?"), code), dict(frame.f_locals)))
+            # the frame's own f_locals dict (3.11 caches it on the frame), not a copy: the checkpoint pickles it
+            # before any vworker runs again, and 500 000 frames' copies were 97 MB (docs/benchmarks.md)
+            out.append((_name(frame.f_globals.get("__name__", "?"), code), frame.f_locals))
     except TypeError as e:
         raise NotCheckpointable(f"vworker {worker.name} waits in {e}, which a checkpoint cannot save") from None
     if not out:
