@@ -147,9 +147,9 @@ class AgentCore:
         if self.training is not None and self.env.compute.spec.model == "profiled":
             self.training.profile(self.env.compute, workers=len(wl.data_holders))
         ex = self.env.executor
-        if ex is not None and self.training is not None and ex.spec.batch == "auto":
+        if ex is not None and self.training is not None and ex.spec.batch in ("auto", "vmap"):
             holders = set(wl.data_holders)
-            self.training.probe_batches(ex, self.env.compute, sum(plan.names[v] in holders for v in self.local))
+            self.training.prepare_batches(ex, self.env.compute, sum(plan.names[v] in holders for v in self.local))
         self.workers = {}
         for vid in self.local:
             spec = plan.vworkers[vid]

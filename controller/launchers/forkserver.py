@@ -14,7 +14,8 @@ from typing import Any
 __all__ = ["FORKSERVER_PRELOAD", "warm_forkserver"]
 
 FORKSERVER_PRELOAD = ["agents.forked"]
-"""What the forkserver imports before it forks agents: torch, grpc, the engine, torch._dynamo."""
+"""What the forkserver imports before it forks agents: torch, grpc, the engine (not torch._dynamo: no run needs the
+compiler unless it batches by vmap, and then the agent imports it while preparing, agents.core)."""
 
 
 def warm_forkserver() -> Any:

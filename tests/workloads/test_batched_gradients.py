@@ -87,3 +87,57 @@ def test_auto_probes_on_the_gpu_and_records_the_device(tmp_path):
     (probes,) = r.summary["compute_batch"]["probes"]
     (sig,) = probes
     assert "/cuda" in sig  # the probe is keyed by the device it measured
+
+
+_PREPARE = """
+import json, sys
+from agents.common.plan import Plan
+from agents.core import AgentCore
+from controller.config import load
+from controller.plan import make_plan
+
+core = AgentCore(Plan.from_json(make_plan(load(json.loads(sys.argv[1]))).to_json()), 0)
+froms = [p["vmap_from"] for p in core.env.executor.probes.values()]
+print(json.dumps([froms, "torch._dynamo" in sys.modules]))
+"""
+
+
+def _prepared(tmp_path, batch: str) -> list:
+    """What an agent holds once built, before its first window: the probe's choices and whether the batch
+    rule's first call (which imports torch._dynamo) already ran."""
+    import json
+    import subprocess
+    import sys
+
+    args = ["model=mlp", "workers=4", "stop.updates=4", "eval.every=0", "progress=false",
+            f"compute.batch={batch}", f"compute.db={tmp_path / 'db.json'}"]
+    out = subprocess.run([sys.executable, "-c", _PREPARE, json.dumps(args)], capture_output=True, text=True,
+                         timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_batch_rules_first_call_runs_before_the_first_window_wherever_the_rule_will_run(tmp_path):
+    """The rule's first call imports torch's compiler (~800 modules, 1.6 s here, ~3 s on the lent H200). An
+    agent makes that call while it prepares wherever the rule will run, so no window pays it; where the rule
+    never runs, the agent starts without the compiler. The case the lent GPU found: ``auto`` whose probe
+    figures come from the profile database (an earlier run's), saying vmap wins."""
+    import json
+
+    assert _prepared(tmp_path, "vmap") == [[], True]
+    assert _prepared(tmp_path, "loop") == [[], False]
+    db = tmp_path / "db.json"
+    assert not db.exists() or "batchprobe" not in db.read_text()
+    _prepared(tmp_path, "auto")  # the probe measures loop and vmap, and stores its figures
+    figures = json.loads(db.read_text())
+
+    def rule_takes(seconds: float) -> None:
+        for device in figures.values():
+            for key in device:
+                if key.startswith("batchprobe|vmap|"):
+                    device[key] = seconds
+        db.write_text(json.dumps(figures))
+
+    rule_takes(1.0)  # as with the MLP on this CPU: the rule loses, so it never runs
+    assert _prepared(tmp_path, "auto") == [[None], False]
+    rule_takes(1e-9)  # as on a GPU: the rule wins at every size
+    assert _prepared(tmp_path, "auto") == [[2], True]
