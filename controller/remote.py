@@ -280,7 +280,8 @@ class RemoteAgents:
         if self._started:
             self.launcher.check()
 
-    def start_agents(self, plan: Plan, run_dir: Path) -> list[RemoteAgent]:
+    def start_agents(self, plan: Plan, run_dir: Path, plan_json: str | None = None) -> list[RemoteAgent]:
+        """Serve ``plan`` and start its agents; ``plan_json``: ``plan.to_json()`` when the caller made it already."""
         s = self.settings
         token = resolve_token(s.token_file)
         prepare = getattr(self.launcher, "prepare", None)
@@ -291,7 +292,8 @@ class RemoteAgents:
             except BaseException:
                 self.close(abort="the agents could not be started")
                 raise
-        self.server = ControllerServer(token, plan.run_id, plan.to_json(), plan.n_agents, s, plan.limits)
+        self.server = ControllerServer(token, plan.run_id, plan.to_json() if plan_json is None else plan_json,
+                                       plan.n_agents, s, plan.limits)
         address = self.server.start()
         m = plan.metrics
         # the agents this controller starts trust the modules of its own config, and verify it with TLS
