@@ -20,6 +20,7 @@ all vworkers on one agent (validation says so).
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,6 +59,11 @@ def max_min_rates(flows: list["_Flow"], capacity: list[float]) -> None:
     while unfixed:
         link = min((l for l in users if count[l] > 0), key=lambda l: (left[l] / count[l], l))
         share = left[link] / count[link]
+        if share == math.inf:  # every link the unfixed flows cross is unlimited: so are they
+            for f in flows:
+                if f.rate < 0:
+                    f.rate = share
+            return
         for f in users[link]:
             if f.rate < 0:
                 f.rate = share
@@ -79,13 +85,15 @@ def max_min_columns(hops: np.ndarray, capacity: np.ndarray) -> np.ndarray:
         used = np.flatnonzero(count > 0)
         link = used[np.argmin(left[used] / count[used])]  # the first (smallest id) of equal shares, as min() takes
         share = left[link] / count[link]
+        if share == np.inf:  # as the loop: the unfixed flows cross unlimited links only (no inf - inf)
+            rate[rate < 0] = share
+            return rate
         on = (hops == link).any(axis=1)
         on &= rate < 0
         rate[on] = share
         crossed = hops[on]
         crossed = crossed[crossed >= 0]
-        with np.errstate(invalid="ignore"):  # inf - inf on links without a limit, as the loop computes it
-            np.subtract.at(left, crossed, share)  # once per flow crossing a link, as the loop does
+        np.subtract.at(left, crossed, share)  # once per flow crossing a link, as the loop does
         np.subtract.at(count, crossed, 1)
         unfixed -= int(np.count_nonzero(on))
     return rate

@@ -279,6 +279,23 @@ def test_max_min_over_columns_gives_the_loops_rates_to_the_bit(data):
     assert [x.hex() for x in got] == [x.hex() for x in want]
 
 
+def test_flows_on_unlimited_links_alone_are_unlimited_and_never_nan():
+    """The draw the property above once found (a clean-clone CI run, 2026-11-30): two flows share an unlimited
+    link and cross nothing else. The loop subtracted one's infinite share from the link's infinite capacity
+    (inf - inf = nan), and the next choice between a nan share and an inf one differed between the loop and
+    the columns: one gave the second flow inf, the other nan — a rate no transfer could finish at."""
+    import numpy as np
+
+    inf = math.inf
+    capacity = [1000.0, 1000.0, 1000.0, inf, 1000.0, inf, 1000.0, 1000.0, 1000.0, 1000.0, inf]
+    hops = [[0, 1, 2, 3, 4, 5], [3, 10], [10, 5]]
+    cols = np.full((3, 6), -1, dtype=np.int64)
+    for i, h in enumerate(hops):
+        cols[i, :len(h)] = h
+    assert _rates_by_the_loop(hops, capacity) == [1000.0, inf, inf]
+    assert max_min_columns(cols, np.array(capacity)).tolist() == [1000.0, inf, inf]
+
+
 class LateSender(Sender):
     def __init__(self, name, vid, env, to=(), at=0):
         super().__init__(name, vid, env, to)
