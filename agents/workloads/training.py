@@ -251,7 +251,7 @@ class Training:
         """Before the first window: ``compute.batch=auto`` lets the executor time loop against vmap for the
         gradient calls; wherever the batch rule will run (``vmap``, or ``auto`` where it won), the rule runs
         once on two probe calls. Its first call imports torch's compiler (``torch._dynamo``, sympy: about
-        800 modules, 1.6 s on the 2-core VM and ~3 s on the lent H200), which otherwise lands in the first
+        800 modules, 1.6 s on the 2-core VM and 3-4 s on the lent H200), which otherwise lands in the first
         window that batches — inside the timed run, once the probe's figures come from the profile
         database (docs/benchmarks.md, "Sixth loan"). The values are dropped; nothing random is drawn."""
         from agents.sim.compute import signature
