@@ -149,7 +149,8 @@ class AgentCore:
         ex = self.env.executor
         if ex is not None and self.training is not None and ex.spec.batch in ("auto", "vmap"):
             holders = set(wl.data_holders)
-            self.training.prepare_batches(ex, self.env.compute, sum(plan.names[v] in holders for v in self.local))
+            self.training.prepare_batches(ex, self.env.compute, sum(plan.names[v] in holders for v in self.local),
+                                          len(holders))
         self.workers = {}
         for vid in self.local:
             spec = plan.vworkers[vid]

@@ -703,6 +703,10 @@ def compute_batch_summary(compute: Any, executors: list[dict | None]) -> dict[st
             out["switched_to_loop"] = [e.get("switched_to_loop", []) for e in ran]
     # vmap sums in another order than one call at a time: the last bits of the floats differ
     out["eager_identical"] = not any(e["vmap_tasks"] for e in ran)
+    # the same outputs with any agents and placement: off and loop always; vmap where every agent found the
+    # rule's rows independent of the rest of their batch; auto never (its choice follows the batch sizes)
+    out["placement_independent"] = mode in ("off", "loop") or (
+        mode == "vmap" and all(e.get("rows_independent") is not False for e in ran))
     return out
 
 

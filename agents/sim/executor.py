@@ -12,9 +12,11 @@ dtypes) together:
 * ``loop`` — one plain call per task, in issue order: bit-identical to eager
   execution (``off``), whatever the batches;
 * ``vmap`` — the function's *batch rule* (:func:`batch_rule`; e.g.
-  ``torch.func.vmap`` over stacked parameters and batches) for every batch of
-  two or more tasks; floats differ from eager execution in the last bits, so a
-  run says so in ``summary.json``;
+  ``torch.func.vmap`` over stacked parameters and batches) for every batch, a
+  batch of one task too; floats differ from eager execution in the last bits,
+  so a run says so in ``summary.json``. A rule whose rows do not depend on the
+  rest of the batch makes the floats independent of how tasks are batched, and
+  so of placement (``Training.gradient_at_batched`` on the CPU);
 * ``auto`` — per batch key and batch size, the faster of the two as a timed
   probe at start-up measured it (:meth:`Executor.probe`; kept in the profile
   database like profiled durations, so reruns on the device choose alike).
@@ -210,6 +212,9 @@ class Executor:
         self._looping: set[Any] = set()
         self.switched: list[str] = []
         self.probes: dict[str, dict[str, Any]] = {}  # auto: what the probe measured, per signature
+        # vmap: whether the batch rules' rows were found not to depend on the rest of their batch (checked
+        # before the first window, Training.prepare_batches); None: not checked
+        self.rows_independent: bool | None = None
         self.wall_s: dict[str, float] = {}  # wall seconds per kind, drained by the agent each window
         self.tasks = self.batches = self.ruled_batches = self.ruled_tasks = 0
         self.largest = 0
@@ -306,8 +311,8 @@ class Executor:
     def _close(self, tasks: list[Task], key: Any) -> _Batch:
         """Make ``tasks`` one batch (caller holds the lock) and offer it to the background thread."""
         rule = None
-        if key is not None and len(tasks) > 1 and len(tasks) >= self._from.get(key, 2 if self.spec.batch == "vmap"
-                                                                               else _NEVER):
+        # vmap: every batch, one task too, so that a row never depends on what else is in its batch (docs/batching.md)
+        if key is not None and len(tasks) >= self._from.get(key, 1 if self.spec.batch == "vmap" else _NEVER):
             rule = batch_rule_of(tasks[0].fn)
         b = _Batch(tasks, rule)
         for t in tasks:
@@ -388,7 +393,7 @@ class Executor:
                 ok.append(t)
             except TaskArgumentMutated as e:
                 t.error = e
-        if b.rule is not None and len(ok) > 1:
+        if b.rule is not None and ok:
             try:
                 values = b.rule([t.args for t in ok])
                 for t, v in zip(ok, values):
@@ -410,7 +415,7 @@ class Executor:
                 self.wall_s[t.kind] = self.wall_s.get(t.kind, 0.0) + share
             self.batches += 1
             self.largest = max(self.largest, len(tasks))
-            if b.rule is not None and len(ok) > 1:
+            if b.rule is not None and ok:
                 self.ruled_batches += 1
                 self.ruled_tasks += len(ok)
             b.state = 2
@@ -537,4 +542,5 @@ class Executor:
             return {"mode": self.spec.batch, "overlap": self.spec.overlap, "max_batch": self.spec.max_batch,
                     "tasks": self.tasks, "batches": self.batches, "largest_batch": self.largest,
                     "vmap_batches": self.ruled_batches, "vmap_tasks": self.ruled_tasks, "switched_to_loop": self.switched,
-                    "wait_s": self.waited_s, "probes": dict(self.probes)}
+                    "wait_s": self.waited_s, "probes": dict(self.probes),
+                    "rows_independent": getattr(self, "rows_independent", None)}

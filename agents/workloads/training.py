@@ -7,6 +7,7 @@ bound methods of this object, and their profile key includes the model's name.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -25,6 +26,8 @@ from agents.workloads.models import (build_model, evaluate, flat_params, gradien
 from agents.workloads.partition import partition
 
 __all__ = ["WorkloadSpec", "Training"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -142,11 +145,17 @@ class Training:
 
         On a GPU the stacked inputs go through pinned host memory and the batch runs on a CUDA stream
         of the calling thread; the gradients come back as rows of one CPU tensor.
+
+        On the CPU a row is the same to the bit whatever else is in the batch, from two rows up
+        (``tests/workloads/test_batched_gradients.py``); a batch of one would take other kernels (the
+        CNN's convolution), so it runs as two copies of its call and keeps the first row.
         """
         if self._vmapped is None:
             self._vmapped = self._make_vmapped()
         if self._vmapped is False:  # frozen parameters: no rule over the flat vector, a loop it is
             return [self.gradient_at(*c) for c in calls]
+        if len(calls) == 1:
+            return self.gradient_at_batched([calls[0], calls[0]])[:1]
         ps = torch.stack([c[0] for c in calls])
         xs = torch.stack([c[1] for c in calls])
         ys = torch.stack([c[2] for c in calls])
@@ -247,18 +256,32 @@ class Training:
         compute.profile("update", self.apply, (model, opt, g))
         compute.profile("aggregate", self.aggregate, ([g] * max(1, workers), None))
 
-    def prepare_batches(self, executor: Any, compute: Any, local_holders: int) -> None:
+    def prepare_batches(self, executor: Any, compute: Any, local_holders: int, holders: int | None = None) -> None:
         """Before the first window: ``compute.batch=auto`` lets the executor time loop against vmap for the
         gradient calls; wherever the batch rule will run (``vmap``, or ``auto`` where it won), the rule runs
-        once on two probe calls. Its first call imports torch's compiler (``torch._dynamo``, sympy: about
+        once on probe calls. Its first call imports torch's compiler (``torch._dynamo``, sympy: about
         800 modules, 1.6 s on the 2-core VM and 3-4 s on the lent H200), which otherwise lands in the first
         window that batches — inside the timed run, once the probe's figures come from the profile
-        database (docs/benchmarks.md, "Sixth loan"). The values are dropped; nothing random is drawn."""
+        database (docs/benchmarks.md, "Sixth loan"). The values are dropped; nothing random is drawn.
+
+        With ``vmap`` that call is also the check behind ``placement_independent`` in summary.json: the
+        largest batch any placement of the run's ``holders`` can form, its first half and its first call
+        alone must give the same rows to the bit (:meth:`batch_rows_independent`); the result is kept
+        in ``executor.rows_independent``."""
         from agents.sim.compute import signature
 
         sizes = [n for n in (2, 4, 8, 16, 32, 64, 128, 256, 512) if n <= max(2, local_holders)]
         for b in sorted(set(self.spec.batch_size)):
             make = self.probe_calls(b)
+            if executor.spec.batch == "vmap":
+                n = max(2, min(executor.spec.max_batch, holders or local_holders))
+                same = self.batch_rows_independent(make(n))
+                executor.rows_independent = same and executor.rows_independent is not False
+                if not same:
+                    log.warning("compute.batch=vmap: on %s a row of the batch rule depends on the rest of its "
+                                "batch, so the outputs depend on how the vworkers are placed on agents "
+                                "(summary.json: placement_independent false)", self.device)
+                continue
             if executor.spec.batch == "auto":
                 sig = signature("gradient", self.gradient_at, make(1)[0])
                 executor.probe(sig, self.gradient_at, make, sizes, db=compute.db, device=compute.device)
@@ -266,3 +289,13 @@ class Training:
                     continue
             if min(executor.spec.max_batch, local_holders) >= 2:
                 self.gradient_at_batched(make(2))
+
+    def batch_rows_independent(self, calls: list[tuple[Tensor, Tensor, Tensor]]) -> bool:
+        """Whether :meth:`gradient_at_batched` gives each of ``calls`` the same loss and gradient, to the bit,
+        in the whole batch, in its first half and alone (docs/batching.md, "Placement")."""
+        whole = self.gradient_at_batched(calls)
+        for part in {1, (len(calls) + 1) // 2}:
+            for (loss, grad), (loss_w, grad_w) in zip(self.gradient_at_batched(calls[:part]), whole):
+                if loss != loss_w or not torch.equal(grad, grad_w):
+                    return False
+        return True

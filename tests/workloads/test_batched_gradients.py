@@ -51,6 +51,51 @@ def test_a_model_with_frozen_parameters_falls_back_to_one_call_each():
         assert loss == ref_loss and torch.equal(grad, ref_grad)
 
 
+@pytest.mark.parametrize("model", ["mlp", "cnn", "resnet"])
+def test_on_the_cpu_a_row_of_the_rule_is_the_same_whatever_else_is_in_its_batch(model):
+    """What makes ``compute.batch=vmap`` placement-independent (docs/batching.md, "Placement"): batches form per
+    agent, so a gradient meets other companions with another placement. A batch of one runs as two copies of
+    its call: vmap over one row alone takes the CNN's convolution down another path (other last bits)."""
+    tr = _training(model)
+    calls = _calls(tr, 16)
+    whole = tr.gradient_at_batched(calls)
+    for lo, n in [(0, 1), (5, 1), (0, 2), (3, 2), (2, 5), (8, 8), (1, 15)]:
+        for i, (loss, grad) in enumerate(tr.gradient_at_batched(calls[lo:lo + n])):
+            assert loss == whole[lo + i][0] and torch.equal(grad, whole[lo + i][1]), (model, lo, n, i)
+    assert tr.batch_rows_independent(calls)
+
+
+def test_a_rule_whose_rows_depend_on_the_batch_is_found_and_the_summary_says_so(tmp_path, monkeypatch, caplog):
+    """The check before the first window (Training.prepare_batches) compares the largest batch any placement can
+    form with its first half and its first call: a rule that mixes rows (here: each gradient plus a millionth
+    of the batch's mean) fails it, the agent warns, and summary.json says the outputs depend on the placement."""
+    rule = Training.gradient_at_batched
+
+    def mixing(self, calls):
+        rows = rule(self, calls)
+        mean = torch.stack([g for _, g in rows]).mean(0)
+        return [(loss, g + 1e-6 * mean) for loss, g in rows]
+
+    assert _training("mlp").batch_rows_independent(_calls(_training("mlp"), 4))
+    base = ["strategy=ps_sync", "workers=4", "stop.updates=2", "eval.every=0", "model=mlp", "compute.batch=vmap"]
+    fine = run(tmp_path / "fine", base)
+    assert fine.summary["compute_batch"]["placement_independent"] is True
+    monkeypatch.setattr(Training, "gradient_at_batched", mixing)
+    with caplog.at_level("WARNING"):
+        mixed = run(tmp_path / "mixed", base)
+    assert mixed.summary["compute_batch"]["placement_independent"] is False
+    assert "depends on the rest of its batch" in caplog.text
+
+
+@GPU
+def test_the_gpu_rule_is_checked_for_rows_independent_of_their_batch():
+    """Not established on a GPU (cuBLAS and cuDNN may pick kernels by the batch's size): this records what the
+    device gives; summary.json reports the same check per run (placement_independent)."""
+    tr = _training("cnn", device="cuda")
+    calls = _calls(tr, 16)
+    print("cuda rows independent of the batch:", tr.batch_rows_independent(calls))
+
+
 @GPU
 def test_the_vmap_rule_runs_on_the_gpu_and_returns_cpu_tensors():
     tr = _training("mlp", device="cuda")
