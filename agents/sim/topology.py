@@ -79,7 +79,9 @@ def max_min_columns(hops: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     rate = np.full(len(hops), -1.0)
     real = hops >= 0
     count = np.bincount(hops[real], minlength=len(capacity))
-    left = capacity.copy()
+    # a copy with numpy's own float64 dtype: an array restored from a checkpoint (pickled) carries a fresh dtype
+    # instance, and np.subtract.at then takes its generic path, 17x slower here (numpy/numpy#6422)
+    left = capacity.astype(np.float64)
     unfixed = len(hops)
     while unfixed:
         used = np.flatnonzero(count > 0)
