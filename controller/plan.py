@@ -11,7 +11,7 @@ from agents.sim.faults import Fault, FaultSpec
 from agents.sim.types import INFINITY, seconds_to_ns
 from agents.sim.network import ConstantLatency, DistributionLatency, LatencyModel, MatrixLatency, NetworkSpec
 from agents.strategies import load_strategy
-from agents.strategies.base import VWorkerSpec
+from agents.strategies.base import VWorkerSpec, layout_of
 from agents.workloads.training import WorkloadSpec
 from controller.config import BandwidthSetting, ComputeSettings, LatencySetting, NetworkSettings, RunConfig, config_hash
 from controller.config.validate import FaultSetting
@@ -143,7 +143,7 @@ def fault_spec(faults: tuple[FaultSetting, ...], vworkers: list[VWorkerSpec]) ->
 
 def make_plan(rc: RunConfig, run_id: str | None = None) -> Plan:
     strategy = load_strategy(rc.strategy)
-    vworkers = with_data_servers(strategy.layout(rc.workers, rc.strategy_settings), rc.data)
+    vworkers = with_data_servers(layout_of(strategy, rc.workers, rc.strategy_settings), rc.data)
     holders = tuple(v.name for v in vworkers if v.holds_data)
     servers: dict[str, list[str]] = {}
     for v in vworkers:

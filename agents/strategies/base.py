@@ -9,7 +9,7 @@ from agents.common.units import parse_duration
 from agents.sim.types import seconds_to_ns
 from agents.sim.worker import Worker
 
-__all__ = ["VWorkerSpec", "Strategy", "TrainingWorker"]
+__all__ = ["VWorkerSpec", "Strategy", "TrainingWorker", "layout_of"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,21 @@ class VWorkerSpec:
     cls: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     holds_data: bool = False
+
+
+_last_layout: tuple[Any, list[VWorkerSpec]] | None = None
+
+
+def layout_of(strategy: type["Strategy"], workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
+    """``strategy.layout(workers, settings)``, kept for the next call with the same arguments: one ``lockstep
+    run`` lays out its vworkers when the CLI validates the configuration, when Hydra's task validates it again,
+    and when the plan is made (100 000 FedAvg clients: 0.33-0.38 s each, docs/benchmarks.md). The specs are
+    frozen and shared, the list a fresh copy. Only the last layout is kept (a sweep runs one after another)."""
+    global _last_layout
+    key = (strategy, workers, repr(settings))  # plain data: equal reprs, equal settings (a miss only costs time)
+    if _last_layout is None or _last_layout[0] != key:
+        _last_layout = (key, strategy.layout(workers, settings))
+    return list(_last_layout[1])
 
 
 class Strategy:

@@ -464,6 +464,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     strategy_name = strategy.get("name") or strategy_path
     strategy_cls = None
     from agents.strategies import STRATEGIES, load_strategy
+    from agents.strategies.base import layout_of
 
     try:
         strategy_cls = load_strategy(strategy_path)
@@ -533,7 +534,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     if not p.items and model is not None:
         _check_model(p, model, c.seed)
     # the vworkers, laid out once (100 000 FedAvg clients: 0.4 s a layout)
-    layout = strategy_cls.layout(workers, settings) if not p.items and strategy_cls is not None else None
+    layout = layout_of(strategy_cls, workers, settings) if not p.items and strategy_cls is not None else None
     if layout is not None and check_data:
         _check_data(p, c.data.root, partition, partition_kw, layout, workers, batch_size, c.seed)
     faults: tuple[FaultSetting, ...] = ()
