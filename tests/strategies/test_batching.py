@@ -98,6 +98,18 @@ def test_vmap_stays_within_1e_5_of_off_after_100_updates_and_reruns_identically(
     assert_same_outputs(tmp_path / "vmap", tmp_path / "again")
 
 
+def test_vmap_over_two_agent_processes_with_overlap_matches_vmap_in_one_process(tmp_path):
+    """The same rows from another process, another batching and the background thread (docs/batching.md,
+    "Placement"): each agent checks its rule before its first window, and summary.json says so."""
+    base = ["strategy=ps_async", *VMAP, "compute.speed=[1,1.5,2,3,1,1,2,1]", "compute.batch=vmap"]
+    one = run_dist(tmp_path / "one", base)
+    r = run_dist(tmp_path / "local", base + ["compute.overlap=true", "agents=2"], local=True)
+    cb = r.summary["compute_batch"]
+    assert cb["overlap"] is True and cb["placement_independent"] is True and r.summary["messages_remote"] > 0
+    assert cb["vmap_batches"] > one.summary["compute_batch"]["vmap_batches"]  # the batches split by agent
+    assert_same_outputs(tmp_path / "one", tmp_path / "local")
+
+
 def test_auto_records_its_probe_and_choice_in_the_summary(tmp_path):
     db = tmp_path / "profiles.json"
     base = ["strategy=ps_sync", *VMAP, "stop.updates=3", f"compute.db={db}", "compute.max_batch=8"]
