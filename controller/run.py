@@ -657,7 +657,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         "wall_compute_s": col.stats.compute_wall_s,
         "compute_virtual_s": {k: v / NS_PER_S for k, v in col.stats.compute_virtual_ns.items()},
         "wall_barrier_s": col.barrier_s,
-        "compute_batch": compute_batch_summary(rc.compute, info.get("executors", [])),
+        "compute_batch": compute_batch_summary(rc.compute, info.get("executors", []), info["reproducible"]),
         "peak_memory": memory_summary(info.get("memory", [])),
         "wall_cpu_s": cpu_summary(info.get("cpu_s", []), info.get("window_cpu_s")),
         "recovery": recovery.summary(),
@@ -686,9 +686,11 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     return RunResult(summary, run_dir, params, col.stats)
 
 
-def compute_batch_summary(compute: Any, executors: list[dict | None]) -> dict[str, Any]:
+def compute_batch_summary(compute: Any, executors: list[dict | None], reproducible: bool = True) -> dict[str, Any]:
     """How compute calls ran (DESIGN §4.2): the mode, tasks and batches summed over agents, the
-    ``auto`` probe's figures and choices of each agent, and whether floats equal eager execution."""
+    ``auto`` probe's figures and choices of each agent, whether floats equal eager execution, and whether
+    the outputs would be the same with any agents and placement (never where the run is not reproducible:
+    ``compute=measured`` times each call on the wall clock)."""
     mode = compute.batch
     ran = [e for e in executors if e]
     out: dict[str, Any] = {"mode": mode, "overlap": any(e["overlap"] for e in ran), "deferred": bool(ran)}
@@ -705,8 +707,8 @@ def compute_batch_summary(compute: Any, executors: list[dict | None]) -> dict[st
     out["eager_identical"] = not any(e["vmap_tasks"] for e in ran)
     # the same outputs with any agents and placement: off and loop always; vmap where every agent found the
     # rule's rows independent of the rest of their batch; auto never (its choice follows the batch sizes)
-    out["placement_independent"] = mode in ("off", "loop") or (
-        mode == "vmap" and all(e.get("rows_independent") is not False for e in ran))
+    out["placement_independent"] = reproducible and (mode in ("off", "loop") or (
+        mode == "vmap" and all(e.get("rows_independent") is not False for e in ran)))
     return out
 
 

@@ -33,6 +33,7 @@ def test_profiled_measures_ahead_of_time_once_and_reuses_the_database(tmp_path):
 def test_measured_marks_the_run_not_reproducible(tmp_path):
     res = run(tmp_path, BASE + ["compute=measured"], fast=False)
     assert res.summary["reproducible"] is False
+    assert res.summary["compute_batch"]["placement_independent"] is False  # not even the same placement twice
     assert res.summary["compute_virtual_s"]["gradient"] > 0
 
 
