@@ -274,6 +274,8 @@ class Training:
         for b in sorted(set(self.spec.batch_size)):
             make = self.probe_calls(b)
             if executor.spec.batch == "vmap":
+                if not local_holders:  # no gradient runs here (placement=ps_alone's PS agent): no rule either
+                    continue
                 n = max(2, min(executor.spec.max_batch, holders or local_holders))
                 same = self.batch_rows_independent(make(n))
                 executor.rows_independent = same and executor.rows_independent is not False

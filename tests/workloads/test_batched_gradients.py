@@ -156,7 +156,7 @@ print(json.dumps([froms, "torch._dynamo" in sys.modules]))
 """
 
 
-def _prepared(tmp_path, batch: str) -> list:
+def _prepared(tmp_path, batch: str, extra: tuple[str, ...] = ()) -> list:
     """What an agent holds once built, before its first window: the probe's choices and whether the batch
     rule's first call (which imports torch._dynamo) already ran."""
     import json
@@ -164,7 +164,7 @@ def _prepared(tmp_path, batch: str) -> list:
     import sys
 
     args = ["model=mlp", "workers=4", "stop.updates=4", "eval.every=0", "progress=false",
-            f"compute.batch={batch}", f"compute.db={tmp_path / 'db.json'}"]
+            f"compute.batch={batch}", f"compute.db={tmp_path / 'db.json'}", *extra]
     out = subprocess.run([sys.executable, "-c", _PREPARE, json.dumps(args)], capture_output=True, text=True,
                          timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -173,11 +173,13 @@ def _prepared(tmp_path, batch: str) -> list:
 def test_the_batch_rules_first_call_runs_before_the_first_window_wherever_the_rule_will_run(tmp_path):
     """The rule's first call imports torch's compiler (~800 modules, 1.6 s here, ~3 s on the lent H200). An
     agent makes that call while it prepares wherever the rule will run, so no window pays it; where the rule
-    never runs, the agent starts without the compiler. The case the lent GPU found: ``auto`` whose probe
+    never runs (``loop``, ``auto`` where the loop won, an agent that hosts no gradient), the agent starts
+    without the compiler. The case the lent GPU found: ``auto`` whose probe
     figures come from the profile database (an earlier run's), saying vmap wins."""
     import json
 
     assert _prepared(tmp_path, "vmap") == [[], True]
+    assert _prepared(tmp_path, "vmap", ("agents=2", "placement=ps_alone")) == [[], False]  # agent 0: the PS alone
     assert _prepared(tmp_path, "loop") == [[], False]
     db = tmp_path / "db.json"
     assert not db.exists() or "batchprobe" not in db.read_text()
