@@ -686,7 +686,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     return RunResult(summary, run_dir, params, col.stats)
 
 
-def compute_batch_summary(compute: Any, executors: list[dict | None], reproducible: bool = True) -> dict[str, Any]:
+def compute_batch_summary(compute: Any, executors: list[dict | None], reproducible: bool) -> dict[str, Any]:
     """How compute calls ran (DESIGN §4.2): the mode, tasks and batches summed over agents, the
     ``auto`` probe's figures and choices of each agent, whether floats equal eager execution, and whether
     the outputs would be the same with any agents and placement (never where the run is not reproducible:

@@ -311,8 +311,9 @@ class Executor:
     def _close(self, tasks: list[Task], key: Any) -> _Batch:
         """Make ``tasks`` one batch (caller holds the lock) and offer it to the background thread."""
         rule = None
-        # vmap: every batch, one task too, so that a row never depends on what else is in its batch (docs/batching.md)
-        if key is not None and len(tasks) >= self._from.get(key, 1 if self.spec.batch == "vmap" else _NEVER):
+        # vmap: every batch, one task too, so that a row never depends on what else is in its batch (docs/batching.md);
+        # auto: batches from the size its probe chose
+        if key is not None and (self.spec.batch == "vmap" or len(tasks) >= self._from.get(key, _NEVER)):
             rule = batch_rule_of(tasks[0].fn)
         b = _Batch(tasks, rule)
         for t in tasks:
@@ -543,4 +544,4 @@ class Executor:
                     "tasks": self.tasks, "batches": self.batches, "largest_batch": self.largest,
                     "vmap_batches": self.ruled_batches, "vmap_tasks": self.ruled_tasks, "switched_to_loop": self.switched,
                     "wait_s": self.waited_s, "probes": dict(self.probes),
-                    "rows_independent": getattr(self, "rows_independent", None)}
+                    "rows_independent": getattr(self, "rows_independent", None)}  # (None: restored from before it)

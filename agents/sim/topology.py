@@ -80,7 +80,8 @@ def max_min_columns(hops: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     real = hops >= 0
     count = np.bincount(hops[real], minlength=len(capacity))
     # a copy with numpy's own float64 dtype: an array restored from a checkpoint (pickled) carries a fresh dtype
-    # instance, and np.subtract.at then takes its generic path, 17x slower here (numpy/numpy#6422)
+    # instance (numpy/numpy#6422), and np.subtract.at then takes its generic path (about 17x slower per element
+    # here; a 4 000-worker fat tree's calls 2.9x slower in all, docs/engine.md)
     left = capacity.astype(np.float64)
     unfixed = len(hops)
     while unfixed:

@@ -256,13 +256,14 @@ class Training:
         compute.profile("update", self.apply, (model, opt, g))
         compute.profile("aggregate", self.aggregate, ([g] * max(1, workers), None))
 
-    def prepare_batches(self, executor: Any, compute: Any, local_holders: int, holders: int | None = None) -> None:
+    def prepare_batches(self, executor: Any, compute: Any, local_holders: int, holders: int) -> None:
         """Before the first window: ``compute.batch=auto`` lets the executor time loop against vmap for the
         gradient calls; wherever the batch rule will run (``vmap``, or ``auto`` where it won), the rule runs
         once on probe calls. Its first call imports torch's compiler (``torch._dynamo``, sympy: about
         800 modules, 1.6 s on the 2-core VM and 3-4 s on the lent H200), which otherwise lands in the first
         window that batches — inside the timed run, once the probe's figures come from the profile
         database (docs/benchmarks.md, "Sixth loan"). The values are dropped; nothing random is drawn.
+        ``local_holders`` counts the data-holding vworkers on this agent, ``holders`` those of the run.
 
         With ``vmap`` that call is also the check behind ``placement_independent`` in summary.json: the
         largest batch any placement of the run's ``holders`` can form, its first half and its first call
@@ -276,7 +277,7 @@ class Training:
             if executor.spec.batch == "vmap":
                 if not local_holders:  # no gradient runs here (placement=ps_alone's PS agent): no rule either
                     continue
-                n = max(2, min(executor.spec.max_batch, holders or local_holders))
+                n = max(2, min(executor.spec.max_batch, holders))
                 same = self.batch_rows_independent(make(n))
                 executor.rows_independent = same and executor.rows_independent is not False
                 if not same:

@@ -281,8 +281,9 @@ def test_max_min_over_columns_gives_the_loops_rates_to_the_bit(data):
 
 def test_the_columns_subtract_with_numpys_own_dtype_after_a_restore(monkeypatch):
     """A network restored from a checkpoint holds unpickled arrays, whose dtype is a fresh instance
-    (numpy/numpy#6422); np.subtract.at then takes its generic path, 17x slower on this VM (a 4 000-worker fat
-    tree's calls: 1016 against 350 us). The filling subtracts from a copy with numpy's own float64."""
+    (numpy/numpy#6422); np.subtract.at then takes its generic path, about 17x slower per element on this VM (a
+    4 000-worker fat tree's calls: 1016 against 350 us each). The filling subtracts from a copy with numpy's own
+    float64."""
     import pickle
 
     import numpy as np

@@ -76,7 +76,8 @@ def test_a_rule_whose_rows_depend_on_the_batch_is_found_and_the_summary_says_so(
         mean = torch.stack([g for _, g in rows]).mean(0)
         return [(loss, g + 1e-6 * mean) for loss, g in rows]
 
-    assert _training("mlp").batch_rows_independent(_calls(_training("mlp"), 4))
+    tr = _training("mlp")
+    assert tr.batch_rows_independent(_calls(tr, 4))
     base = ["strategy=ps_sync", "workers=4", "stop.updates=2", "eval.every=0", "model=mlp", "compute.batch=vmap"]
     fine = run(tmp_path / "fine", base)
     assert fine.summary["compute_batch"]["placement_independent"] is True
