@@ -15,6 +15,7 @@ import torch
 
 from agents.common.plan import Plan
 from agents.observe.trace import TRACE_KIND
+from agents.sim.faults import FAULT_RECORDS
 from agents.workloads.datanet import FETCH_KIND
 
 __all__ = ["RowError", "check_rows", "STATE_FIELDS"]
@@ -120,6 +121,20 @@ def _state_fields(kind: str, fields: Any, plan: Plan, what: str, max_tensor_byte
                        f"{max_tensor_bytes} bytes, got {p.dtype} of shape {list(p.shape)}")
 
 
+def _fault_fields(kind: str, fields: Any, vid: int, plan: Plan) -> None:
+    """A ``fault.crash`` or ``fault.recover`` record: exactly its fields, of their types, and only for a
+    vworker the plan's faults crash."""
+    allowed = FAULT_RECORDS[kind]
+    if type(fields) is not dict or set(fields) != set(allowed):
+        raise RowError(f"events: a {kind} record must hold exactly the fields {sorted(allowed)}, got "
+                       f"{sorted(map(str, fields)) if type(fields) is dict else type(fields).__name__}")
+    for k, v in fields.items():
+        if type(v) not in allowed[k] or (type(v) is int and not (_is_int(v) and v >= 0)):
+            raise RowError(f"events: {kind} field {k!r} is {v!r:.40}")
+    if not any(vid in f.vworkers for f in plan.faults.of_kind("crash")):
+        raise RowError(f"events: a {kind} record for {plan.names[vid]!r}, which no crash fault of the plan hits")
+
+
 def check_rows(plan: Plan, agent_id: int, updates: Any, evals: Any, events: Any,
                max_tensor_bytes: int) -> None:
     """Raise RowError unless every row names a vworker ``agent_id`` hosts and has its writer's shape."""
@@ -138,6 +153,8 @@ def check_rows(plan: Plan, agent_id: int, updates: Any, evals: Any, events: Any,
             _trace_record(fields, vid, plan, "events")
         elif kind in STATE_FIELDS:
             _state_fields(kind, fields, plan, "events", max_tensor_bytes)
+        elif kind in FAULT_RECORDS:  # a crash and its recovery (agents/sim/faults.py)
+            _fault_fields(kind, fields, vid, plan)
         elif kind == FETCH_KIND:  # data.placement=end_devices (agents/workloads/datanet.py)
             if not (type(fields) is dict and set(fields) == _FETCH_FIELDS
                     and all(_is_int(v) and v >= 0 for v in fields.values())):
@@ -145,4 +162,4 @@ def check_rows(plan: Plan, agent_id: int, updates: Any, evals: Any, events: Any,
                                f"{sorted(_FETCH_FIELDS)}")
         else:
             raise RowError(f"events: unknown record kind {kind!r:.40}; accepted: {TRACE_KIND}, "
-                           + ", ".join([*STATE_FIELDS, FETCH_KIND]))
+                           + ", ".join([*STATE_FIELDS, *FAULT_RECORDS, FETCH_KIND]))

@@ -108,6 +108,10 @@ class RunView:
         return s
 
     def _activity(self, name: str, t: int) -> dict[str, Any]:
+        down = None if self.statelog is None else self.statelog.down_at(name, t)
+        if down is not None:  # a crash fault (docs/faults.md): it does nothing until it recovers
+            return {"doing": "crashed", "since_ns": down[0], "until_ns": down[1], "transfers": [],
+                    "source": "statelog"}
         moving = [f"{d} {n}" for t0, t1, d, n in self.transfers.get(name, []) if t0 <= t < t1]
         spans = self.spans.get(name)
         if spans:

@@ -38,6 +38,7 @@ from agents.observe.metrics import AgentMetricsSpec, Metrics, serve, write_expos
 from agents.observe.statelog import StateLogWriter, StatelogSpec
 from agents.observe.trace import TRACE_KIND, TraceWriter, trace_spec
 from agents.sim.env import RowKey
+from agents.sim.faults import FAULT_RECORDS
 from controller import signals
 from controller.config import RunConfig
 from controller.outputs import write_json_atomic
@@ -211,7 +212,7 @@ class Observer:
             if kind == TRACE_KIND:
                 if tw is not None:
                     tw.add(fields)
-            elif kind.startswith("state."):
+            elif kind.startswith("state.") or kind in FAULT_RECORDS:  # (a crash and its recovery too)
                 if sl is not None:
                     sl.add(RowKey(*key), kind, name, fields)  # (a plain tuple when it crossed the wire)
 

@@ -227,6 +227,7 @@ class StateLog:
         self.run_dir = run_dir
         self.versions: dict[str, list[tuple[int, int, str | None]]] = {}  # server -> [(t, version, crc)]
         self.exchanges: dict[str, list[Exchange]] = {}
+        self.crashes: dict[str, list[tuple[int, int | None]]] = {}  # vworker -> [(crash t, until or None)]
         pending: dict[tuple[str, str, int], Exchange] = {}
         results = []
         for r in rows:
@@ -240,6 +241,8 @@ class StateLog:
                 pending[(r["vworker"], r["server"], r["version"])] = ex
             elif kind == "result":
                 results.append(r)
+            elif kind == "fault.crash":  # (agents/sim/faults.py)
+                self.crashes.setdefault(r["vworker"], []).append((r["t"], r["until"]))
         for r in results:
             ex = pending.pop((r["worker"], r["vworker"], r["version"]), None)
             if ex is None:
@@ -276,6 +279,14 @@ class StateLog:
     def version_record_at(self, server: str, t: VirtualTime) -> tuple[int, int, str | None] | None:
         i = bisect.bisect_right(self._times.get(server, []), t)
         return None if i == 0 else self.versions[server][i - 1]
+
+    def down_at(self, worker: str, t: VirtualTime) -> tuple[int, int | None] | None:
+        """The crash ``(at, until)`` the vworker is down in at ``t`` (``[at, until)``; until None: for
+        good); None when it is up."""
+        for at, until in self.crashes.get(worker, ()):
+            if at <= t and (until is None or t < until):
+                return at, until
+        return None
 
     def exchange_at(self, worker: str, t: VirtualTime) -> Exchange | None:
         """The worker's exchange in progress at ``t``: the last one that began at or before ``t``."""

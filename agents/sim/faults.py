@@ -21,10 +21,16 @@ from agents.sim import keyed
 from agents.sim.kernel import HALTED, PRIO_NET, Kernel
 from agents.sim.types import INFINITY, VirtualTime
 
-__all__ = ["FAULT_KINDS", "BYZANTINE_MODES", "Fault", "FaultSpec", "Faults"]
+__all__ = ["FAULT_KINDS", "FAULT_RECORDS", "BYZANTINE_MODES", "Fault", "FaultSpec", "Faults"]
 
 FAULT_KINDS = ("crash", "partition", "loss", "duplicate", "slow_link", "straggler", "byzantine")
 BYZANTINE_MODES = ("sign_flip", "noise", "scale")
+# the state-log records a crash writes (statelog.jsonl), and the types of their fields: an agent's
+# report is checked against them before the controller writes it (controller/checks.py)
+FAULT_RECORDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "fault.crash": {"until": (int, type(None)), "restart": (bool,)},  # until: None = never recovers
+    "fault.recover": {},
+}
 
 
 @dataclass(frozen=True)
@@ -194,7 +200,7 @@ class Faults:
 
 def _crash(data: tuple) -> None:
     kernel, worker, until, restart = data
-    _log(worker, "fault.crash", until=None if until >= INFINITY else until, restart=restart)
+    _log(worker, "fault.crash", until=None if until >= INFINITY else int(until), restart=bool(restart))
     if restart or until >= INFINITY:
         kernel.halt(worker)
     else:

@@ -112,7 +112,10 @@ def test_refused_callers_are_counted_in_a_bounded_log(server):
     ((5, 2, 1), "state.model", "ps0", {"server": "nobody", "version": 1}),
     ((5, 1, 1), "data.fetch", "w1", {"hits": 1, "misses": -5, "bytes": 0, "wait_ns": 0}),
     ((5, 1, 1), "data.fetch", "w1", {"hits": 1, "misses": 0, "bytes": 0, "wait_ns": 0, "extra": "x"}),
-], ids=["not-its-vworker", "dotdot", "absolute", "unknown-peer", "negative-fetch", "odd-fetch"])
+    ((5, 1, 1), "fault.crash", "w1", {"until": None, "restart": True}),  # the plan has no crash fault
+    ((5, 1, 1), "fault.recover", "w1", {"note": "x"}),
+], ids=["not-its-vworker", "dotdot", "absolute", "unknown-peer", "negative-fetch", "odd-fetch", "uncrashed",
+        "odd-recover"])
 def test_a_hostile_agent_cannot_report_rows_for_vworkers_it_does_not_host(server, plan, row):
     def hostile(adv):
         f = pb.AgentFrame()
@@ -126,6 +129,26 @@ def test_a_hostile_agent_cannot_report_rows_for_vworkers_it_does_not_host(server
         h.advance(1000, [], None, None)
     h.close()
     t.join(10)
+
+
+def test_crash_records_are_accepted_for_crashed_vworkers_only_and_with_their_fields_types():
+    from controller.checks import RowError, check_rows
+    from controller.config import load
+    from controller.plan import make_plan
+
+    rc = load(FAST + ["workers=2", "agents=2", "stop.updates=2", "faults=[{kind:crash,workers:[w1],at:1ms}]"],
+              check_data=False)
+    p = make_plan(rc, run_id="test-run")  # agent 1 hosts w1 (vworker 1) under round robin
+    good = [((5, 1, 1), "fault.crash", "w1", {"until": None, "restart": True}),
+            ((6, 1, 2), "fault.crash", "w1", {"until": 9, "restart": False}),
+            ((9, 1, 3), "fault.recover", "w1", {})]
+    check_rows(p, 1, [], [], good, 1 << 20)
+    for fields, what in [({"until": -1, "restart": True}, "field 'until' is -1"),
+                         ({"until": 1.5, "restart": True}, "field 'until' is 1.5"),
+                         ({"until": None, "restart": 1}, "field 'restart' is 1"),
+                         ({"restart": True}, r"exactly the fields \['restart', 'until'\]")]:
+        with pytest.raises(RowError, match=what):
+            check_rows(p, 1, [], [], [((5, 1, 1), "fault.crash", "w1", fields)], 1 << 20)
 
 
 def test_a_snapshot_named_to_leave_the_run_directory_is_refused_and_nothing_is_written(tmp_path):
