@@ -375,6 +375,11 @@ class CheckpointStore:
             raise CheckpointUnusable(f"checkpoint {window} in {d} cannot be read ({type(e).__name__}: {e})") from e
         return Checkpoint(window, d, manifest, state)
 
+    def committed(self) -> bool:
+        """Whether a checkpoint was committed (once the one being written, if any, is)."""
+        self.wait()
+        return (self.root / "latest").exists()
+
     def clear(self) -> None:
         """A complete run needs no recovery data."""
         self.wait()

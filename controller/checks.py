@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from agents.common.plan import Plan
+from agents.observe.statelog import check_custom_record
 from agents.observe.trace import TRACE_KIND
 from agents.sim.faults import FAULT_RECORDS
 from agents.workloads.datanet import FETCH_KIND
@@ -160,6 +161,8 @@ def check_rows(plan: Plan, agent_id: int, updates: Any, evals: Any, events: Any,
                     and all(_is_int(v) and v >= 0 for v in fields.values())):
                 raise RowError(f"events: a {FETCH_KIND} record must hold the non-negative integers "
                                f"{sorted(_FETCH_FIELDS)}")
-        else:
-            raise RowError(f"events: unknown record kind {kind!r:.40}; accepted: {TRACE_KIND}, "
-                           + ", ".join([*STATE_FIELDS, *FAULT_RECORDS, FETCH_KIND]))
+        else:  # a strategy's own record (docs/strategies.md, "Records of your own")
+            try:
+                check_custom_record(kind, fields)
+            except ValueError as e:
+                raise RowError(f"events: {e}") from None

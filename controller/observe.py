@@ -38,7 +38,7 @@ from agents.observe.metrics import AgentMetricsSpec, Metrics, serve, write_expos
 from agents.observe.statelog import StateLogWriter, StatelogSpec
 from agents.observe.trace import TRACE_KIND, TraceWriter, trace_spec
 from agents.sim.env import RowKey
-from agents.sim.faults import FAULT_RECORDS
+from agents.workloads.datanet import FETCH_KIND
 from controller import signals
 from controller.config import RunConfig
 from controller.outputs import write_json_atomic
@@ -212,7 +212,7 @@ class Observer:
             if kind == TRACE_KIND:
                 if tw is not None:
                     tw.add(fields)
-            elif kind.startswith("state.") or kind in FAULT_RECORDS:  # (a crash and its recovery too)
+            elif kind != FETCH_KIND:  # state, a crash and its recovery, a strategy's own records
                 if sl is not None:
                     sl.add(RowKey(*key), kind, name, fields)  # (a plain tuple when it crossed the wire)
 
@@ -224,10 +224,11 @@ class Observer:
             self.trace.flush()
 
     # ------------------------------------------------------------ end
-    def close_outputs(self, stop_time: int | None) -> None:
-        """Write trace.json and statelog.jsonl (also after a failed run: they help find out why)."""
+    def close_outputs(self, stop_time: int | None, complete: bool = True) -> None:
+        """Write trace.json and statelog.jsonl (also after a failed run: they help find out why). A run that
+        is not ``complete`` keeps the trace's spool, which its checkpoints count on when it is resumed."""
         if self.trace is not None:
-            self.trace.close(stop_time)
+            self.trace.close(stop_time, keep_spool=not complete)
             if self.trace.truncated:
                 log.warning("trace.json stops at trace.max_events=%s events; use trace.mode=sample or window, "
                             "or raise trace.max_events", self.trace.max_events)

@@ -548,6 +548,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                 observer.add_agent_exposition(h.agent_id, h.metrics_text())
         return stop, end_ns, params, info
 
+    completed = False  # the windows and the final calls ran to the end (not stopped, not failed)
     try:
         if not handles:
             handles = start_agents()
@@ -569,6 +570,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                     handles = start_agents()
                 restore_from = None
                 stop, end_ns, params, info = drive()
+                completed = True
                 break
             except AgentFailure as e:
                 if not recovery.restart(e, out):
@@ -602,7 +604,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     finally:
         out.close()
         if observer is not None:
-            observer.close_outputs(stop)
+            # a run that did not complete keeps what its checkpoints count on for lockstep resume
+            observer.close_outputs(stop, complete=completed or not store.committed())
 
         def close_agents() -> None:
             for h in handles:

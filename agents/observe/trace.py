@@ -213,14 +213,17 @@ class TraceWriter:
                               "max_events": self.max_events},
                 "traceEvents": self._metadata_and_spans()}
 
-    def close(self, stop_time: VirtualTime | None = None) -> Path:
-        """Write ``trace.json`` (see :meth:`document`) and remove the spool."""
+    def close(self, stop_time: VirtualTime | None = None, keep_spool: bool = False) -> Path:
+        """Write ``trace.json`` (see :meth:`document`) and remove the spool — unless ``keep_spool``: a run that
+        did not complete (stopped by a signal, or failed) keeps it for ``lockstep resume``, whose checkpoint
+        counted its bytes (docs/recovery.md)."""
         doc = self.document(stop_time)
         with atomic_file(self.path) as f:
             write_compact_json(doc, f)
         if self._spool is not None:
             self._spool.close()
-        self.spool.unlink(missing_ok=True)
+        if not keep_spool:
+            self.spool.unlink(missing_ok=True)
         return self.path
 
     @classmethod

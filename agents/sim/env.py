@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from agents.observe.statelog import OWN_KINDS, check_custom_record
 from agents.sim.compute import ComputeModel, ComputeSpec
 from agents.sim.executor import Executor, ExecutorSpec
 from agents.sim.faults import Faults, FaultSpec
@@ -130,7 +131,10 @@ class Recorder:
             li.on_eval(row)
 
     def event(self, w: "Worker", kind: str, **fields: Any) -> None:
-        """A free-form record (state log): kind plus plain-value fields."""
+        """A record for the state log (or the trace): kind plus plain-value fields. A kind of the strategy's
+        own is checked here, where its author calls it (agents.observe.statelog.check_custom_record)."""
+        if kind not in OWN_KINDS:
+            check_custom_record(kind, fields)
         self.events.append((self._key(w.now, w), kind, w.name, fields))
 
     def drain(self) -> tuple[list, list, list]:

@@ -30,9 +30,20 @@ def local_pool(start_method: str = "forkserver", **settings) -> RemoteAgents:
 
 
 def run(tmp: Path, overrides: list[str], local: bool = False, **settings):
-    """Execute ``overrides`` (on top of FAST) in-process, or over local gRPC agents when ``local``."""
+    """Execute ``overrides`` (on top of FAST) in-process, or over local gRPC agents when ``local``.
+
+    With the observer ``lockstep run`` gives a run (controller/observe.py), so the agents' state-log and
+    trace records take the path they take from the command line (a crash record was once refused there)."""
+    from controller.observe import Observer
+
     rc = load(FAST + overrides)
-    return execute(rc, Path(tmp), launcher=local_pool(**settings) if local else None)
+    observer = Observer(rc, Path(tmp))
+    result = None
+    try:
+        result = execute(rc, Path(tmp), launcher=local_pool(**settings) if local else None, observer=observer)
+    finally:
+        observer.finish(None if result is None else result.summary)
+    return result
 
 
 def without_wall(path: Path) -> str:
@@ -45,10 +56,14 @@ def without_wall(path: Path) -> str:
 
 
 def assert_same_outputs(a: Path, b: Path, params: bool = True) -> None:
-    """metrics.csv and eval.csv byte-identical except wall_* columns; params.pt bit-identical."""
+    """metrics.csv and eval.csv byte-identical except wall_* columns; statelog.jsonl byte-identical where both
+    runs wrote one; params.pt bit-identical."""
     for name in ("metrics.csv", "eval.csv"):
         if (a / name).exists() or (b / name).exists():
             assert without_wall(a / name) == without_wall(b / name), f"{name} differs between {a} and {b}"
+    if (a / "statelog.jsonl").exists() and (b / "statelog.jsonl").exists():
+        assert (a / "statelog.jsonl").read_bytes() == (b / "statelog.jsonl").read_bytes(), \
+            f"statelog.jsonl differs between {a} and {b}"
     if params:
         pa, pb = torch.load(a / "params.pt"), torch.load(b / "params.pt")
         assert pa.dtype == pb.dtype and pa.shape == pb.shape

@@ -70,38 +70,30 @@ CRASHES = ["strategy=ps_async", "workers=6", "stop.updates=40", "network.latency
            "faults=[{kind:crash,workers:[w3],at:20ms,until:90ms},{kind:crash,workers:[w2],at:50ms}]"]
 
 
-def _observed(d, overrides, local):
-    """A run with its Observer, as `lockstep run` makes it: statelog.jsonl is written."""
-    from controller.config import load
-    from controller.observe import Observer
-    from controller.run import execute
-    from tests.distributed.conftest import FAST, local_pool
-
-    rc = load(FAST + overrides)
-    observer = Observer(rc, d)
-    observer.finish(execute(rc, d, observer=observer, launcher=local_pool() if local else None).summary)
-    return [json.loads(line) for line in (d / "statelog.jsonl").read_text().splitlines()]
+def _fault_lines(d) -> list[dict]:
+    return [r for r in map(json.loads, (d / "statelog.jsonl").read_text().splitlines())
+            if r["kind"].startswith("fault.")]
 
 
 def test_crashes_reach_the_state_log_the_same_from_agent_processes_as_in_process(tmp_path):
     # Agent processes' reports are checked before the controller writes them (controller/checks.py): a crash
     # record once failed the run there ("unknown record kind 'fault.crash'"), and the observer dropped it in
     # one process too, though docs/faults.md promised it in statelog.jsonl.
-    one = _observed(tmp_path / "a1", [*CRASHES, "agents=1"], local=False)
-    two = _observed(tmp_path / "a2", [*CRASHES, "agents=2"], local=True)
-    assert [r for r in one if r["kind"].startswith("fault.")] == [
+    # (run: with the observer, as `lockstep run`; assert_same_outputs compares statelog.jsonl too)
+    run(tmp_path / "a1", [*CRASHES, "agents=1"])
+    run(tmp_path / "a2", [*CRASHES, "agents=2"], local=True)
+    assert _fault_lines(tmp_path / "a1") == [
         {"t": 20_000_000, "vworker": "w3", "kind": "fault.crash", "until": 90_000_000, "restart": True},
         {"t": 50_000_000, "vworker": "w2", "kind": "fault.crash", "until": None, "restart": True},
         {"t": 90_000_000, "vworker": "w3", "kind": "fault.recover"},
     ]
-    assert (tmp_path / "a1" / "statelog.jsonl").read_bytes() == (tmp_path / "a2" / "statelog.jsonl").read_bytes()
     assert_same_outputs(tmp_path / "a1", tmp_path / "a2")
 
 
 def test_inspect_says_a_crashed_worker_is_crashed_from_its_crash_until_its_recovery(tmp_path):
     from controller.inspect import RunView
 
-    _observed(tmp_path, [*CRASHES, "agents=1"], local=False)
+    run(tmp_path, [*CRASHES, "agents=1"])
     view = RunView(tmp_path)
     assert {k: view.state("w3", 60_000_000)[k] for k in ("doing", "since_ns", "until_ns")} == {
         "doing": "crashed", "since_ns": 20_000_000, "until_ns": 90_000_000}

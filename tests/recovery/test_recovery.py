@@ -158,8 +158,25 @@ def _cut(run_dir: Path, rows: int, partial: bool = True) -> None:
     (run_dir / "metrics.csv").write_text("".join(lines[: rows + 1]) + tail)
     evals = (run_dir / "eval.csv").read_text().splitlines(keepends=True)
     (run_dir / "eval.csv").write_text("".join(evals[:2]))
+    log = (run_dir / "statelog.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "statelog.jsonl").write_text("".join(log[: len(log) // 2]) + log[len(log) // 2][:9])
     for name in ("summary.json", "params.pt"):
         (run_dir / name).unlink()
+
+
+def _resume(d: Path):
+    """``lockstep resume d``'s run: its config.yaml, and the observer the command gives it (the state log)."""
+    from controller.observe import Observer
+    from controller.recovery import load_run_config
+    from controller.run import execute
+
+    rc = load_run_config(d)
+    observer, r = Observer(rc, d), None
+    try:
+        r = execute(rc, d, resume=True, observer=observer)
+    finally:
+        observer.finish(None if r is None else r.summary)
+    return r
 
 
 def test_a_resumed_run_keeps_the_rows_on_disk_and_appends_the_rest(tmp_path):
@@ -172,12 +189,11 @@ def test_a_resumed_run_keeps_the_rows_on_disk_and_appends_the_rest(tmp_path):
     kept = kept[: kept.rfind(b"\n") + 1]
     from controller.config import load
     from controller.recovery import load_run_config
-    from controller.run import execute
     from tests.helpers import FAST
 
     rc = load_run_config(cut)
     assert rc.raw == load(FAST + SMALL).raw
-    r = execute(rc, cut, resume=True)
+    r = _resume(cut)
     assert (cut / "metrics.csv").read_bytes().startswith(kept)
     assert_same_outputs(whole, cut)
     rec = r.summary["recovery"]
@@ -195,11 +211,8 @@ def test_a_replay_that_differs_from_the_rows_on_disk_stops_with_the_row_and_colu
     cells[4] = "0.5"  # the loss of row 10
     lines[10] = ",".join(cells)
     (d / "metrics.csv").write_text("".join(lines))
-    from controller.recovery import load_run_config
-    from controller.run import execute
-
     with pytest.raises(ReplayDiverged, match=r"metrics.csv row 10 \(columns loss:"):
-        execute(load_run_config(d), d, resume=True)
+        _resume(d)
 
 
 def test_lockstep_resume_of_a_directory_without_a_run_says_so_in_one_sentence(tmp_path):

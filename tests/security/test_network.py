@@ -114,8 +114,12 @@ def test_refused_callers_are_counted_in_a_bounded_log(server):
     ((5, 1, 1), "data.fetch", "w1", {"hits": 1, "misses": 0, "bytes": 0, "wait_ns": 0, "extra": "x"}),
     ((5, 1, 1), "fault.crash", "w1", {"until": None, "restart": True}),  # the plan has no crash fault
     ((5, 1, 1), "fault.recover", "w1", {"note": "x"}),
+    ((5, 1, 1), "state.evil", "w1", {"version": 1}),  # lockstep's own prefix: not a strategy's record
+    ((5, 1, 1), "rtt", "w1", {"ns": torch.zeros(1 << 10)}),  # a strategy's record holds plain values only
+    ((5, 1, 1), "rtt", "w1", {"t": 1}),  # would overwrite the line's own time
+    ((5, 1, 1), "../rtt", "w1", {}),
 ], ids=["not-its-vworker", "dotdot", "absolute", "unknown-peer", "negative-fetch", "odd-fetch", "uncrashed",
-        "odd-recover"])
+        "odd-recover", "own-prefix", "custom-tensor", "custom-t", "custom-path"])
 def test_a_hostile_agent_cannot_report_rows_for_vworkers_it_does_not_host(server, plan, row):
     def hostile(adv):
         f = pb.AgentFrame()
@@ -149,6 +153,42 @@ def test_crash_records_are_accepted_for_crashed_vworkers_only_and_with_their_fie
                          ({"restart": True}, r"exactly the fields \['restart', 'until'\]")]:
         with pytest.raises(RowError, match=what):
             check_rows(p, 1, [], [], [((5, 1, 1), "fault.crash", "w1", fields)], 1 << 20)
+
+
+def test_a_strategys_own_records_hold_plain_values_under_a_name_of_its_own():
+    from agents.observe.statelog import OWN_KINDS, check_custom_record
+    from agents.observe.trace import TRACE_KIND
+    from agents.sim.faults import FAULT_RECORDS
+    from agents.workloads.datanet import FETCH_KIND
+    from controller.checks import STATE_FIELDS
+
+    assert OWN_KINDS == {TRACE_KIND, FETCH_KIND, *STATE_FIELDS, *FAULT_RECORDS}  # the recorder skips these
+    check_custom_record("rtt", {"ns": 22_000_000, "loss": 0.5, "ok": True, "peer": "pong", "note": None})
+    check_custom_record("my.metric_2", {})
+    for kind, fields, what in [
+            ("trace", {}, "not lockstep's own"), ("fault.mine", {}, "not lockstep's own"), ("a b", {}, "is not valid"),
+            (7, {}, "is not valid"), ("x" * 65, {}, "is not valid"),
+            ("rtt", {f"f{i}": 0 for i in range(33)}, "at most 32 fields"),
+            ("rtt", {"vworker": "w0"}, "other than t, vworker and kind"), ("rtt", {"a-b": 1}, "field name"),
+            ("rtt", {"ns": 1 << 63}, "64-bit int"), ("rtt", {"x": float("nan")}, "finite float"),
+            ("rtt", {"x": "y" * 257}, "at most 256 characters"), ("rtt", {"x": [1]}, "is not valid")]:
+        with pytest.raises(ValueError, match=what):
+            check_custom_record(kind, fields)
+
+
+def test_a_strategy_that_records_a_bad_record_is_told_where_it_calls_the_recorder():
+    from agents.sim.env import Recorder
+
+    class W:
+        id, name, now = 0, "w0", 5
+
+    r = Recorder()
+    r.event(W(), "rtt", ns=3)
+    r.event(W(), "state.model", server="ps0", version=1)  # lockstep's own: checked by the controller
+    with pytest.raises(ValueError, match=r"field x=tensor"):
+        r.event(W(), "rtt", x=torch.zeros(2))
+    assert [e[1:] for e in r.events] == [("rtt", "w0", {"ns": 3}), ("state.model", "w0", {"server": "ps0",
+                                                                                           "version": 1})]
 
 
 def test_a_snapshot_named_to_leave_the_run_directory_is_refused_and_nothing_is_written(tmp_path):

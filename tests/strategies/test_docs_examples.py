@@ -62,3 +62,25 @@ def test_the_checkpointable_ps_restored_mid_run_ends_exactly_as_an_undisturbed_r
         core = checkpoint.restore(plan, 0, checkpoint.snapshot(core), data=whole.training.data)
         assert got + helpers.core_rows(core.advance(INFINITY))[0] == want, cut
 
+
+
+@pytest.mark.parametrize("where", ["launcher=inprocess", "agents=2"])
+def test_ping_pongs_own_rtt_records_reach_the_state_log_from_one_process_or_two_agents(doc_modules, tmp_path, where):
+    # `lockstep run` as the document says, the module on PYTHONPATH. With two agents the controller once
+    # refused the record ("unknown record kind 'rtt'") and failed the run; in one process it went nowhere.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = DOC.parents[1]
+    d = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "run", "strategy._target_=myexchange.PingPong",
+                          "strategy.name=pingpong", "workers=2", "stop.updates=5", "network=ideal",
+                          "network.latency=1ms", "network.bandwidth=1e8", "network.discipline=fifo", "progress=false",
+                          where, f"hydra.run.dir={d}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    log = [json.loads(line) for line in (d / "statelog.jsonl").read_text().splitlines()]
+    assert log == [{"t": i * 22_000_000, "vworker": "ping", "kind": "rtt", "ns": 22_000_000} for i in range(1, 6)]
