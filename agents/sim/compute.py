@@ -36,7 +36,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from agents.sim.worker import Worker
 
 __all__ = ["MODELS", "KINDS", "ComputeSpec", "ComputeModel", "ProfileDB", "signature", "device_kind",
-           "default_profile_db", "resolve_device"]
+           "default_profile_db", "resolve_device", "timing_misses"]
+
+_TIME_MISSES = False  # inside timing_misses(): a call the database lacks is profiled, not taken at its one time
+
+
+@contextlib.contextmanager
+def timing_misses():
+    """Within it, a ``profiled`` call the database lacks is timed as :meth:`ComputeModel.profile` times one
+    (a warm-up, then the median of ``compute.runs``, called again on the same arguments) rather than taken at
+    the time of its one call. ``lockstep profile`` runs the experiment briefly so, to reach every call its
+    strategy makes; the run's values do not matter there, only its calls' signatures and times."""
+    global _TIME_MISSES
+    before, _TIME_MISSES = _TIME_MISSES, True
+    try:
+        yield
+    finally:
+        _TIME_MISSES = before
 
 MODELS = ("profiled", "measured", "constant", "distribution", "analytic")
 KINDS = ("gradient", "update", "aggregate")
@@ -294,7 +310,7 @@ class ComputeModel:
         if got is None:
             # not profiled ahead of time: this call's own time becomes the profile (counted)
             self.profile_misses += 1
-            got = self.db.put(self.device, sig, wall_s)
+            got = self.profile(kind, fn, args) if _TIME_MISSES else self.db.put(self.device, sig, wall_s)
         return got
 
     def _sample(self, g: Any) -> float:

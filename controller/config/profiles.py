@@ -88,7 +88,8 @@ USAGE = """usage: lockstep profile --name NAME [--out FILE] [--layers] [--estima
 
 Measure the compute calls of the experiment the overrides describe on this machine (median of
 compute.runs timed runs each, after a warm-up) and write a device profile: conf/profiles/NAME.json,
-or FILE. Then `lockstep run compute.profile=NAME ...` emulates this machine on any host. Profiling
+or FILE. The gradient, the update and a K-way aggregate are timed first; the experiment then runs for
+three updates in this process so that every other call its strategy makes is timed too. Then `lockstep run compute.profile=NAME ...` emulates this machine on any host. Profiling
 an existing profile's experiment again adds to it (other signatures are kept).
 --layers adds each layer's forward and backward time (Tianshu's N/M-copies differencing), which
 compute.layerwise uses; --estimator N times N random shapes per operation kind (median of three
@@ -127,7 +128,7 @@ def profile_main(argv: list[str]) -> int:
             print(f"  {problem}", file=sys.stderr)
         return 2
     out = Path(a.out) if a.out else profiles_dir() / f"{a.name}.json"
-    prof = measure(rc, a.name)
+    prof = measure(rc, a.name, a.overrides)
     if a.layers or a.estimator:
         from controller.estimate import fit_estimators, layer_signatures
 
@@ -159,13 +160,23 @@ def profile_main(argv: list[str]) -> int:
     return 0
 
 
-def measure(rc: Any, name: str) -> DeviceProfile:
-    """Time the calls the run's strategies make (Training.profile) on this host, into a fresh database."""
+# what the short run that finds the strategy's own calls changes in the experiment (measure)
+_FIND_CALLS = ["launcher=inprocess", "agents=1", "stop.updates=3", "stop.virtual_time=null", "eval.every=0",
+               "trace.mode=off", "statelog.enabled=false", "progress=false", "recovery.checkpoint_every_s=0",
+               "metrics.port=null", "faults=[]"]
+
+
+def measure(rc: Any, name: str, overrides: list[str] | None = None) -> DeviceProfile:
+    """Time the calls the run makes on this host, into a fresh database: the gradient, the update and a
+    K-way aggregate ahead of time (Training.profile); then, given the experiment's ``overrides``, whatever
+    else its strategy computes — a ring's additions, FedAvg's weighted aggregate, gossip's mean of three —
+    found by running the experiment for three updates in this process, each call the database lacks timed
+    the same way (agents.sim.compute.timing_misses)."""
     import tempfile
 
     import torch
 
-    from agents.sim.compute import ComputeModel, device_kind, resolve_device
+    from agents.sim.compute import ComputeModel, device_kind, resolve_device, timing_misses
     from agents.workloads.training import Training
     from controller.plan import make_plan
 
@@ -175,10 +186,18 @@ def measure(rc: Any, name: str) -> DeviceProfile:
         spec = plan.compute
         from dataclasses import replace
 
-        compute = ComputeModel(replace(spec, profile_db=str(Path(tmp) / "db.json")))
+        db = Path(tmp) / "db.json"
+        compute = ComputeModel(replace(spec, profile_db=str(db)))
         training = Training(plan.workload, plan.seed)
         training.profile(compute, workers=len(plan.workload.data_holders))
+        if overrides is not None:
+            from controller.config import load
+            from controller.run import execute
+
+            short = load([*overrides, "compute=profiled", "compute.profile=null", f"compute.db={db}", *_FIND_CALLS])
+            with timing_misses():
+                execute(short, Path(tmp) / "run")
         host = device_kind(resolve_device(spec.device))
-        sigs = json.loads((Path(tmp) / "db.json").read_text())[host]
+        sigs = json.loads(db.read_text())[host]
     return DeviceProfile(name, sigs, host, torch.__version__, plan.workload.threads,
                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
