@@ -31,6 +31,9 @@ class MLP(nn.Module):
 
     def __init__(self, in_features: int = 784, hidden: Sequence[int] = (200,), num_classes: int = 10) -> None:
         super().__init__()
+        if not all(type(h) is int and h >= 1 for h in hidden):  # a width of 0 builds, and learns nothing
+            raise ValueError(f"model.hidden={list(hidden)} is not valid; accepted: a list of layer widths, each an "
+                             "integer >= 1 (e.g. [200] or [256, 128]).")
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_features
         for h in hidden:

@@ -51,13 +51,15 @@ ROOT = Path(__file__).resolve().parents[2]
     ("workers=70000", r"workers=70000 is not valid; accepted: at most the 60000 training samples, or set "
                       r"data.per_client"),
     ("data.per_client=32", None),  # valid with data.partition=iid: no error
+    ("model=mlp model.hidden=[0]", r"model.hidden=\[0\] is not valid; accepted: a list of layer widths, each an "
+                                   r"integer >= 1"),  # it built, and learnt nothing
 ])
 def test_bad_value_names_key_and_accepted_values(override, expected):
     if expected is None:
-        load([override])
+        load(override.split(" "))
         return
     with pytest.raises(ConfigError, match=expected):
-        load([override])
+        load(override.split(" "))
 
 
 def test_the_hosts_share_of_the_minimum_rtt_is_a_range():
