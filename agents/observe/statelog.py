@@ -163,7 +163,7 @@ class StateLogWriter:
         self._f: Any = None
 
     def add(self, key: tuple, kind: str, vworker: str, fields: dict[str, Any]) -> None:
-        params = fields.get("params")
+        params = fields.get("params") if kind == "state.version" else None  # (a strategy's record may say params)
         if params is not None:
             import torch
 

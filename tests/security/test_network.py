@@ -165,6 +165,7 @@ def test_a_strategys_own_records_hold_plain_values_under_a_name_of_its_own():
     assert OWN_KINDS == {TRACE_KIND, FETCH_KIND, *STATE_FIELDS, *FAULT_RECORDS}  # the recorder skips these
     check_custom_record("rtt", {"ns": 22_000_000, "loss": 0.5, "ok": True, "peer": "pong", "note": None})
     check_custom_record("my.metric_2", {})
+    check_custom_record("sent", {"params": 3, "version": "v2"})  # the state log's snapshot fields mean nothing here
     for kind, fields, what in [
             ("trace", {}, "not lockstep's own"), ("fault.mine", {}, "not lockstep's own"), ("a b", {}, "is not valid"),
             (7, {}, "is not valid"), ("x" * 65, {}, "is not valid"),
@@ -415,3 +416,14 @@ def test_a_tensor_with_too_many_dimensions_is_a_wire_error():
     with pytest.raises(wire.WireError, match="at most 32 dimensions"):
         wire.decode_value(v)
     assert wire.decode_value(pb.Value(tensor=pb.Tensor(dtype="float32", shape=[1] * 8, data=b"\0" * 4))).dim() == 8
+
+
+def test_a_strategys_record_with_a_field_named_params_is_a_line_not_a_snapshot(tmp_path):
+    from agents.observe.statelog import StateLogWriter
+    from agents.sim.env import RowKey
+
+    w = StateLogWriter(tmp_path)
+    w.add(RowKey(5, 1, 1), "sent", "w1", {"params": 3})
+    w.close()
+    assert (tmp_path / "statelog.jsonl").read_text() == '{"t":5,"vworker":"w1","kind":"sent","params":3}\n'
+    assert not (tmp_path / "snapshots").exists()
