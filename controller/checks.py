@@ -14,9 +14,9 @@ from typing import Any, Sequence
 import torch
 
 from agents.common.plan import Plan
-from agents.observe.statelog import check_custom_record
 from agents.observe.trace import TRACE_KIND
 from agents.sim.faults import FAULT_RECORDS
+from agents.sim.records import check_custom_record
 from agents.workloads.datanet import FETCH_KIND
 
 __all__ = ["RowError", "check_rows", "STATE_FIELDS"]

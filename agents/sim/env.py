@@ -5,12 +5,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agents.observe.statelog import OWN_KINDS, check_custom_record
 from agents.sim.compute import ComputeModel, ComputeSpec
 from agents.sim.executor import Executor, ExecutorSpec
 from agents.sim.faults import Faults, FaultSpec
 from agents.sim.kernel import PRIO_NET, Kernel
 from agents.sim.network import Network, NetworkSpec, Transfer
+from agents.sim.records import OWN_KINDS, check_custom_record
 from agents.sim.tcp import TcpNetwork
 from agents.sim.types import VirtualTime
 from agents.sim.worker import SendHandle
@@ -132,7 +132,7 @@ class Recorder:
 
     def event(self, w: "Worker", kind: str, **fields: Any) -> None:
         """A record for the state log (or the trace): kind plus plain-value fields. A kind of the strategy's
-        own is checked here, where its author calls it (agents.observe.statelog.check_custom_record)."""
+        own is checked here, where its author calls it (agents.sim.records.check_custom_record)."""
         if kind not in OWN_KINDS:
             check_custom_record(kind, fields)
         self.events.append((self._key(w.now, w), kind, w.name, fields))

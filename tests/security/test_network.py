@@ -156,7 +156,7 @@ def test_crash_records_are_accepted_for_crashed_vworkers_only_and_with_their_fie
 
 
 def test_a_strategys_own_records_hold_plain_values_under_a_name_of_its_own():
-    from agents.observe.statelog import OWN_KINDS, check_custom_record
+    from agents.sim.records import OWN_KINDS, check_custom_record
     from agents.observe.trace import TRACE_KIND
     from agents.sim.faults import FAULT_RECORDS
     from agents.workloads.datanet import FETCH_KIND
