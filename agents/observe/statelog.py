@@ -25,9 +25,9 @@ back and answers "what did this vworker hold at time T".
 The parameters themselves are not logged, only a CRC-32 of their bytes (enough
 to tell two models apart, and cheap: one pass over the tensor per version).
 
-A strategy may add records of its own kind — ``self.env.recorder.event(self, "rtt", ns=...)`` — which reach
-``statelog.jsonl`` the same way, from any agent; :func:`agents.sim.records.check_custom_record` says what such a record may hold
-(docs/strategies.md, "Records of your own").
+A strategy may add records of its own kind — ``self.env.recorder.event(self, "rtt", ns=...)`` — which
+reach ``statelog.jsonl`` the same way, from any agent; :func:`agents.sim.records.check_custom_record` says
+what such a record may hold (docs/strategies.md, "Records of your own").
 """
 from __future__ import annotations
 

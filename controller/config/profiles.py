@@ -89,8 +89,9 @@ USAGE = """usage: lockstep profile --name NAME [--out FILE] [--layers] [--estima
 Measure the compute calls of the experiment the overrides describe on this machine (median of
 compute.runs timed runs each, after a warm-up) and write a device profile: conf/profiles/NAME.json,
 or FILE. The gradient, the update and a K-way aggregate are timed first; the experiment then runs for
-three updates in this process so that every other call its strategy makes is timed too. Then `lockstep run compute.profile=NAME ...` emulates this machine on any host. Profiling
-an existing profile's experiment again adds to it (other signatures are kept).
+three updates in this process so that every other call its strategy makes is timed too. Then
+`lockstep run compute.profile=NAME ...` emulates this machine on any host. Profiling an existing
+profile's experiment again adds to it (other signatures are kept).
 --layers adds each layer's forward and backward time (Tianshu's N/M-copies differencing), which
 compute.layerwise uses; --estimator N times N random shapes per operation kind (median of three
 passes), fits a cost model per backend for shapes no one profiled and reports its held-out error
