@@ -455,6 +455,16 @@ class Checkpointer:
         self.slack = FIRST_SLACK
         self._last = time.monotonic()
         self._refusal: tuple[str, int] = ("", 0)
+        self.gave_up: str | None = None  # why this run takes no checkpoints (said once, kept across restarts)
+
+    def give_up(self, reason: str) -> None:
+        """Take no checkpoints in this run, and say why once: a later Checkpointer of the same run (after its
+        agents were restarted) is handed the reason and says nothing."""
+        if self.gave_up is None:
+            log.warning("no checkpoints in this run: %s; a lost agent makes the run replay from virtual "
+                        "time 0 (docs/recovery.md)", reason)
+        self.gave_up = reason
+        self.enabled = False
 
     # ---------------------------------------------------------------- asking
     def due(self, furthest: int, exact: bool = False) -> int | None:
@@ -530,10 +540,7 @@ class Checkpointer:
         same = self._refusal[1] + 1  # refusals in a row (their sentences may name other vworkers)
         self._refusal = (reason, same)
         if permanent or same >= REFUSALS_BEFORE_GIVING_UP:
-            if self.enabled:
-                log.warning("no checkpoints in this run: %s; a lost agent makes the run replay from virtual "
-                            "time 0 (docs/recovery.md)", reason)
-            self.enabled = False
+            self.give_up(reason)
         elif same == 1:
             log.info("no checkpoint this time: %s", reason)
 

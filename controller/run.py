@@ -502,8 +502,12 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         """The windows, then the final calls (parameters, final evaluation, info) of the current agents."""
         nonlocal stop, finished, checkpointer
         every = rc.recovery.checkpoint_every_s
+        before = checkpointer  # the one of the agents before a restart: a strategy that cannot be saved
         ck = checkpointer = Checkpointer(every, commit_checkpoint, lambda: store.busy,
                                          stage=store.stage) if every > 0 else None
+        if ck is not None and before is not None and before.gave_up is not None:
+            ck.gave_up = before.gave_up  # still cannot: not asked again, not said again
+            ck.enabled = False
         if direct:
             from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
 

@@ -5,6 +5,7 @@ from typing import Any
 
 from agents.strategies.base import Strategy, VWorkerSpec
 from agents.sim.worker import Worker
+from agents.strategies.ps import PSAsync, PSWorker
 
 
 class _Recording(Worker):
@@ -185,3 +186,21 @@ class BigTensors(Strategy):
     def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
         return [VWorkerSpec("tx", f"{__name__}.BigSender", {"peer": "rx"}),
                 VWorkerSpec("rx", f"{__name__}.BigReceiver", {"peer": "tx"})]
+
+
+class UntailedWorker(PSWorker):
+    """ps_async's worker behind one more frame, which has no tail: every checkpoint is refused."""
+
+    async def run(self) -> None:
+        await super().run()
+
+
+class Untailed(PSAsync):
+    """ps_async that cannot be checkpointed (docs/strategies.md, "Making a strategy checkpointable")."""
+
+    name = "untailed"
+
+    @classmethod
+    def layout(cls, workers: int, settings: dict[str, Any]) -> list[VWorkerSpec]:
+        return [VWorkerSpec(s.name, f"{__name__}.UntailedWorker", s.kwargs, holds_data=s.holds_data)
+                if s.name.startswith("w") else s for s in super().layout(workers, settings)]

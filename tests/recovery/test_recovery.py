@@ -104,6 +104,31 @@ def test_an_agent_that_stops_answering_is_restarted_too_with_windows_through_the
     assert not alive(pids[0]), "the frozen agent must be killed and reaped"
 
 
+def test_a_strategy_that_cannot_be_checkpointed_says_so_once_and_its_restarted_agents_are_not_asked_again(
+        tmp_path, undisturbed):
+    d = tmp_path / "run"
+    over = [o for o in RUN if not o.startswith("recovery.checkpoint_every_s=")]
+    proc = _cli("run", *over, "strategy._target_=tests.distributed.probe.Untailed", "recovery.checkpoint_every_s=0.05",
+                f"hydra.run.dir={d}")
+    try:
+        pids = agent_pids(d, 2, timeout=120)
+        log = d / "lockstep.log"
+        wait_until(lambda: log.exists() and "no checkpoints in this run" in log.read_text(), timeout=120,
+                   what="three refused checkpoints")
+        assert _rows(d) < 1500, "the run ended before its agent could be killed"
+        os.kill(pids[1], signal.SIGKILL)
+        err, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert err.count("no checkpoints in this run: vworker w") == 1, err
+    assert err.count("no checkpoint this time") == 1, err
+    assert "agent 1 was lost (its process" in err, err
+    assert_same_outputs(undisturbed, d)  # ps_async's results, replayed from the start
+    events = [json.loads(line) for line in (d / "recovery.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["restart", "caught_up"]
+
+
 def test_with_recovery_agents_fail_a_killed_agent_stops_the_run_with_the_agents_error(tmp_path):
     d = tmp_path / "run"
     proc = _cli("run", *RUN, "recovery.agents=fail", f"hydra.run.dir={d}")
