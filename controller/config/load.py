@@ -103,6 +103,9 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
         where = f"a key of {parent}" if parent else "a config key"
         return (f"{key} is not {where}{hint} (accepted: {', '.join(o for o in options if not o.startswith('_'))})"
                 ".", raw)
+    if "Could not append to config. An item is already at" in text and raw.startswith("+"):
+        return (f"{raw.lstrip('+')} cannot be appended with '+': {key} is already a config key; accepted: "
+                f"{raw.lstrip('+')} (or ++{raw.lstrip('+')}).", raw)
     found = field_at(S.LockstepConfig, key, _node_types(overrides))
     accepted = accepted_text(*found) if found else "see docs/configuration.md"
     return f"{key}={value} is not valid; accepted: {accepted}.", raw

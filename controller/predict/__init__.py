@@ -383,6 +383,9 @@ def predict_main(argv: list[str]) -> int:
         print(f"lockstep predict: {e}", file=sys.stderr)
         return 2
     result = predict(inp, fine=not a.no_finegrained)
+    if not result["models"]:  # a strategy none of the paper's models describes: nothing to print
+        print(f"lockstep predict: {result['note']}", file=sys.stderr)
+        return 2
     if a.json:
         print(json.dumps(result, indent=1, sort_keys=True, default=str))
         return 0

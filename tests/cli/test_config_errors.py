@@ -35,6 +35,9 @@ ROOT = Path(__file__).resolve().parents[2]
     ("network.latncy=1ms", r"network.latncy is not a key of network; did you mean latency\?"),
     ("+strategy.shard=2", r"strategy.shard is not a key of strategy; did you mean shards\?"),
     ("sed=3", r"sed is not a config key; did you mean seed\?"),
+    ("+seed=3", r"^seed=3 cannot be appended with '\+': seed is already a config key; accepted: seed=3 \(or "
+                r"\+\+seed=3\)\.$"),  # was: "accepted: see docs/configuration.md"
+    ("+strategy.shards=2", r"^strategy.shards=2 cannot be appended with '\+'"),
     ("trace.mode=window", r"trace.window=null is not valid; accepted: \[start, end\]"),
     ("controller.port=70000", r"controller.port=70000 is not valid; accepted: an integer >= 0 and <= 65535\."),
     ("compute.stragglers={w1:-2}", r"compute.stragglers=\{w1:-2\} is not valid; accepted: a mapping"),

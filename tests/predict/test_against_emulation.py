@@ -93,6 +93,16 @@ def test_predict_command_with_a_bad_value_says_one_sentence_and_exits_2():
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("over", [["strategy=gossip"], ["strategy=ps_async", "strategy.shards=2"]], ids=" ".join)
+@pytest.mark.parametrize("fmt", [[], ["--json"]], ids=["table", "json"])
+def test_predict_command_for_a_strategy_no_model_describes_says_so_and_exits_2(over, fmt):
+    p = _cli(*fmt, "model=mlp", "compute=constant", "workers=4", *over)
+    assert p.returncode == 2 and p.stdout == ""
+    name = "gossip" if over == ["strategy=gossip"] else "ps_async (shards=2)"
+    assert p.stderr == (f"lockstep predict: no model of the throughput-prediction paper applies to strategy {name!r} "
+                        "(accepted: ps_async, ps_sync, ring_allreduce with one PS shard)\n")
+
+
 def test_network_tcp_is_predicted_at_its_goodput_with_the_host_latency_and_a_note():
     ideal = inputs_of(load(FAST + ["strategy=ring_allreduce", "workers=4"], check_data=False))
     tcp = inputs_of(load(FAST + ["strategy=ring_allreduce", "workers=4", "network=tcp"], check_data=False))
