@@ -159,6 +159,10 @@ class AgentCore:
             self.kernel.add_worker(w, self.env.compute.start_at(vid))
             if self.env.faults:
                 self.env.faults.install(self.kernel, w, spec.kwargs, self.env.network)
+        if getattr(metrics, "per_worker", False):  # lockstep_worker_compute_seconds_total{vworker,kind}
+            self.env.worker_wall_s = {}
+            if self.env.executor is not None:
+                self.env.executor.worker_wall_s = {}
         if plan.stop_virtual_time_ns is not None:
             self.kernel.stop_at(plan.stop_virtual_time_ns)
         lookahead = plan.lookahead()
@@ -198,6 +202,13 @@ class AgentCore:
         m.add_messages(d.messages_remote, d.bytes_remote, remote=True)
         for kind, wall in d.compute_wall_s.items():
             m.add_compute(kind, wall, d.compute_virtual_ns.get(kind, 0))
+        if self.env.worker_wall_s is not None:
+            walls, self.env.worker_wall_s = self.env.worker_wall_s, {}
+            if self.env.executor is not None:
+                for key, wall in self.env.executor.drain_worker_wall().items():
+                    walls[key] = walls.get(key, 0.0) + wall
+            for (name, kind), wall in sorted(walls.items()):
+                m.add_worker_compute(name, kind, wall)
 
     def _stats_delta(self, events: int) -> Stats:
         """The counters of this window: hand over the environment's and start new ones (like rows)."""

@@ -102,8 +102,10 @@ class _Collector:
     """Merges the rows agents report, in the global key order, and streams them to disk."""
 
     def __init__(self, out: RunDir, progress: Any, metrics: Any, observer: Any = None,
-                 partial: Any = None, partial_every_s: float = 0.0):
+                 partial: Any = None, partial_every_s: float = 0.0, wall0: float | None = None):
+        """``wall0``: the run's start (``time.perf_counter()``), for the live speed ratio."""
         self.out, self.progress, self.metrics, self.observer = out, progress, metrics, observer
+        self.wall0 = time.perf_counter() if wall0 is None else wall0
         # partial(): the summary so far, rewritten every partial_every_s wall seconds (0: never)
         self.partial, self.partial_every_s = partial, partial_every_s
         self._partial_at = time.monotonic()
@@ -150,7 +152,11 @@ class _Collector:
                 self.data_rows.extend(e for e in r.events if e[1] == "data.fetch")
         self.stop_time = w.stop_time
         if self.metrics is not None:
-            self.metrics.observe_window(w.start, w.barrier_wall_s, w.count)
+            # the last report of direct windows starts at INFINITY: no agent has an event left
+            self.metrics.observe_window(w.start if w.start < INFINITY else 0, w.barrier_wall_s, w.count)
+            wall = time.perf_counter() - self.wall0
+            if wall > 0:
+                self.metrics.set_speed_ratio(self.metrics.virtual_time_ns / NS_PER_S / wall)
         if self.observer is not None:  # the state log and the trace go to disk before the rows they belong to,
             self.observer.flush(w.next_start)  # so a SIGKILL between the two never leaves rows without them
         self.flush(w.next_start)
@@ -204,7 +210,7 @@ class _Collector:
             self.samples += r.samples
             self.max_time = max(self.max_time, r.virtual_time_ns)
             if self.metrics is not None and i >= len(rows) - new:
-                self.metrics.record_update(r.virtual_time_ns, r.loss, r.staleness)
+                self.metrics.record_update(r.virtual_time_ns, r.loss, r.staleness, r.vworker)
         last = self.last_update = rows[-1]
         if self.progress is not None and new:
             self.progress.update(new)
@@ -215,6 +221,13 @@ class _Collector:
         self.last_eval = rows[-1]
         if self.metrics is not None:
             self.metrics.set_accuracy(self.last_eval.test_accuracy)
+
+
+def _windows_label(plan: Plan, rc: RunConfig, launcher: Any) -> str:
+    """Who carries the windows: ``direct`` (the agents), ``hub`` (the controller) or ``inprocess``."""
+    if launcher is None:
+        return "inprocess"
+    return "direct" if plan.n_agents > 1 and rc.controller.windows.value == "direct" else "hub"
 
 
 def _holds_refs(pending: list[list[Any]]) -> bool:
@@ -358,7 +371,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         (run_dir / "plan.json").write_text(plan_json)
     if metrics is not None:
         metrics.set_run_info(run_id=plan.run_id, config_hash=config_hash(rc.raw), strategy=rc.strategy_name,
-                             workers=rc.workers, agents=rc.agents)
+                             workers=rc.workers, agents=rc.agents, launcher=rc.launcher.name,
+                             windows=_windows_label(plan, rc, launcher))
 
     def start_agents() -> list:
         if launcher is None:
@@ -389,7 +403,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             progress.update(out.metrics.to_replay)
 
     def collector() -> _Collector:
-        c = _Collector(out, progress, metrics, observer, partial=partial, partial_every_s=rc.outputs.summary_every_s)
+        c = _Collector(out, progress, metrics, observer, partial=partial, partial_every_s=rc.outputs.summary_every_s,
+                       wall0=wall0)
         if remote_data:
             c.data_rows = []
         return c

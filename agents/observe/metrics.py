@@ -181,6 +181,11 @@ class Metrics:
         with self._lock:
             self._advance(virtual_time_ns)
 
+    @property
+    def virtual_time_ns(self) -> VirtualTime:
+        """The clock gauge's value, in ns."""
+        return self._virtual_time_ns
+
     # -- controller ---------------------------------------------------------
 
     def set_run_info(self, *, run_id: str, config_hash: str, strategy: str, workers: int,
@@ -302,6 +307,18 @@ class Metrics:
         self.compute.labels(kind=kind).inc(wall_s)
         self.compute_virtual.labels(kind=kind).inc(virtual_ns / NS_PER_S)
         if self.per_worker and vworker is not None:
+            self.worker_compute.labels(vworker=str(vworker), kind=kind).inc(wall_s)
+
+    def add_worker_compute(self, vworker: str | int, kind: str, wall_s: float) -> None:
+        """``vworker`` spent ``wall_s`` real seconds computing ``kind`` (only with ``per_worker``; the
+        totals by kind come through :meth:`add_compute`)."""
+        self._need("agent", "add_worker_compute")
+        if not _LABEL_VALUE.match(kind):
+            raise ValueError(f"compute kind {kind!r} is not a lower-case identifier "
+                             "such as gradient, update, aggregate or eval")
+        if wall_s < 0:
+            raise ValueError(f"compute time must be >= 0, got wall_s={wall_s!r}")
+        if self.per_worker:
             self.worker_compute.labels(vworker=str(vworker), kind=kind).inc(wall_s)
 
     # -- internals ----------------------------------------------------------

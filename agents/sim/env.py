@@ -159,6 +159,8 @@ class Environment:
         self.settings = settings or {}
         self.recorder = recorder or Recorder()
         self.stats = Stats()
+        # wall seconds per (vworker, kind) of eager calls, for metrics.per_worker (AgentCore sets it to a dict)
+        self.worker_wall_s: dict[tuple[str, str], float] | None = None
         self.tracer = tracer  # agents.observe.trace.Tracer, or None
         self.statelog = statelog  # agents.observe.statelog.StatelogSpec, or None
         self.faults = Faults(faults or FaultSpec(), seed)
@@ -252,5 +254,8 @@ class Environment:
         s = self.stats
         s.compute_wall_s[kind] = s.compute_wall_s.get(kind, 0.0) + wall_s
         s.compute_virtual_ns[kind] = s.compute_virtual_ns.get(kind, 0) + (t1 - t0)
+        if self.worker_wall_s is not None and wall_s:
+            key = (w.name, kind)
+            self.worker_wall_s[key] = self.worker_wall_s.get(key, 0.0) + wall_s
         if self.tracer is not None:
             self.tracer.compute(w, kind, t0, t1)

@@ -216,6 +216,8 @@ class Executor:
         # before the first window, Training.prepare_batches); None: not checked
         self.rows_independent: bool | None = None
         self.wall_s: dict[str, float] = {}  # wall seconds per kind, drained by the agent each window
+        # the same per (vworker, kind), for metrics.per_worker (None: not kept; AgentCore sets a dict)
+        self.worker_wall_s: dict[tuple[str, str], float] | None = None
         self.tasks = self.batches = self.ruled_batches = self.ruled_tasks = 0
         self.largest = 0
         self.waited_s = 0.0  # wall time demands spent waiting for the background thread
@@ -414,6 +416,10 @@ class Executor:
             share = wall / len(tasks)
             for t in tasks:
                 self.wall_s[t.kind] = self.wall_s.get(t.kind, 0.0) + share
+            if self.worker_wall_s is not None:
+                for t in tasks:
+                    key = (getattr(t.owner, "name", str(t.owner)), t.kind)
+                    self.worker_wall_s[key] = self.worker_wall_s.get(key, 0.0) + share
             self.batches += 1
             self.largest = max(self.largest, len(tasks))
             if b.rule is not None and ok:
@@ -476,6 +482,14 @@ class Executor:
         """Wall seconds spent per kind since the last call (for the window's stats)."""
         with self._cv:
             out, self.wall_s = self.wall_s, {}
+        return out
+
+    def drain_worker_wall(self) -> dict[tuple[str, str], float]:
+        """Wall seconds per (vworker, kind) since the last call, when kept (metrics.per_worker)."""
+        with self._cv:
+            out = self.worker_wall_s or {}
+            if self.worker_wall_s is not None:
+                self.worker_wall_s = {}
         return out
 
     def close(self) -> None:
