@@ -157,3 +157,38 @@ def server_ssl_context(ca: str, cert: str, key: str | None) -> ssl.SSLContext:
     ctx.verify_mode = ssl.CERT_REQUIRED
     ctx.load_cert_chain(cert, key)
     return ctx
+
+
+def check_pair(ca: str, cert: str, key: str | None) -> tuple[str, str] | None:
+    """Whether ``cert`` and ``key`` belong together and ``ca`` signed ``cert``, checked by a TLS handshake in
+    memory (no socket); None when they do, else (``"key"`` or ``"ca"``: the file at fault, and why)."""
+    try:
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as e:
+        return "key", f"{getattr(e, 'reason', None) or e}"
+    try:
+        client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    except (ssl.SSLError, OSError) as e:
+        return "ca", f"{getattr(e, 'reason', None) or e}"
+    client.check_hostname = False  # the chain, not the name: controller.tls.server_name may name another
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    c = client.wrap_bio(to_client, to_server)
+    s_ = server.wrap_bio(to_server, to_client, server_side=True)
+    done = [False, False]
+    for _ in range(8):
+        for i, side in enumerate((c, s_)):
+            if done[i]:
+                continue
+            try:
+                side.do_handshake()
+                done[i] = True
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLCertVerificationError as e:
+                return "ca", e.verify_message or str(e)
+            except ssl.SSLError as e:
+                return "ca", f"{e.reason or e}"
+        if all(done):
+            return None
+    return "ca", "the handshake did not finish"

@@ -585,6 +585,25 @@ def _tls(tls: S.TLSConfig, local: bool, p: _Problems, check_files: bool = True) 
                 p.bad(f"controller.tls.{key}", v, "a PEM file (controller.tls.enabled=true needs cert, key and ca)")
         elif check_files and (key in ("cert", "key", "ca") or local) and not os.path.isfile(v):
             p.bad(f"controller.tls.{key}", v, "a readable PEM file (it does not exist)")
+    if not check_files:
+        return
+    from agents.common.trust import check_pair
+
+    pairs = [("cert", "key")] + ([("agent_cert", "agent_key")] if local and tls.agent_cert else [])
+    for c, k in pairs:
+        files = [tls.ca, getattr(tls, c), getattr(tls, k) or getattr(tls, c)]
+        if not all(f is not None and os.path.isfile(f) for f in files):
+            continue  # said above
+        wrong = check_pair(*files)
+        if wrong is None:
+            continue
+        at, why = wrong
+        if at == "key":
+            p.bad(f"controller.tls.{k}", getattr(tls, k),
+                  f"the private key of controller.tls.{c}={getattr(tls, c)} (loading the pair failed: {why})")
+        else:
+            p.bad("controller.tls.ca", tls.ca,
+                  f"the CA that signed controller.tls.{c}={getattr(tls, c)} (verifying it failed: {why})")
 
 
 def _plain(node: Any) -> dict[str, Any]:

@@ -91,3 +91,29 @@ def test_a_wrong_tls_setting_is_one_clear_sentence(override, problem):
     with pytest.raises(ConfigError) as e:
         load(FAST + override)  # as `lockstep run` checks it: the files of this machine are looked at
     assert any(p.startswith(problem) for p in e.value.problems), e.value.problems
+
+
+def test_a_key_of_another_certificate_or_a_ca_that_did_not_sign_it_is_refused_before_anything_starts(pki):
+    """Found running the CLI: the wrong CA made the agents fail after 65 s with DEADLINE_EXCEEDED, a key of
+    another certificate a traceback saying the controller could not bind its port."""
+    node, stranger, other = pki["node"], pki["stranger"], pki["other_ca"]
+    base = ["controller.tls.enabled=true", f"controller.tls.cert={node.cert}", f"controller.tls.ca={pki['ca'].path}"]
+    load(FAST + base + [f"controller.tls.key={node.key}"])  # the right files: valid
+    with pytest.raises(ConfigError) as e:
+        load(FAST + base + [f"controller.tls.key={stranger.key}"])
+    assert e.value.problems == [f"controller.tls.key={stranger.key} is not valid; accepted: the private key of "
+                                f"controller.tls.cert={node.cert} (loading the pair failed: KEY_VALUES_MISMATCH)."]
+    wrong_ca = ["controller.tls.enabled=true", f"controller.tls.cert={node.cert}", f"controller.tls.key={node.key}",
+                f"controller.tls.ca={other.path}"]
+    with pytest.raises(ConfigError) as e:
+        load(FAST + wrong_ca)
+    assert e.value.problems == [f"controller.tls.ca={other.path} is not valid; accepted: the CA that signed "
+                                f"controller.tls.cert={node.cert} (verifying it failed: unable to get local issuer "
+                                "certificate)."]
+    with pytest.raises(ConfigError) as e:  # the agents' own pair, which local agents read on this machine
+        load(FAST + base + [f"controller.tls.key={node.key}", "launcher=local", "agents=2",
+                            f"controller.tls.agent_cert={stranger.cert}", f"controller.tls.agent_key={stranger.key}"])
+    assert e.value.problems == [f"controller.tls.ca={pki['ca'].path} is not valid; accepted: the CA that signed "
+                                f"controller.tls.agent_cert={stranger.cert} (verifying it failed: unable to get local "
+                                "issuer certificate)."]
+
