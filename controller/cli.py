@@ -182,7 +182,13 @@ def _task(cfg) -> dict:
             from controller.recovery import load_run_config
 
             return run_session(load_run_config(run_dir), run_dir, resume=True).summary
-    result = run_session(rc, run_dir)
+    from controller.server import ListenError
+
+    try:
+        result = run_session(rc, run_dir)
+    except ListenError as e:  # the config is valid; this host cannot serve it (docs/configuration.md)
+        print(f"lockstep: {e}", file=sys.stderr)
+        sys.exit(1)
     return result.summary
 
 

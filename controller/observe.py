@@ -94,7 +94,13 @@ class Observer:
                                         per_worker=self.per_worker)
         self.metrics.set_agents({"registered": plan.n_agents})
         if self.port is not None:
-            server, port = serve(self.registry, self.host, self.port)
+            try:
+                server, port = serve(self.registry, self.host, self.port)
+            except OSError as e:
+                from controller.server import ListenError
+
+                raise ListenError(f"cannot serve metrics on {self.host}:{self.port} (metrics.host / metrics.port): "
+                                  f"{e.strerror or e}") from e
             self._servers.append(server)
             self.endpoints["controller"] = f"{_scrape_host(self.host)}:{port}"
             print(f"lockstep: metrics on http://{self.endpoints['controller']}/metrics", file=sys.stderr)

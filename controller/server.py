@@ -43,6 +43,11 @@ __all__ = ["ControllerServer", "AgentSession", "ControllerSettings", "Refusals",
 
 log = logging.getLogger("lockstep.controller")
 
+
+class ListenError(OSError):
+    """The controller cannot listen where its config says (a port taken, an address not this host's): one
+    sentence naming the keys; ``lockstep run`` prints it and exits 1, without a traceback."""
+
 METADATA_TOKEN, METADATA_AGENT = wire.METADATA_TOKEN, wire.METADATA_AGENT
 METADATA_TICKET, METADATA_PROTOCOL = wire.METADATA_TICKET, wire.METADATA_PROTOCOL
 _SERVICE = "/lockstep.v1.Controller/"
@@ -410,12 +415,12 @@ class ControllerServer:
             port = self._on_loop(self._start(), timeout=30)
         except Exception as e:  # noqa: BLE001 - e.g. the address is taken, a certificate file is missing
             self._halt()
-            raise OSError(f"cannot listen on {self.settings.host}:{self.settings.port} "
-                          f"(controller.host / controller.port / controller.tls): {e}") from e
+            raise ListenError(f"cannot listen on {self.settings.host}:{self.settings.port} "
+                              f"(controller.host / controller.port / controller.tls): {e}") from e
         if port == 0:
             self._halt()
-            raise OSError(f"cannot listen on {self.settings.host}:{self.settings.port} "
-                          "(controller.host / controller.port)")
+            raise ListenError(f"cannot listen on {self.settings.host}:{self.settings.port} "
+                              "(controller.host / controller.port)")
         self.port = port
         log.info("controller listening on %s%s", self.address, " (TLS)" if self.settings.tls.enabled else "")
         return self.address

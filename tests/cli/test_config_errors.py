@@ -174,3 +174,25 @@ def test_inputs_the_fuzzer_broke_are_refused_in_one_sentence(overrides, expected
         load(overrides)
     assert len(e.value.problems) == 1 and e.value.problems[0].endswith(expected), e.value.problems
     assert "\n" not in e.value.problems[0]
+
+
+@pytest.mark.parametrize("key, says", [
+    ("metrics.port", "cannot serve metrics on 127.0.0.1:{port} (metrics.host / metrics.port): Address already in use"),
+    ("controller.port", "cannot listen on 127.0.0.1:{port} (controller.host / controller.port / controller.tls): "
+                        "Failed to bind to address 127.0.0.1:{port}"),
+])
+def test_a_port_another_process_holds_is_one_sentence_and_exit_1(tmp_path, key, says):
+    """A valid config this host cannot serve: the sentence, exit 1, no traceback (was Hydra's 'Error executing
+    job' and the traceback of the OSError)."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "controller.cli", "run", "launcher=local", "agents=2", "workers=2",
+                            "model=mlp", "compute=constant", "stop.updates=10", "progress=false", f"{key}={port}",
+                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert p.returncode == 1, p.stderr
+    assert f"lockstep: {says.format(port=port)}" in p.stderr and "Traceback" not in p.stderr, p.stderr
