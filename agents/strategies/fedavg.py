@@ -62,6 +62,12 @@ class FedClient(TrainingWorker):
         return await self._train_round(await self.recv(src=self.server, tag="model"))
 
     async def _train_round(self, m) -> None:
+        # a client that fell behind (a round slower than strategy.round_timeout, a straggler) finds the models
+        # of the rounds it missed queued: it trains the newest, whose update can still be on time; an older
+        # one's would be dropped as late, and the queue would grow by a model every round
+        while (newer := self.recv_nowait(src=self.server, tag="model")) is not None:
+            if newer.payload[1] > m.payload[1]:
+                m = newer
         params, version = m.payload
         self.load(params)
         spec = self.training.spec

@@ -531,10 +531,18 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
               "or file:///path")
 
     flow_cap = None if c.predictor.flow_cap is None else _rate(p, "predictor.flow_cap", c.predictor.flow_cap)
+    n_tensors = None
     if not p.items and model is not None:
-        _check_model(p, model, c.seed)
+        n_tensors = _check_model(p, model, c.seed)
     # the vworkers, laid out once (100 000 FedAvg clients: 0.4 s a layout)
-    layout = layout_of(strategy_cls, workers, settings) if not p.items and strategy_cls is not None else None
+    layout = None
+    if not p.items and strategy_cls is not None:
+        try:
+            layout = layout_of(strategy_cls, workers, settings)
+        except ValueError as e:  # a strategy's own sentence (strategy.degree=4 ... for 4 workers; accepted: ...)
+            p.add(str(e).rstrip(".") + ".")
+    if layout is not None and n_tensors is not None:
+        _check_shards(p, strategy_cls, settings, n_tensors, c.compute.layerwise)
     if layout is not None and check_data:
         _check_data(p, c.data.root, partition, partition_kw, layout, workers, batch_size, c.seed)
     faults: tuple[FaultSetting, ...] = ()
@@ -1063,14 +1071,32 @@ def _check_topology(p: _Problems, net: NetworkSettings, vworkers: list[Any], age
 
 
 # -------------------------------------------------- model and data checks
-def _check_model(p: _Problems, model: dict[str, Any], seed: int) -> None:
+def _check_model(p: _Problems, model: dict[str, Any], seed: int) -> int | None:
+    """Build the model once; its number of parameter tensors (None: it cannot be built, said in ``p``)."""
     from agents.workloads.models import build_model
 
     try:
-        build_model(model, seed)
+        return len(list(build_model(model, seed).parameters()))
     except (ValueError, TypeError, ImportError) as e:
         why = str(e)  # build_model's sentences name model._target_ themselves
         p.add(why if why.startswith("model") else f"model._target_={model.get('_target_')!r} is not usable: {why}")
+        return None
+
+
+def _check_shards(p: _Problems, strategy_cls: Any, settings: dict[str, Any], n_tensors: int, layerwise: bool) -> None:
+    """A sharded PS owns whole parameter tensors: at most one shard per tensor, and whole-model messages."""
+    from agents.strategies.ps import _PS
+
+    shards = settings.get("shards") or 1
+    if not (isinstance(strategy_cls, type) and issubclass(strategy_cls, _PS)) or not isinstance(shards, int) \
+            or shards <= 1:
+        return
+    if shards > n_tensors:
+        p.bad("strategy.shards", shards, f"an integer >= 1 and <= {n_tensors}: each shard owns whole parameter "
+                                         f"tensors, and the model has {n_tensors}")
+    if layerwise:
+        p.add(f"strategy.shards={shards} is not supported with compute.layerwise=true (the layer-wise messages go "
+              "to one PS); accepted: strategy.shards=1, or compute.layerwise=false.")
 
 
 @lru_cache(maxsize=4)

@@ -54,6 +54,13 @@ ROOT = Path(__file__).resolve().parents[2]
     ("workers=70000", r"workers=70000 is not valid; accepted: at most the 60000 training samples, or set "
                       r"data.per_client"),
     ("data.per_client=32", None),  # valid with data.partition=iid: no error
+    ("model=mlp strategy=ps_sync strategy.shards=8", r"^strategy.shards=8 is not valid; accepted: an integer >= 1 "
+                                                     r"and <= 4: each shard owns whole parameter tensors, and the "
+                                                     r"model has 4\.$"),  # was torch.cat's error, mid-run
+    ("model=mlp strategy=ps_sync strategy.shards=2 compute.layerwise=true",
+     r"^strategy.shards=2 is not supported with compute.layerwise=true"),  # was an IndexError in ps0, mid-run
+    ("strategy=gossip workers=4 strategy.topology=random strategy.degree=4",
+     r"^strategy.degree=4 is not valid for 4 workers; accepted: 1 <= degree < workers"),  # was a traceback
     ("model=mlp model.hidden=[0]", r"model.hidden=\[0\] is not valid; accepted: a list of layer widths, each an "
                                    r"integer >= 1"),  # it built, and learnt nothing
 ])

@@ -46,6 +46,17 @@ def test_a_fedavg_client_that_crashed_misses_every_round_which_ends_at_the_round
     assert [int(r["samples"]) for r in rows] == [3 * 16] * 3
 
 
+def test_a_fedavg_client_slower_than_the_round_timeout_trains_the_newest_model_and_keeps_no_backlog(run):
+    # c1 takes 3 x 10 ms a step; each round ends at its 20 ms deadline: it is sent a model every ~21 ms and
+    # needs ~32 ms a round, so the models of rounds it missed queue up. It used to train the oldest (whose
+    # update was sure to be dropped as late) and keep the rest: one more 636 kB model each round, forever
+    ran = run([*FAST_NET, "strategy=fedavg", "workers=4", "strategy.local_steps=1", "batch_size=16",
+               "stop.updates=60", "strategy.round_timeout=20ms", "faults=[{kind:straggler,workers:[c1],factor:3}]"])
+    assert [int(r["samples"]) for r in ran.rows()] == [3 * 16] * 60  # c1 is too slow for any round
+    c1 = ran.worker("c1")
+    assert len([m for m in c1._mailbox if m.tag == "model"]) <= 1
+
+
 def test_a_fedavg_round_timeout_without_faults_changes_nothing(run):
     common = [*FAST_NET, "strategy=fedavg", "workers=4", "strategy.local_steps=1", "stop.updates=3"]
     a, b = run(common), run([*common, "strategy.round_timeout=10s"])
