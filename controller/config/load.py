@@ -58,6 +58,15 @@ def _parse(overrides: list[str]) -> list[Any]:
     return OverridesParser.create().parse_overrides(list(overrides))
 
 
+def _parse_checked(overrides: list[str]) -> list[Any]:
+    """:func:`_parse`, or a ConfigError with one sentence (``lockstep run throughput_scaling``: no ``key=``)."""
+    try:
+        return _parse(overrides)
+    except OverrideParseException as e:
+        raise ConfigError([f"cannot read the command line ({str(e).splitlines()[0]}); accepted: key=value "
+                           "overrides (https://hydra.cc/docs/advanced/override_grammar/basic)."]) from None
+
+
 def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str | None]:
     """One sentence for a composition error, and the override that caused it (None: not one override)."""
     text = str(e)
@@ -84,6 +93,8 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
         key = m.group(1).split("=")[0].lstrip("+~")
     if key and key not in by_key:  # the error may name a key inside the overridden value
         key = next((k for k in by_key if key.startswith(k + ".")), key)
+    if key and key not in by_key:  # ... or the node above the overridden key (netwrk in netwrk.latency=1ms)
+        key = next((k for k in by_key if k.startswith(key + ".")), key)
     if key and key not in by_key and m:  # ... or inside one item of an overridden list of typed items
         listed = _list_item_error(key, cause, m.group(1).split("=")[0].lstrip("+~"), by_key)
         if listed is not None:
@@ -98,7 +109,15 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
     value = raw.split("=", 1)[1] if "=" in raw else None
     if "Could not override" in text or "not in struct" in text or "Key '" in str(cause) and "not in" in str(cause):
         parent, _, leaf = key.rpartition(".")
-        options = _keys_under(parent, [o for o in overrides if o != raw])
+        if not parent and not raw.startswith("+") and group_options(key):  # a group the defaults do not list
+            return (f"{key} is a config group the defaults do not list: add it with '+' (+{raw}); accepted: "
+                    f"{' | '.join(group_options(key))}.", raw)
+        others = [o for o in overrides if o != raw]
+        options = _keys_under(parent, others)
+        while parent and not options:  # a node above the key does not exist either: name the first missing one
+            key = parent
+            parent, _, leaf = key.rpartition(".")
+            options = _keys_under(parent, others)
         hint = did_you_mean(leaf, options)
         where = f"a key of {parent}" if parent else "a config key"
         return (f"{key} is not {where}{hint} (accepted: {', '.join(o for o in options if not o.startswith('_'))})"
@@ -157,7 +176,8 @@ def _safe_parse(overrides: list[str]) -> list[Any]:
 
 def _keys_under(parent: str, others: list[str]) -> list[str]:
     """The keys a node accepts with the other overrides applied (for suggestions)."""
-    groups = [s for o, s in zip(_safe_parse(others), others) if "." not in o.key_or_group]
+    groups = [s for o, s in zip(_safe_parse(others), others)
+              if "." not in o.key_or_group and group_options(o.key_or_group.lstrip("+~"))]
     try:
         cfg = compose_config(groups)
     except Exception:  # noqa: BLE001 - suggestions only
@@ -174,11 +194,7 @@ def load(overrides: list[str], check_data: bool = True) -> RunConfig:
     """Compose conf/ with ``overrides`` and validate it; ConfigError lists every problem."""
     problems: list[str] = []
     remaining = list(overrides)
-    try:
-        _parse(remaining)
-    except OverrideParseException as e:
-        raise ConfigError([f"cannot read the command line ({str(e).splitlines()[0]}); accepted: key=value "
-                           "overrides (https://hydra.cc/docs/advanced/override_grammar/basic)."]) from None
+    _parse_checked(remaining)
     cfg = None
     for _ in range(len(overrides) + 1):
         try:
@@ -222,7 +238,7 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     """
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-    parsed = _parse(overrides)
+    parsed = _parse_checked(overrides)
     fixed = [s for o, s in zip(parsed, overrides) if not o.is_sweep_override()]
     try:
         cfg = compose_config(fixed, return_hydra_config=True)

@@ -61,6 +61,10 @@ ROOT = Path(__file__).resolve().parents[2]
      r"^strategy.shards=2 is not supported with compute.layerwise=true"),  # was an IndexError in ps0, mid-run
     ("strategy=gossip workers=4 strategy.topology=random strategy.degree=4",
      r"^strategy.degree=4 is not valid for 4 workers; accepted: 1 <= degree < workers"),  # was a traceback
+    ("experiment=gossip_vs_ring", r"^experiment is a config group the defaults do not list: add it with '\+' "
+                                  r"\(\+experiment=gossip_vs_ring\); accepted: faults_crash10 \| "),  # was: placement?
+    ("netwrk.latency=1ms", r"^netwrk is not a config key; did you mean network\? \(accepted: strategy, model, "),
+    ("network.tcpp.x=1", r"^network.tcpp is not a key of network; did you mean tcp\?"),
     ("model=mlp model.hidden=[0]", r"model.hidden=\[0\] is not valid; accepted: a list of layer widths, each an "
                                    r"integer >= 1"),  # it built, and learnt nothing
 ])
@@ -203,3 +207,24 @@ def test_a_port_another_process_holds_is_one_sentence_and_exit_1(tmp_path, key, 
                            timeout=300)
     assert p.returncode == 1, p.stderr
     assert f"lockstep: {says.format(port=port)}" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_misspelt_node_is_named_and_the_other_problems_are_listed_too():
+    with pytest.raises(ConfigError) as e:  # the first used to hide the second ("Could not override 'netwrk.latency'")
+        load(["netwrk.latency=1ms", "workers=abc"])
+    assert e.value.problems == [
+        "netwrk is not a config key; did you mean network? (accepted: strategy, model, network, compute, launcher, "
+        "run_id, seed, workers, agents, placement, batch_size, lr, momentum, optimizer, device, threads, memory, "
+        "stop, eval, data, controller, metrics, trace, statelog, outputs, recovery, predict, predictor, progress, "
+        "log_level, faults).",
+        "workers=abc is not valid; accepted: an integer >= 1."]
+
+
+@pytest.mark.parametrize("cmd", [["run", "--multirun"], ["sweep"]])
+def test_a_sweep_with_an_override_that_is_not_key_value_is_one_sentence_and_exit_2(tmp_path, cmd):
+    p = subprocess.run([sys.executable, "-m", "controller.cli", *cmd, "throughput_scaling", "predict=true",
+                        f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr == ("lockstep: invalid configuration:\n  cannot read the command line (Error parsing override "
+                        "'throughput_scaling'); accepted: key=value overrides "
+                        "(https://hydra.cc/docs/advanced/override_grammar/basic).\n")
