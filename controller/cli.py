@@ -96,7 +96,7 @@ def _invalid(problems: list[str]) -> None:
 
 def _preflight(args: list[str]) -> None:
     """Validate the run, or every job of a sweep, before Hydra starts anything (exit 2 with every problem)."""
-    from controller.config import ConfigError, check_sweep, load, sweep_jobs
+    from controller.config import ConfigError, check_sweep, load, sweep_jobs, sweeper_params
 
     overrides = [a for a in args if not a.startswith("-")]
     if any(a.startswith("-") and a.split("=")[0] not in _HYDRA_FLAGS for a in args):
@@ -106,6 +106,11 @@ def _preflight(args: list[str]) -> None:
             check_sweep(sweep_jobs(overrides))
         elif not any(a in args for a in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")):
             _warm(load(overrides))
+            if any(o.lstrip("+~").startswith("experiment=") for o in overrides):
+                grid = sweeper_params(overrides)
+                if grid:  # a preset's sweep: one run of the config's own values would go unnoticed
+                    print(f"lockstep: this experiment defines a sweep ({', '.join(f'{k}={v}' for k, v in grid.items())}"
+                          "); without --multirun one run of the config's own values runs", file=sys.stderr)
     except ConfigError as e:
         _invalid(e.problems)
 

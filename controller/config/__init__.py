@@ -4,7 +4,7 @@
 and returns the typed :class:`RunConfig`, or raises :class:`ConfigError` with one sentence per
 problem; ``validate(cfg)`` does the checking for an already composed config.
 """
-from controller.config.load import CONF_DIR, check_sweep, compose_config, load, sweep_jobs
+from controller.config.load import CONF_DIR, check_sweep, compose_config, load, sweep_jobs, sweeper_params
 from controller.config.schema import register_configs
 from controller.config.validate import (BandwidthSetting, ComputeSettings, ConfigError, LatencySetting,
                                         MetricsSettings, NetworkSettings, RunConfig, TraceSettings, config_hash,
@@ -12,4 +12,4 @@ from controller.config.validate import (BandwidthSetting, ComputeSettings, Confi
 
 __all__ = ["CONF_DIR", "ConfigError", "RunConfig", "NetworkSettings", "LatencySetting", "BandwidthSetting",
            "ComputeSettings", "TraceSettings", "MetricsSettings", "check_sweep", "compose_config", "config_hash",
-           "load", "register_configs", "sweep_jobs", "validate"]
+           "load", "register_configs", "sweep_jobs", "sweeper_params", "validate"]

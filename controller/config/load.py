@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from controller.config import schema as S
 from controller.config.validate import ConfigError, RunConfig, accepted_text, did_you_mean, field_at, validate
 
-__all__ = ["CONF_DIR", "compose_config", "load", "check_sweep", "describe_compose_error"]
+__all__ = ["CONF_DIR", "compose_config", "load", "check_sweep", "describe_compose_error", "sweeper_params"]
 
 
 def _conf_dir() -> str:
@@ -230,6 +230,15 @@ def check_sweep(job_overrides: list[list[str]]) -> None:
         raise ConfigError(problems)
 
 
+def sweeper_params(overrides: list[str]) -> dict[str, Any]:
+    """``hydra.sweeper.params`` of the config ``overrides`` compose (an experiment's grid; {} if it cannot)."""
+    try:
+        cfg = compose_config(overrides, return_hydra_config=True)
+        return dict(cfg.hydra.sweeper.get("params") or {})
+    except (ConfigCompositionException, MissingConfigException):
+        return {}  # load() reports the problem for every job
+
+
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     """The override list of every job ``lockstep run --multirun overrides`` will run (Hydra's basic sweeper).
 
@@ -240,11 +249,14 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
 
     parsed = _parse_checked(overrides)
     fixed = [s for o, s in zip(parsed, overrides) if not o.is_sweep_override()]
-    try:
-        cfg = compose_config(fixed, return_hydra_config=True)
-        params = dict(cfg.hydra.sweeper.get("params") or {})
-    except (ConfigCompositionException, MissingConfigException):
-        params = {}  # load() reports the problem for every job
+    for o, raw in zip(parsed, overrides):  # Hydra reads the grid of the experiment the fixed overrides name only
+        if o.is_sweep_override() and o.key_or_group.lstrip("+~") == "experiment":
+            grids = [str(v) for v in o.sweep_iterator() if sweeper_params(fixed + [f"+experiment={v}"])]
+            if grids:
+                raise ConfigError([f"{raw} sweeps presets that define a grid of their own ({', '.join(grids)}: "
+                                   "hydra.sweeper.params), which Hydra's sweeper does not expand per preset; "
+                                   "accepted: one such +experiment per --multirun."])
+    params = sweeper_params(fixed)
     args = [f"{k}={v}" for k, v in params.items()] + list(overrides)
     batches = BasicSweeper.split_arguments(_parse(args), None)
     return [list(job) for batch in batches for job in batch]

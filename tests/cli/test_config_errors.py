@@ -228,3 +228,24 @@ def test_a_sweep_with_an_override_that_is_not_key_value_is_one_sentence_and_exit
     assert p.stderr == ("lockstep: invalid configuration:\n  cannot read the command line (Error parsing override "
                         "'throughput_scaling'); accepted: key=value overrides "
                         "(https://hydra.cc/docs/advanced/override_grammar/basic).\n")
+
+
+def test_sweeping_presets_that_each_define_a_grid_is_refused_naming_them():
+    """Hydra's sweeper reads the grid of the config the fixed overrides compose: both jobs used to run ps_async
+    with 64 workers, each preset's own grid silently dropped."""
+    with pytest.raises(ConfigError) as e:
+        sweep_jobs(["+experiment=gossip_vs_ring,throughput_scaling", "stop.updates=5"])
+    assert e.value.problems == [
+        "+experiment=gossip_vs_ring,throughput_scaling sweeps presets that define a grid of their own "
+        "(gossip_vs_ring, throughput_scaling: hydra.sweeper.params), which Hydra's sweeper does not expand per "
+        "preset; accepted: one such +experiment per --multirun."]
+    assert len(sweep_jobs(["+experiment=gossip_vs_ring", "stop.updates=5"])) == 6  # one preset: its grid
+
+
+def test_a_preset_with_a_grid_run_without_multirun_says_so(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "controller.cli", "run", "+experiment=gossip_vs_ring", "workers=4",
+                        "model=mlp", "compute=constant", "stop.updates=5", "launcher=inprocess", "progress=false",
+                        f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert ("lockstep: this experiment defines a sweep (strategy=gossip,ring_allreduce, workers=4,8,16); without "
+            "--multirun one run of the config's own values runs\n") in p.stderr
