@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -34,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     cmd, rest = argv[0], argv[1:]
+    if cmd in ("predict", "inspect", "validate") and hasattr(signal, "SIGPIPE"):
+        # a report read through `| head`: end quietly when the reader has gone, as other command-line tools do
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if cmd == "run":
         return _run(rest)
     if cmd == "resume":

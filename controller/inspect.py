@@ -230,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     except UnitError as e:
         print(f"lockstep inspect: --at {args.at!r}: {e}", file=sys.stderr)
         return 2
+    if t < 0:
+        print(f"lockstep inspect: --at {args.at!r} is not valid; accepted: a virtual time >= 0 (e.g. 12.5s)",
+              file=sys.stderr)
+        return 2
     try:
         view = RunView(args.run, trust=args.trust)
         names = [args.worker] if args.worker else view.names
@@ -238,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, KeyError, PermissionError, ValueError) as e:
         print(f"lockstep inspect: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
+    end = _end_ns(Path(args.run))
+    if end is not None and t > end:
+        print(f"lockstep inspect: note: T is after the run's end ({end / 1e9:.9f} s): the states are those at its end",
+              file=sys.stderr)
     if args.json:
         print(json.dumps({"at_ns": t, "states": states, **({"model": model} if model else {})}, indent=2))
     else:
@@ -247,6 +255,16 @@ def main(argv: list[str] | None = None) -> int:
                                                f"{model['version_at_t']})")
             print(f"wrote {model['path']}: {model['vworker']} version {model['version']}{exact}")
     return 0
+
+
+def _end_ns(run_dir: Path) -> int | None:
+    """The virtual time a complete run ended at (summary.json), or None."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    end = summary.get("virtual_time_ns")
+    return end if isinstance(end, int) and summary.get("complete", True) else None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -229,6 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("paths", nargs="+", type=Path, help="run directories and/or --multirun sweep directories")
     p.add_argument("-o", "--out", type=Path, default=None, help="output PNG (default: next to the first path)")
     a = p.parse_args(argv)
+    if a.out is not None:  # before any plotting: a wrong -o was a traceback from savefig at the end
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        kinds = sorted(FigureCanvasAgg(Figure()).get_supported_filetypes())
+        if a.out.suffix.lstrip(".").lower() not in kinds:
+            p.error(f"-o {a.out}: the file type {a.out.suffix or '(none)'!r} is not one matplotlib writes; "
+                    f"accepted: a name ending in {', '.join('.' + k for k in kinds)}")
+        if not a.out.parent.is_dir():
+            p.error(f"-o {a.out}: the folder {a.out.parent} does not exist")
     runs, sweeps = [], []
     for path in a.paths:
         if (path / "metrics.csv").exists():

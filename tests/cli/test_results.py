@@ -109,3 +109,15 @@ def test_a_sweeps_plot_leaves_out_runs_whose_summary_is_not_complete(tmp_path):
         (sweep / name / "summary.json").write_text(json.dumps({"complete": complete, "strategy": "ps_async",
                                                                "workers": 4}))
     assert [i["dir"].name for infos in sweep_points(sweep).values() for i in infos] == ["a"]
+
+
+@pytest.mark.parametrize("out, says", [
+    ("nodir/x.png", "-o {d}/nodir/x.png: the folder {d}/nodir does not exist"),
+    ("x.foo", "-o {d}/x.foo: the file type '.foo' is not one matplotlib writes; accepted: a name ending in "),
+])
+def test_lockstep_plot_with_an_output_it_cannot_write_says_so_before_plotting(tmp_path, out, says):
+    """Both were tracebacks from savefig, after every plot was drawn."""
+    p = subprocess.run([sys.executable, "-m", "controller.cli", "plot", str(tmp_path / "run"), "-o",
+                        str(tmp_path / out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert f"lockstep plot: error: {says.format(d=tmp_path)}" in p.stderr, p.stderr

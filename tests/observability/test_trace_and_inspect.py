@@ -168,6 +168,15 @@ def test_inspect_rejects_a_bad_time_and_an_unknown_worker(run_dir):
                               "--worker", "w99"], cwd=runs.ROOT, capture_output=True, text=True, timeout=60)
     assert unknown.returncode == 2 and "w99" in unknown.stderr
     assert parse_time("12.5s") == 12_500_000_000 and parse_time("51906560ns") == 51_906_560
+    negative = subprocess.run([sys.executable, "-m", "controller.cli", "inspect", str(run_dir), "--at=-1s"],
+                              cwd=runs.ROOT, capture_output=True, text=True, timeout=60)  # was a table of "waiting"
+    assert negative.returncode == 2 and negative.stdout == "" and negative.stderr == (
+        "lockstep inspect: --at '-1s' is not valid; accepted: a virtual time >= 0 (e.g. 12.5s)\n")
+    end = json.loads((run_dir / "summary.json").read_text())["virtual_time_ns"]
+    late = subprocess.run([sys.executable, "-m", "controller.cli", "inspect", str(run_dir), "--at", "1000s"],
+                          cwd=runs.ROOT, capture_output=True, text=True, timeout=60)
+    assert late.returncode == 0 and late.stderr == (f"lockstep inspect: note: T is after the run's end "
+                                                    f"({end / 1e9:.9f} s): the states are those at its end\n")
 
 
 def test_trace_sample_window_and_cap_shrink_the_trace(tmp_path):
