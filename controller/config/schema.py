@@ -702,7 +702,7 @@ class LockstepConfig:
     workers: int = doc(64, "training vworkers (a PS adds its own)", lo=1)
     agents: int = doc(1, "agent processes the vworkers are spread over", lo=1)
     placement: Placement = doc(Placement.round_robin, "round_robin | block | ps_alone (the servers alone on "
-                                                      "agent 0)")
+                                                      "agent 0; refused for a strategy without one)")
     batch_size: Any = doc(16, "per worker: an int, or a list with one entry per worker")
     lr: float = doc(0.005, "learning rate (async PS with 64 workers diverges at larger rates: docs/engine.md)", lo=0, lo_open=True)
     momentum: float = doc(0.0, "SGD momentum, in [0, 1)", lo=0, hi=1, hi_open=True)

@@ -550,6 +550,9 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         n_vworkers = len(layout)
         if agents > n_vworkers:
             p.bad("agents", agents, f"at most the number of vworkers ({n_vworkers})")
+        elif c.placement.value == "ps_alone" and agents > 1 and all(v.holds_data for v in layout):
+            p.bad("placement", "ps_alone", f"round_robin | block: strategy {strategy_name} has no vworker without "
+                                           "data (a PS) to put alone on agent 0, which would host nothing")
         for key, named in (("compute.stragglers", compute.stragglers),
                            ("compute.start_offsets", compute.start_offsets_s)):
             unknown = sorted(set(named) - {v.name for v in layout})
@@ -718,7 +721,7 @@ def _network(n: S.NetworkConfig, workers: int | None, p: _Problems) -> NetworkSe
     bw_in = None if n.bandwidth_in is None else _bandwidth(p, "network.bandwidth_in", n.bandwidth_in, workers)
     tcp = None
     if n.model == S.NetworkModel.tcp:
-        if n.efficiency != 1.0:
+        if n.efficiency != 1.0 and isinstance(n.efficiency, (int, float)) and 0 < n.efficiency <= 1:
             p.bad("network.efficiency", n.efficiency, "1.0 with network.model=tcp, which derives the goodput from "
                   "network.tcp.mtu, header_bytes and frame_bytes")
         tcp = _tcp(n.tcp, p)

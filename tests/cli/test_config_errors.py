@@ -65,6 +65,10 @@ ROOT = Path(__file__).resolve().parents[2]
                                   r"\(\+experiment=gossip_vs_ring\); accepted: faults_crash10 \| "),  # was: placement?
     ("netwrk.latency=1ms", r"^netwrk is not a config key; did you mean network\? \(accepted: strategy, model, "),
     ("network.tcpp.x=1", r"^network.tcpp is not a key of network; did you mean tcp\?"),
+    ("strategy=ring_allreduce placement=ps_alone agents=2", r"^placement=ps_alone is not valid; accepted: "
+                                                           r"round_robin \| block: strategy ring_allreduce has no "
+                                                           r"vworker without data"),  # agent 0 hosted nothing
+    ("network.efficiency=1.5", r"^network.efficiency=1.5 is not valid; accepted: a number > 0 and <= 1\.$"),
     ("model=mlp model.hidden=[0]", r"model.hidden=\[0\] is not valid; accepted: a list of layer widths, each an "
                                    r"integer >= 1"),  # it built, and learnt nothing
 ])
@@ -72,8 +76,10 @@ def test_bad_value_names_key_and_accepted_values(override, expected):
     if expected is None:
         load(override.split(" "))
         return
-    with pytest.raises(ConfigError, match=expected):
+    with pytest.raises(ConfigError, match=expected) as e:
         load(override.split(" "))
+    if override == "network.efficiency=1.5":  # once, not again as "1.0 with network.model=tcp"
+        assert len(e.value.problems) == 1, e.value.problems
 
 
 def test_the_hosts_share_of_the_minimum_rtt_is_a_range():
