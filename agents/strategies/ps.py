@@ -305,6 +305,7 @@ class PSWorker(TrainingWorker):
         self._split = shards_of(self.training, len(self.shards)) if len(self.shards) > 1 else None
         self._keeps_model = self._split is not None and self.name == "w0"  # the result vworker of a sharded PS
         self._p2p = _gloo(self, self.shards)
+        self._had: dict[str, int] = {}  # a sharded PS: the latest version of each shard's parameters taken
         if self.restarted:
             for s in self.shards:
                 self.send(s, None, tag="pull")
@@ -327,8 +328,19 @@ class PSWorker(TrainingWorker):
                 for s in self.shards:
                     self._p2p.post_recv(s, "params")
         while len(msgs) < len(self.shards):
-            msgs.append(await self.recv(src=self.shards[len(msgs)], tag="params"))
+            self._took(msgs, await self.recv(src=self.shards[len(msgs)], tag="params"))
         return msgs
+
+    def _took(self, msgs: list, m: Any) -> None:
+        """Keep ``m``, the next shard's parameters, unless a sharded PS's are a copy of a version already
+        taken (a ``duplicate`` fault): joined with the other shards' newer slices it would make a model of
+        mixed versions, whose gradient a synchronous PS drops, and the round would never end."""
+        s = self.shards[len(msgs)]
+        if len(self.shards) > 1:
+            if m.payload[1] <= self._had.get(s, -1):
+                return
+            self._had[s] = m.payload[1]
+        msgs.append(m)
 
     async def _step(self, msgs: list) -> bool:
         """One step on the parameters in ``msgs``: a gradient pushed to every shard; True when the run stops.
@@ -553,7 +565,7 @@ async def _(f: dict[str, Any], value: Any, below: str) -> bool:
 
 @continues(PSWorker._pull)
 async def _(f: dict[str, Any], m: Any, below: str) -> list:
-    f["msgs"].append(m)
+    f["self"]._took(f["msgs"], m)
     return await f["self"]._pull(f["msgs"])
 
 

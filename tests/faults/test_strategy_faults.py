@@ -57,6 +57,16 @@ def test_a_fedavg_client_slower_than_the_round_timeout_trains_the_newest_model_a
     assert len([m for m in c1._mailbox if m.tag == "model"]) <= 1
 
 
+def test_a_sharded_sync_ps_whose_parameters_are_duplicated_drops_the_copies_and_learns_the_same(run):
+    # a copy of ps0's slice of version v, taken with ps1's slice of v + 1, made a model of mixed versions whose
+    # gradient ps0 dropped: the run stopped after 2 updates, every vworker parked
+    common = [*FAST_NET, "strategy=ps_sync", "strategy.shards=2", "workers=4", "stop.updates=30"]
+    base = run(common)
+    ran = run([*common, "faults=[{kind:duplicate,workers:[ps0],probability:0.3}]"])
+    assert [r["iteration"] for r in ran.rows()] == [str(i) for i in range(1, 31)]
+    assert torch.equal(ran.params, base.params)
+
+
 def test_a_fedavg_round_timeout_without_faults_changes_nothing(run):
     common = [*FAST_NET, "strategy=fedavg", "workers=4", "strategy.local_steps=1", "stop.updates=3"]
     a, b = run(common), run([*common, "strategy.round_timeout=10s"])
