@@ -438,7 +438,8 @@ class ComputeConfig:
                                "CPUs) | true | false")
     layerwise: bool = doc(False, "layer-wise overlap (wait-free backprop): each layer's gradient leaves when its "
                                  "backward pass ends and a layer's forward pass waits only for its own parameters "
-                                 "(PS and ring strategies; docs/predict.md)")
+                                 "(ps_sync, ps_async, ssp and ring_allreduce, refused for the others; "
+                                 "docs/predict.md)")
     forward_fraction: float = doc(1 / 3, "the share of a gradient's duration spent in the forward pass, where "
                                          "per-layer times are split from a whole-call duration (backward ~ 2x "
                                          "forward)", lo=0, lo_open=True, hi=1, hi_open=True)

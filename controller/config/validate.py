@@ -543,6 +543,8 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
             p.add(str(e).rstrip(".") + ".")
     if layout is not None and n_tensors is not None:
         _check_shards(p, strategy_cls, settings, n_tensors, c.compute.layerwise)
+    if layout is not None and c.compute.layerwise is True:
+        _check_layerwise(p, strategy_cls, strategy_name, settings)
     if layout is not None and check_data:
         _check_data(p, c.data.root, partition, partition_kw, layout, workers, batch_size, c.seed)
     faults: tuple[FaultSetting, ...] = ()
@@ -1084,6 +1086,19 @@ def _check_model(p: _Problems, model: dict[str, Any], seed: int) -> int | None:
         why = str(e)  # build_model's sentences name model._target_ themselves
         p.add(why if why.startswith("model") else f"model._target_={model.get('_target_')!r} is not usable: {why}")
         return None
+
+
+def _check_layerwise(p: _Problems, strategy_cls: Any, name: str, settings: dict[str, Any]) -> None:
+    """``compute.layerwise=true`` where a strategy sends per-layer messages; elsewhere it changed nothing."""
+    from agents.strategies.ps import _PS
+    from agents.strategies.ring_allreduce import RingAllReduce
+
+    if not (isinstance(strategy_cls, type) and issubclass(strategy_cls, (_PS, RingAllReduce))):
+        p.add(f"compute.layerwise=true is not supported by strategy {name}, which sends whole models (it would change "
+              "nothing); accepted: strategy ps_sync, ps_async, ssp or ring_allreduce, or compute.layerwise=false.")
+    elif issubclass(strategy_cls, _PS) and settings.get("collective", "ideal") == "gloo":
+        p.add("strategy.collective=gloo is not supported with compute.layerwise=true (the per-layer messages of a "
+              "PS are not gloo's send/recv); accepted: strategy.collective=ideal, or compute.layerwise=false.")
 
 
 def _check_shards(p: _Problems, strategy_cls: Any, settings: dict[str, Any], n_tensors: int, layerwise: bool) -> None:

@@ -68,6 +68,11 @@ ROOT = Path(__file__).resolve().parents[2]
     ("strategy=ring_allreduce placement=ps_alone agents=2", r"^placement=ps_alone is not valid; accepted: "
                                                            r"round_robin \| block: strategy ring_allreduce has no "
                                                            r"vworker without data"),  # agent 0 hosted nothing
+    ("strategy=gossip workers=4 compute.layerwise=true", r"^compute.layerwise=true is not supported by strategy "
+                                                         r"gossip, which sends whole models"),  # it changed nothing
+    ("strategy=ps_sync strategy.collective=gloo compute.layerwise=true",
+     r"^strategy.collective=gloo is not supported with compute.layerwise=true"),  # gloo was silently ideal
+    ("strategy=ssp compute.layerwise=true", None),
     ("network.efficiency=1.5", r"^network.efficiency=1.5 is not valid; accepted: a number > 0 and <= 1\.$"),
     ("model=mlp model.hidden=[0]", r"model.hidden=\[0\] is not valid; accepted: a list of layer widths, each an "
                                    r"integer >= 1"),  # it built, and learnt nothing
