@@ -88,18 +88,43 @@ def _run_info(run: Path) -> dict[str, Any]:
     return {"summary": summary, "plan": plan, "dir": run}
 
 
-def sweep_points(sweep: Path) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """The runs of a sweep grouped by (strategy, egress discipline), sorted by workers."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+def sweep_points(sweep: Path) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+    """The runs of a sweep grouped by (strategy, egress discipline), sorted by workers; where the sweep also
+    varies other overrides (faults, lr, ...), by (strategy, discipline, those overrides) — one line each."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    infos = []
     for sub in sorted(p for p in sweep.iterdir() if (p / "summary.json").exists()):
         info = _run_info(sub)
         if info["summary"].get("complete") is False:  # still going, or stopped early: no point yet
             continue
+        infos.append(info)
+    jobs = [_job_overrides(i["dir"]) for i in infos]
+    varying = sorted(k for k in set().union(*jobs) if k not in _ON_AXES and len({j.get(k) for j in jobs}) > 1)
+    for info, job in zip(infos, jobs):
         disc = info["plan"].get("network", {}).get("egress", "?")
-        groups[(info["summary"]["strategy"], disc)].append(info)
+        extra = ", ".join(f"{k}={job[k]}" for k in varying if k in job)
+        groups[(info["summary"]["strategy"], disc, extra) if varying else (info["summary"]["strategy"], disc)].append(
+            info)
     for v in groups.values():
         v.sort(key=lambda i: i["summary"]["workers"])
     return dict(groups)
+
+
+_ON_AXES = {"workers", "strategy", "network.discipline"}  # the plot's own axes and lines
+
+
+def _job_overrides(run: Path) -> dict[str, str]:
+    """The overrides Hydra ran this job of a sweep with (``.hydra/overrides.yaml``), by key."""
+    try:
+        lines = (run / ".hydra" / "overrides.yaml").read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        key, eq, value = line.removeprefix("- ").partition("=")
+        if eq and not key.startswith("hydra."):
+            out[key.lstrip("+~")] = value
+    return out
 
 
 def closed_form_step(info: dict[str, Any], form: str) -> float | None:
@@ -158,10 +183,12 @@ def plot_sweep(sweep: Path, out: Path) -> Path:
     """Throughput (samples per virtual second) against workers, with the closed forms where they apply."""
     groups = sweep_points(sweep)
     fig, ax = plt.subplots(figsize=(9, 6), constrained_layout=True)
-    for (strategy, disc), infos in sorted(groups.items()):
+    for key, infos in sorted(groups.items()):
+        strategy, disc = key[0], key[1]
+        name = ", ".join(x for x in key if x)  # the line's name: strategy, discipline and any other swept value
         ks = [i["summary"]["workers"] for i in infos]
         thr = [i["summary"]["throughput_samples_per_s"] for i in infos]
-        (line,) = ax.plot(ks, thr, marker="o", label=f"{strategy}, {disc} (emulated)")
+        (line,) = ax.plot(ks, thr, marker="o", label=f"{name} (emulated)")
         for j, form in enumerate(FORMS.get(strategy, {}).get(disc, [])):
             pts = [(i["summary"]["workers"], closed_form_step(i, form), i) for i in infos]
             pts = [(k, st, i) for k, st, i in pts if st]
@@ -169,13 +196,13 @@ def plot_sweep(sweep: Path, out: Path) -> Path:
                 continue
             batch = [i["plan"]["workload"]["batch_size"][0] for _, _, i in pts]
             ax.plot([k for k, _, _ in pts], [cf.throughput(st, k, b) for (k, st, _), b in zip(pts, batch)],
-                    linestyle=("--", ":")[j % 2], color=line.get_color(), label=f"{strategy}, {disc}: {FORM_LABEL[form]}")
-        for name, style in predicted_curves(infos):  # runs with predict=true: the paper's models beside them
-            pts = [(i["summary"]["workers"], prediction_of(i, name)) for i in infos]
+                    linestyle=("--", ":")[j % 2], color=line.get_color(), label=f"{name}: {FORM_LABEL[form]}")
+        for model, style in predicted_curves(infos):  # runs with predict=true: the paper's models beside them
+            pts = [(i["summary"]["workers"], prediction_of(i, model)) for i in infos]
             pts = [(k, v) for k, v in pts if v is not None]
             if pts:
                 ax.plot([k for k, _ in pts], [v for _, v in pts], linestyle=style, marker="x", color=line.get_color(),
-                        alpha=0.8, label=f"{strategy}, {disc}: predicted, {name}")
+                        alpha=0.8, label=f"{name}: predicted, {model}")
     ax.set_xlabel("workers K")
     ax.set_ylabel("throughput [samples / virtual s]")
     ax.set_title(f"throughput vs workers: {sweep.name}")

@@ -111,6 +111,29 @@ def test_a_sweeps_plot_leaves_out_runs_whose_summary_is_not_complete(tmp_path):
     assert [i["dir"].name for infos in sweep_points(sweep).values() for i in infos] == ["a"]
 
 
+def test_a_sweeps_plot_draws_a_line_for_each_value_of_another_swept_key(tmp_path):
+    """A sweep of lr (or faults) beside workers used to join its points into one line per strategy."""
+    from controller.plotcli import sweep_points
+
+    sweep = tmp_path / "lr"
+    for i, (workers, lr) in enumerate([(2, "0.1"), (4, "0.1"), (2, "0.01"), (4, "0.01")]):
+        d = sweep / str(i)
+        (d / ".hydra").mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"strategy": "ps_sync", "workers": workers,
+                                                   "throughput_samples_per_s": 100.0 * workers}))
+        (d / "plan.json").write_text(json.dumps({"network": {"egress": "fair"}}))
+        (d / ".hydra" / "overrides.yaml").write_text(f"- workers={workers}\n- lr={lr}\n- stop.updates=5\n"
+                                                     f"- hydra.run.dir=x{i}\n")
+    groups = sweep_points(sweep)
+    assert {k: [i["dir"].name for i in v] for k, v in groups.items()} == {
+        ("ps_sync", "fair", "lr=0.1"): ["0", "1"], ("ps_sync", "fair", "lr=0.01"): ["2", "3"]}
+    out = tmp_path / "t.png"
+    from controller.plotcli import plot_sweep
+
+    plot_sweep(sweep, out)
+    assert out.stat().st_size > 1000
+
+
 @pytest.mark.parametrize("out, says", [
     ("nodir/x.png", "-o {d}/nodir/x.png: the folder {d}/nodir does not exist"),
     ("x.foo", "-o {d}/x.foo: the file type '.foo' is not one matplotlib writes; accepted: a name ending in "),
