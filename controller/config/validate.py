@@ -546,7 +546,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     if layout is not None and c.compute.layerwise is True:
         _check_layerwise(p, strategy_cls, strategy_name, settings)
     if layout is not None and check_data:
-        _check_data(p, c.data.root, partition, partition_kw, layout, workers, batch_size, c.seed)
+        _check_data(p, c.data.root, partition, partition_kw, layout, workers, batch_size, c.seed, c.eval.samples)
     faults: tuple[FaultSetting, ...] = ()
     if not p.items and layout is not None:
         n_vworkers = len(layout)
@@ -1125,7 +1125,7 @@ def _dataset(root: str | None) -> Any:
 
 
 def _check_data(p: _Problems, root: str | None, partition: str, kw: dict[str, Any], layout: list[Any],
-                workers: int, batch_size: tuple[int, ...], seed: int) -> None:
+                workers: int, batch_size: tuple[int, ...], seed: int, eval_samples: int | None = None) -> None:
     from agents.workloads.data import DataNotFoundError
     from agents.workloads.partition import partition as make_partition
 
@@ -1137,6 +1137,8 @@ def _check_data(p: _Problems, root: str | None, partition: str, kw: dict[str, An
     except (DataNotFoundError, ValueError) as e:
         p.add(f"data.root={root!r}: {e}")
         return
+    if isinstance(eval_samples, int) and eval_samples > len(data.test_y):  # it quietly evaluated on all of them
+        p.bad("eval.samples", eval_samples, f"at most the {len(data.test_y)} test samples")
     if kw.get("per_client") is not None:
         if kw["per_client"] > len(data.train_y):
             p.bad("data.per_client", kw["per_client"], f"at most the {len(data.train_y)} training samples")

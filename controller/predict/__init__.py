@@ -396,9 +396,11 @@ def predict_main(argv: list[str]) -> int:
 def render(result: dict[str, Any]) -> str:
     """A human-readable table of a prediction."""
     inp = result["inputs"]
+    nic = "NIC" if inp["strategy"] == "ring_allreduce" else "PS NIC"  # a ring has no PS: each worker's NIC
     lines = [f"{inp['strategy']}, K={inp['workers']}, batch {inp['batch']}, model {inp['model_bytes']} B in "
              f"{len(inp['layers'])} layers ({inp['layer_source']}), gradient {_fmt(inp['gradient_s'])} s, update "
-             f"{inp['update_s']:.6g} s ({inp['compute_source']}), PS NIC {inp['bandwidth_ps_out']:.6g} B/s, "
+             f"{inp['update_s']:.6g} s ({inp['compute_source']}), {nic} "
+             f"{inp['bandwidth_ps_out']:.6g} B/s, "
              f"latency {inp['latency_s']:.6g} s, {inp['egress']}/{inp['ingress']}"
              + (", layer-wise" if inp["layerwise"] else "")]
     if result.get("note"):

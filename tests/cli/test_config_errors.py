@@ -73,6 +73,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("strategy=ps_sync strategy.collective=gloo compute.layerwise=true",
      r"^strategy.collective=gloo is not supported with compute.layerwise=true"),  # gloo was silently ideal
     ("strategy=ssp compute.layerwise=true", None),
+    ("eval.samples=100000", r"^eval.samples=100000 is not valid; accepted: at most the 10000 test samples\.$"),
     ("network.efficiency=1.5", r"^network.efficiency=1.5 is not valid; accepted: a number > 0 and <= 1\.$"),
     ("model=mlp model.hidden=[0]", r"model.hidden=\[0\] is not valid; accepted: a list of layer widths, each an "
                                    r"integer >= 1"),  # it built, and learnt nothing
