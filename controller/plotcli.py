@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,11 @@ def predicted_curves(infos: list[dict[str, Any]]) -> list[tuple[str, str]]:
 def plot_sweep(sweep: Path, out: Path) -> Path:
     """Throughput (samples per virtual second) against workers, with the closed forms where they apply."""
     groups = sweep_points(sweep)
+    drawn = {i["dir"].name for infos in groups.values() for i in infos}
+    left = sorted(p.name for p in sweep.iterdir() if (p / ".hydra").is_dir() and p.name not in drawn)
+    if left:  # a job that failed, or is still running
+        print(f"lockstep plot: note: {len(left)} job(s) of {sweep} left out, without a complete summary.json: "
+              f"{', '.join(left)}", file=sys.stderr)
     fig, ax = plt.subplots(figsize=(9, 6), constrained_layout=True)
     for key, infos in sorted(groups.items()):
         strategy, disc = key[0], key[1]

@@ -111,7 +111,7 @@ def test_a_sweeps_plot_leaves_out_runs_whose_summary_is_not_complete(tmp_path):
     assert [i["dir"].name for infos in sweep_points(sweep).values() for i in infos] == ["a"]
 
 
-def test_a_sweeps_plot_draws_a_line_for_each_value_of_another_swept_key(tmp_path):
+def test_a_sweeps_plot_draws_a_line_for_each_value_of_another_swept_key(tmp_path, capsys):
     """A sweep of lr (or faults) beside workers used to join its points into one line per strategy."""
     from controller.plotcli import sweep_points
 
@@ -130,8 +130,11 @@ def test_a_sweeps_plot_draws_a_line_for_each_value_of_another_swept_key(tmp_path
     out = tmp_path / "t.png"
     from controller.plotcli import plot_sweep
 
+    (sweep / "4" / ".hydra").mkdir(parents=True)  # a job that failed before its summary
     plot_sweep(sweep, out)
     assert out.stat().st_size > 1000
+    assert capsys.readouterr().err == (f"lockstep plot: note: 1 job(s) of {sweep} left out, without a complete "
+                                       "summary.json: 4\n")
 
 
 @pytest.mark.parametrize("out, says", [
