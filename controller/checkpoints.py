@@ -457,10 +457,10 @@ class Checkpointer:
         self._refusal: tuple[str, int] = ("", 0)
         self.gave_up: str | None = None  # why this run takes no checkpoints (said once, kept across restarts)
 
-    def give_up(self, reason: str) -> None:
-        """Take no checkpoints in this run, and say why once: a later Checkpointer of the same run (after its
-        agents were restarted) is handed the reason and says nothing."""
-        if self.gave_up is None:
+    def give_up(self, reason: str, said: bool = False) -> None:
+        """Take no checkpoints in this run, and say why once (``said``: the Checkpointer of the agents before a
+        restart said it already)."""
+        if self.gave_up is None and not said:
             log.warning("no checkpoints in this run: %s; a lost agent makes the run replay from virtual "
                         "time 0 (docs/recovery.md)", reason)
         self.gave_up = reason

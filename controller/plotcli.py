@@ -103,9 +103,10 @@ def sweep_points(sweep: Path) -> dict[tuple[str, ...], list[dict[str, Any]]]:
     varying = sorted(k for k in set().union(*jobs) if k not in _ON_AXES and len({j.get(k) for j in jobs}) > 1)
     for info, job in zip(infos, jobs):
         disc = info["plan"].get("network", {}).get("egress", "?")
-        extra = ", ".join(f"{k}={job[k]}" for k in varying if k in job)
-        groups[(info["summary"]["strategy"], disc, extra) if varying else (info["summary"]["strategy"], disc)].append(
-            info)
+        key = (info["summary"]["strategy"], disc)
+        if varying:
+            key += (", ".join(f"{k}={job[k]}" for k in varying if k in job),)
+        groups[key].append(info)
     for v in groups.values():
         v.sort(key=lambda i: i["summary"]["workers"])
     return dict(groups)

@@ -521,8 +521,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         ck = checkpointer = Checkpointer(every, commit_checkpoint, lambda: store.busy,
                                          stage=store.stage) if every > 0 else None
         if ck is not None and before is not None and before.gave_up is not None:
-            ck.gave_up = before.gave_up  # still cannot: not asked again, not said again
-            ck.enabled = False
+            ck.give_up(before.gave_up, said=True)  # still cannot: not asked again, not said again
         if direct:
             from controller.mesh import run_direct  # the agents carry the windows (docs/distributed.md)
 

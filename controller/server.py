@@ -48,6 +48,7 @@ class ListenError(OSError):
     """The controller cannot listen where its config says (a port taken, an address not this host's): one
     sentence naming the keys; ``lockstep run`` prints it and exits 1, without a traceback."""
 
+
 METADATA_TOKEN, METADATA_AGENT = wire.METADATA_TOKEN, wire.METADATA_AGENT
 METADATA_TICKET, METADATA_PROTOCOL = wire.METADATA_TICKET, wire.METADATA_PROTOCOL
 _SERVICE = "/lockstep.v1.Controller/"

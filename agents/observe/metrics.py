@@ -306,8 +306,8 @@ class Metrics:
                              f"virtual_ns={virtual_ns!r}")
         self.compute.labels(kind=kind).inc(wall_s)
         self.compute_virtual.labels(kind=kind).inc(virtual_ns / NS_PER_S)
-        if self.per_worker and vworker is not None:
-            self.worker_compute.labels(vworker=str(vworker), kind=kind).inc(wall_s)
+        if vworker is not None:
+            self.add_worker_compute(vworker, kind, wall_s)
 
     def add_worker_compute(self, vworker: str | int, kind: str, wall_s: float) -> None:
         """``vworker`` spent ``wall_s`` real seconds computing ``kind`` (only with ``per_worker``; the

@@ -487,9 +487,9 @@ class Executor:
     def drain_worker_wall(self) -> dict[tuple[str, str], float]:
         """Wall seconds per (vworker, kind) since the last call, when kept (metrics.per_worker)."""
         with self._cv:
-            out = self.worker_wall_s or {}
-            if self.worker_wall_s is not None:
-                self.worker_wall_s = {}
+            if self.worker_wall_s is None:
+                return {}
+            out, self.worker_wall_s = self.worker_wall_s, {}
         return out
 
     def close(self) -> None:
