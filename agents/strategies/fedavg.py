@@ -89,6 +89,7 @@ class FedServer(TrainingWorker):
         super().__init__(name, vid, env)
         self.clients = list(clients)
         self.history: list[list[int]] = []  # the clients of each round
+        self.leaving: dict[str, Any] = {}  # each client's last model: its send handle
 
     async def run(self) -> None:
         self.make_model()
@@ -108,7 +109,12 @@ class FedServer(TrainingWorker):
         self.history.append([self._order[c] for c in chosen])
         params = self.flat()
         for c in chosen:
-            self.send(c, (params, rnd), tag="model")
+            # a round shorter than the server's NIC takes to send the models (strategy.round_timeout) would queue
+            # a model per chosen client every round, without bound: a client whose last model is still leaving
+            # is sent no other; it stays chosen, and its update of the older round is dropped as late
+            last = self.leaving.get(c)
+            if last is None or last.done:
+                self.leaving[c] = self.send(c, (params, rnd), tag="model")
         return await self._average(await self._gather(chosen, rnd))
 
     async def _average(self, msgs: list) -> bool:

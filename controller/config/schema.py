@@ -548,7 +548,8 @@ class FedAvgConfig(StrategyConfig):
     local_epochs: int = doc(1, "local epochs per round when local_steps is null", lo=1)
     weighting: str = doc("data", "data (shard size) | samples (trained this round) | uniform", choices=("data", "samples", "uniform"))
     round_timeout: Any = doc(None, "a round ends this long after it starts, with the updates that came (clients "
-                                   "that crashed miss it); null = wait for every chosen client", unit="duration",
+                                   "that crashed or fell behind miss it; docs/strategies.md); null = wait for every "
+                                   "chosen client", unit="duration",
                              lo=0, lo_open=True)
 
 

@@ -57,6 +57,31 @@ def test_a_fedavg_client_slower_than_the_round_timeout_trains_the_newest_model_a
     assert len([m for m in c1._mailbox if m.tag == "model"]) <= 1
 
 
+def test_a_fedavg_round_shorter_than_sending_the_models_sends_a_client_no_model_while_its_last_is_leaving(
+        run, monkeypatch):
+    # two 636 040-byte models share the server's 1 Gbit/s NIC: both leave at 10.176 ms, while a round ends
+    # every 1 ms (no update can be in by then). The server used to send every round's model to every client
+    # anyway, a queue on its NIC that grew by a model per client per millisecond (1.5 GB of memory by 2 s);
+    # now it skips a client whose last model is still leaving: the round at 11 ms is the next to send
+    from agents.sim.env import Environment
+
+    sent: list[tuple[str, str, int]] = []
+    on_send = Environment.on_send
+
+    def recording(self, w, tr, remote):
+        if tr.tag == "model":
+            sent.append((w.name, tr.dst_name, tr.sent_at))
+        return on_send(self, w, tr, remote)
+
+    monkeypatch.setattr(Environment, "on_send", recording)
+    ran = run(["strategy=fedavg", "workers=2", "strategy.local_steps=1", "batch_size=16", "stop.updates=null",
+               "stop.virtual_time=100ms", "strategy.round_timeout=1ms", "compute.gradient=0.01",
+               "compute.update=0.001", "compute.aggregate=0"])
+    assert ran.summary["updates"] == 0 and ran.worker("server").rnd == 100
+    rounds = [11 * MS * i for i in range(10)]  # 0, 11, ..., 99 ms
+    assert sent == [("server", c, t) for t in rounds for c in ("c0", "c1")]
+
+
 def test_a_sharded_sync_ps_whose_parameters_are_duplicated_drops_the_copies_and_learns_the_same(run):
     # a copy of ps0's slice of version v, taken with ps1's slice of v + 1, made a model of mixed versions whose
     # gradient ps0 dropped: the run stopped after 2 updates, every vworker parked
