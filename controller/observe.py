@@ -78,6 +78,7 @@ class Observer:
         self.trace: TraceWriter | None = None
         self.statelog: StateLogWriter | None = None
         self.plan: Plan | None = None
+        self.interrupted = False  # SIGINT/SIGTERM stopped the run: its agents end "stopped", not "failed"
         self._stop = threading.Event()
 
     # ------------------------------------------------------------ start
@@ -241,6 +242,25 @@ class Observer:
         if self.statelog is not None:
             self.statelog.close(stop_time)
 
+    def stopping(self, timeout_s: float = 2.0) -> None:
+        """SIGINT/SIGTERM, before the agents are told to stop: their values now, scraped from the ``/metrics``
+        they serve (the control stream may be in the middle of a window), for ``metrics-agent-N.prom``; and
+        ``lockstep_agents{state="stopped"}`` at the end. An agent that does not answer within ``timeout_s``
+        gets no file (a warning says so): the stop must not wait on it."""
+        import urllib.request
+
+        self.interrupted = True
+        for key, address in sorted(self.endpoints["agents"].items(), key=lambda kv: int(kv[0])):
+            agent_id = int(key)
+            if agent_id in self.agents:  # in-process: finish writes its registry
+                continue
+            try:
+                with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout_s) as r:
+                    self.add_agent_exposition(agent_id, r.read())
+            except OSError as e:
+                log.warning("agent %d's metrics at %s could not be read before it was stopped (%s): no "
+                            "metrics-agent-%d.prom", agent_id, address, e, agent_id)
+
     def finish(self, summary: dict[str, Any] | None) -> None:
         """Final values and ``metrics.prom``; linger (after a successful run); stop serving."""
         try:
@@ -248,7 +268,8 @@ class Observer:
                 self.metrics.set_virtual_time(summary["virtual_time_ns"])
                 self.metrics.set_speed_ratio(summary["speed_ratio"])
             if self.plan is not None:
-                self.metrics.set_agents({"done" if summary is not None else "failed": self.plan.n_agents})
+                state = "stopped" if self.interrupted else "done" if summary is not None else "failed"
+                self.metrics.set_agents({state: self.plan.n_agents})
             write_exposition(self.registry, self.run_dir / "metrics.prom")
             for agent_id, (reg, _) in sorted(self.agents.items()):
                 write_exposition(reg, self.run_dir / f"metrics-agent-{agent_id}.prom")

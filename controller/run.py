@@ -602,6 +602,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     except signals.Stopped as e:
         # graceful: Shutdown(abort) to every agent, then the outputs up to the last complete window
         stopped = e
+        if observer is not None:
+            observer.stopping()
         if hasattr(launcher, "close"):
             launcher.close(abort=f"the controller was stopped by {e.name}")
         params = None

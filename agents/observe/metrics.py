@@ -56,7 +56,7 @@ __all__ = [
 Role = Literal["controller", "agent"]
 ROLES: tuple[Role, ...] = ("controller", "agent")
 
-AGENT_STATES = ("registered", "running", "done", "failed")
+AGENT_STATES = ("registered", "running", "done", "failed", "stopped")
 """Values of the ``state`` label of ``lockstep_agents``."""
 
 STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)

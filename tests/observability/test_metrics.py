@@ -98,7 +98,7 @@ def test_accuracy_speed_ratio_agents_and_run_info(controller):
     assert sample(reg, "lockstep_test_accuracy_ratio") == 0.875
     assert sample(reg, "lockstep_speed_ratio") == 42.5
     assert {st: sample(reg, "lockstep_agents", state=st) for st in AGENT_STATES} == {
-        "registered": 0, "running": 3, "done": 0, "failed": 1}
+        "registered": 0, "running": 3, "done": 0, "failed": 1, "stopped": 0}
     assert sample(reg, "lockstep_run_info", run_id="r-7", config_hash="c0ffee",
                   strategy="ps_async", workers="64", agents="4") == 1
     m.set_agents({"done": 4})  # states left out go back to 0

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_sigterm_mid_run_stops_within_the_grace_period_with_every_output_present_and_parseable(tmp_path):
     d = tmp_path / "run"
-    proc = _cli(d, LONG)
+    proc = _cli(d, [*LONG, "metrics.port=0"])
     try:
         pids = agent_pids(d, 2, timeout=90, first_rows=True)
         proc.send_signal(signal.SIGTERM)  # what Kubernetes sends on pod deletion, eviction, preemption
@@ -41,7 +41,12 @@ def test_sigterm_mid_run_stops_within_the_grace_period_with_every_output_present
     assert any(e["ph"] == "X" for e in trace["traceEvents"])
     log = [json.loads(line) for line in (d / "statelog.jsonl").read_text().splitlines()]
     assert log and all(r["t"] <= summary["virtual_time_ns"] for r in log)
-    assert "lockstep_updates_total" in (d / "metrics.prom").read_text()
+    prom = (d / "metrics.prom").read_text()
+    assert "lockstep_updates_total" in prom
+    # the agents were stopped, not failed; their values when they were (they used to leave no file)
+    assert 'lockstep_agents{state="stopped"} 2.0' in prom and 'lockstep_agents{state="failed"} 0.0' in prom
+    for i in range(2):
+        assert "lockstep_events_total" in (d / f"metrics-agent-{i}.prom").read_text()
     # the trace's spool stays only beside a checkpoint, which counts its bytes for lockstep resume
     assert (d / "trace.records.jsonl").exists() == (d / "checkpoints" / "latest").exists()
     assert not any(alive(p) for p in pids)
