@@ -99,6 +99,6 @@ def test_every_dashboard_expression_returns_only_the_chosen_runs_data_with_two_r
         assert info["metric"]["run_id"] == run_id
         agents = {s["metric"]["state"]: float(s["value"][1])
                   for s in prom.query(dashboard.runnable(dict(exprs)["Agents"], run=run_id))}
-        assert agents == {"registered": 0.0, "running": 2.0, "done": 0.0, "failed": 0.0}
+        assert agents == {"registered": 0.0, "running": 2.0, "done": 0.0, "failed": 0.0, "stopped": 0.0}
     # a run that does not exist shows nothing at all
     assert all(not prom.query(dashboard.runnable(e, run="run-c")) for _, e in exprs)
