@@ -352,10 +352,12 @@ class NetworkConfig:
     """``network=``: NICs and latencies (DESIGN §4.1, docs/engine.md)."""
 
     latency: Any = doc("100us", "one-way latency: seconds, a string like 100us, {distribution: normal|lognormal|"
-                                "weibull, ...} drawn per message, or {matrix: [[...]], groups: [...]}")
+                                "weibull, ...} drawn per message (redrawn below 0 or its min, so at least 5 % of "
+                                "the draws must be above), or {matrix: [[...]], groups: [...]} (groups: one region "
+                                "index per vworker, workers first, then servers)")
     bandwidth: Any = doc("1Gbit/s", "NIC egress rate per vworker: bytes/s or a string like 10Gbit/s; a list (one "
                                     "per worker); or {distribution: weibull, scale, shape, loc, unit: Mbit/s} "
-                                    "drawn per vworker")
+                                    "drawn per vworker (redrawn while not > 0, so at least 5 % must be)")
     bandwidth_in: Any = doc(None, "NIC ingress rate, same forms; null = the same as bandwidth")
     discipline: Discipline = doc(Discipline.fair, "how a NIC shares its rate among transfers, both directions")
     egress: Optional[Discipline] = doc(None, "the discipline of the egress side; null = discipline")
@@ -409,7 +411,10 @@ class ComputeConfig:
     db: Optional[str] = doc(None, "profiled: the profile database (default ~/.cache/lockstep/profiles.json)")
     distribution: Distribution = doc(Distribution.lognormal, "distribution: lognormal | normal | weibull | "
                                                              "exponential")
-    params: List[float] = doc(help="distribution: its parameters in seconds (the thesis' log-normal fit)",
+    params: List[float] = doc(help="distribution: its parameters in seconds (the thesis' log-normal fit): "
+                                   "lognormal [mu, sigma] of the log, normal [mean, std], weibull [scale, shape] or "
+                                   "[scale, shape, loc], exponential [scale]; a negative draw is drawn again, so at "
+                                   "least 5 % of the draws must be >= 0",
                               factory=lambda: [0.165, 0.8632])
     kinds: List[str] = doc(help="distribution: the kinds drawn from it; other kinds use the constants",
                            factory=lambda: ["gradient"])

@@ -552,7 +552,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         n_vworkers = len(layout)
         if agents > n_vworkers:
             p.bad("agents", agents, f"at most the number of vworkers ({n_vworkers})")
-        elif c.placement.value == "ps_alone" and agents > 1 and all(v.holds_data for v in layout):
+        elif c.placement.value == "ps_alone" and all(v.holds_data for v in layout):
             p.bad("placement", "ps_alone", f"round_robin | block: strategy {strategy_name} has no vworker without "
                                            "data (a PS) to put alone on agent 0, which would host nothing")
         for key, named in (("compute.stragglers", compute.stragglers),
@@ -563,7 +563,12 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
                       f"{layout[-1].name}); {', '.join(unknown)} is not one")
         from controller.plan import with_data_servers
 
-        _check_topology(p, network, with_data_servers(layout, c.data), agents)
+        everyone = with_data_servers(layout, c.data)
+        _check_topology(p, network, everyone, agents)
+        groups = network.latency.groups
+        if network.latency.kind == "matrix" and groups is not None and len(groups) != len(everyone):
+            p.bad("network.latency.groups", list(groups), f"null, or {len(everyone)} region indices, one per vworker "
+                  f"({everyone[0].name} .. {everyone[-1].name}: workers first, then servers)")
         faults = _faults(p, c, layout, strategy_cls.result_for(workers, settings), strategy_cls, settings)
     elif c.faults:
         for i, f in enumerate(c.faults):
@@ -776,6 +781,58 @@ def _rate(p: _Problems, key: str, v: Any) -> float | None:
     return r
 
 
+# how often a draw must be usable: each draw is redrawn up to 1000 times while it falls below its floor
+# (a negative compute time, a non-positive rate, a latency below network.latency.min), so at 5 % a run of
+# millions of draws never gives up (0.95**1000 ~ 5e-23)
+MIN_USABLE_SHARE = 0.05
+DRAW_PARAMS = {"lognormal": ("mu", "sigma"), "normal": ("mean", "std"), "weibull": ("scale", "shape", "loc"),
+               "exponential": ("scale",)}
+
+
+def usable_share(kind: str, params: tuple[float, ...], floor: float) -> float | str:
+    """The share of a distribution's draws at or above ``floor`` (0 for a bandwidth, which must be > 0, is the
+    same: the continuous ones put no mass on it), or a sentence saying which parameter is out of range.
+
+    ``weibull``: ``loc + scale * W`` with W ~ Weibull(shape); ``lognormal``: mu and sigma of the log."""
+    if not all(math.isfinite(x) for x in params):
+        return "finite numbers"
+    if kind in ("lognormal", "normal"):
+        centre, spread = params[0], params[1]
+        if spread < 0:
+            return f"{DRAW_PARAMS[kind][1]} >= 0"
+        if kind == "lognormal":
+            if floor <= 0:
+                return 1.0
+            floor = math.log(floor)
+        if spread == 0:
+            return 1.0 if centre >= floor else 0.0
+        return 0.5 * math.erfc((floor - centre) / (spread * math.sqrt(2)))
+    if kind == "weibull":
+        scale, shape, loc = params
+        if scale <= 0 or shape <= 0:
+            return "scale > 0 and shape > 0"
+        w = (floor - loc) / scale
+        return 1.0 if w <= 0 else math.exp(-w ** shape)
+    if params[0] < 0:  # exponential
+        return "scale >= 0"
+    return 1.0
+
+
+def _draws(p: _Problems, key: str, kind: str, params: tuple[float, ...], floor: float, what: str) -> bool:
+    """Whether a keyed distribution's parameters give usable draws (reported in ``p`` when not)."""
+    names = DRAW_PARAMS[kind]
+    shown = f"{kind}({', '.join(f'{n}={x:g}' for n, x in zip(names, params))})"
+    share = usable_share(kind, params, floor)
+    if isinstance(share, str):
+        p.add(f"{key}: {shown} is not a distribution; accepted: {share}.")
+        return False
+    if share < MIN_USABLE_SHARE:
+        p.add(f"{key}: {shown} draws {what} only {share:.2%} of the time (each draw is redrawn until it is); "
+              f"accepted: parameters that draw {what} at least {MIN_USABLE_SHARE:.0%} of the time.")
+        return False
+    return True
+
+
 def _bandwidth(p: _Problems, key: str, v: Any, workers: int | None) -> BandwidthSetting:
     """A rate (bytes/s), a list of rates (one per worker; servers get the largest) or a keyed distribution.
 
@@ -800,6 +857,8 @@ def _bandwidth(p: _Problems, key: str, v: Any, workers: int | None) -> Bandwidth
             p.bad(key, v, f"{{distribution: {kind}, " + ", ".join(names) + ", unit: Mbit/s}")
             return BandwidthSetting(rate=1.0)
         unit = _rate(p, f"{key}.unit", "1" + str(v.get("unit", "Mbit/s"))) or 1.0
+        if not _draws(p, key, kind, tuple(float(x) for x in params), 0.0, "a rate > 0"):
+            return BandwidthSetting(rate=1.0)
         return BandwidthSetting(distribution=kind, params=tuple(float(x) for x in params), unit_bps=unit)
     return BandwidthSetting(rate=_rate(p, key, v) or 1.0)
 
@@ -835,6 +894,9 @@ def _latency(p: _Problems, lat: Any) -> LatencySetting:
                 return none
             params.append(float(v))
         min_s = _duration(p, "network.latency.min", lat.get("min", 0.0)) or 0.0
+        if not _draws(p, "network.latency", kind, tuple(params), min_s,
+                      f"a latency >= {min_s:g} s" + (" (network.latency.min)" if min_s else "")):
+            return none
         return LatencySetting(kind, params=tuple(params), min_s=min_s)
     s = _duration(p, "network.latency", lat)
     return LatencySetting("constant", ns=0 if s is None else seconds_to_ns(s))
@@ -867,8 +929,16 @@ def _compute(c: S.ComputeConfig, workers: int | None, seed: int, p: _Problems) -
             constant_s[kind] = parse_duration(v)
         except UnitError:
             pass  # reported by _check_fields
-    if model == "distribution" and not c.params:
-        p.bad("compute.params", c.params, "a non-empty list of numbers (the distribution's parameters in seconds)")
+    if model == "distribution":
+        dist, params = c.distribution.value, tuple(c.params)
+        counts = {"weibull": (2, 3)}.get(dist, (len(DRAW_PARAMS[dist]),))
+        if len(params) not in counts:
+            names = DRAW_PARAMS[dist] if dist != "weibull" else ("scale", "shape", "[loc]")
+            p.bad("compute.params", list(params), f"[{', '.join(names)}] for compute.distribution={dist} (seconds"
+                  f"{'; mu and sigma of the log' if dist == 'lognormal' else ''})")
+        else:
+            _draws(p, "compute.params", dist, params + ((0.0,) if len(params) == 2 and dist == "weibull" else ()),
+                   0.0, "a time >= 0")
     unknown_kinds = [k for k in c.kinds if not isinstance(k, str) or k not in KINDS]  # [[1, 2]] is not hashable
     if unknown_kinds:
         p.bad("compute.kinds", c.kinds, "a list of " + " | ".join(KINDS))

@@ -68,6 +68,32 @@ ROOT = Path(__file__).resolve().parents[2]
     ("strategy=ring_allreduce placement=ps_alone agents=2", r"^placement=ps_alone is not valid; accepted: "
                                                            r"round_robin \| block: strategy ring_allreduce has no "
                                                            r"vworker without data"),  # agent 0 hosted nothing
+    ("strategy=ring_allreduce placement=ps_alone", r"^placement=ps_alone is not valid; accepted: round_robin \| "
+                                                   r"block: strategy ring_allreduce"),  # agents=1: it ran, meaningless
+    ("compute=distribution compute.params=[1]", r"^compute.params=\[1\] is not valid; accepted: \[mu, sigma\] for "
+                                                r"compute.distribution=lognormal"),  # was an IndexError in w0
+    ("compute=distribution compute.params=[0.01,-1]", r"^compute.params: lognormal\(mu=0.01, sigma=-1\) is not a "
+                                                      r"distribution; accepted: sigma >= 0\.$"),  # numpy, mid-run
+    ("compute=distribution compute.distribution=weibull compute.params=[-1,2]",
+     r"^compute.params: weibull\(scale=-1, shape=2, loc=0\) is not a distribution; accepted: scale > 0 and shape"),
+    ("compute=distribution compute.distribution=exponential compute.params=[-1]",
+     r"^compute.params: exponential\(scale=-1\) is not a distribution; accepted: scale >= 0\.$"),
+    ("compute=distribution compute.distribution=normal compute.params=[-1,0.1]",
+     r"^compute.params: normal\(mean=-1, std=0.1\) draws a time >= 0 only 0.00% of the time"),  # 1000 redraws
+    ("compute=distribution compute.distribution=normal compute.params=[0,0.1]", None),  # half of them: fine
+    ("network.latency={distribution:normal,mean:0.001,std:-1}",
+     r"^network.latency: normal\(mean=0.001, std=-1\) is not a distribution; accepted: std >= 0\.$"),
+    ("network.latency={distribution:normal,mean:-1,std:0}",
+     r"^network.latency: normal\(mean=-1, std=0\) draws a latency >= 0 s only 0.00% of the time"),
+    ("network.latency={distribution:lognormal,mu:-9,sigma:0.1,min:1ms}",
+     r"^network.latency: lognormal\(mu=-9, sigma=0.1\) draws a latency >= 0.001 s \(network.latency.min\) only "),
+    ("network.bandwidth={distribution:weibull,scale:-1,shape:2,loc:0,unit:Mbit/s}",
+     r"^network.bandwidth: weibull\(scale=-1, shape=2, loc=0\) is not a distribution; accepted: scale > 0"),
+    ("network.bandwidth={distribution:normal,mean:-100,std:10}",
+     r"^network.bandwidth: normal\(mean=-100, std=10\) draws a rate > 0 only 0.00% of the time"),
+    ("network.latency={matrix:[[0,1ms],[1ms,0]],groups:[0,1]}",
+     r"^network.latency.groups=\[0, 1\] is not valid; accepted: null, or 65 region indices, one per vworker "
+     r"\(w0 \.\. ps0: workers first, then servers\)\.$"),  # was a traceback from the plan
     ("strategy=gossip workers=4 compute.layerwise=true", r"^compute.layerwise=true is not supported by strategy "
                                                          r"gossip, which sends whole models"),  # it changed nothing
     ("strategy=ps_sync strategy.collective=gloo compute.layerwise=true",
