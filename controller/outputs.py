@@ -14,7 +14,27 @@ from typing import Any
 from agents.common.files import write_atomic
 from agents.sim.env import EVAL_COLUMNS, UPDATE_COLUMNS
 
-__all__ = ["RunDir", "ReplayDiverged", "read_csv", "upload", "write_json_atomic"]
+__all__ = ["RunDir", "ReplayDiverged", "clear_earlier_run", "read_csv", "upload", "write_json_atomic"]
+
+
+# what a run writes beside the files it always writes anew (config.yaml, plan.json, metrics.csv, eval.csv):
+# a new run in a directory an earlier run used removes the earlier run's, so a run that fails, or writes fewer
+# of them (no update: no params.pt, no loss.png; fewer agents), leaves none of another run's beside its own
+EARLIER_OUTPUTS = ("summary.json", "params.pt", "loss.png", "trace.json", "trace.records.jsonl", "statelog.jsonl",
+                   "metrics.prom", "metrics-agent-*.prom", "endpoints.json", "prometheus-targets.json",
+                   "agents/agent-*.log", "snapshots/*.pt")
+
+
+def clear_earlier_run(run_dir: Path) -> list[str]:
+    """Remove an earlier run's outputs from ``run_dir`` (not ``lockstep.log``, which is appended to, nor the
+    checkpoints, which the checkpoint store clears); the names removed, relative to ``run_dir``."""
+    gone = []
+    for pattern in EARLIER_OUTPUTS:
+        for path in sorted(Path(run_dir).glob(pattern)):
+            if path.is_file():
+                path.unlink()
+                gone.append(path.relative_to(run_dir).as_posix())
+    return gone
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -21,7 +21,7 @@ from controller.clock import Window, run_windows
 from controller.checkpoints import Checkpoint, Checkpointer, CheckpointStore, CheckpointUnusable
 from controller.config import RunConfig, config_hash
 from controller.launchers.base import AgentFailure
-from controller.outputs import ReplayDiverged, RunDir, write_json_atomic
+from controller.outputs import ReplayDiverged, RunDir, clear_earlier_run, write_json_atomic
 from controller.plan import make_plan
 from controller.recovery import Recovery, check_resumable, resumable_run_id
 from protos.lockstep.v1 import agent_pb2 as pb
@@ -357,6 +357,10 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     wall0 = time.perf_counter()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        gone = clear_earlier_run(run_dir)
+        if gone:
+            log.info("an earlier run's outputs in %s were removed: %s", run_dir, ", ".join(gone))
     plan = make_plan(rc, run_id=resumable_run_id(run_dir) if resume else None)
     model_bytes = plan_model_bytes(plan, None)
     plan.limits = plan_limits(plan, rc, model_bytes)  # what a peer may make a process hold (docs/security.md)

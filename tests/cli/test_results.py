@@ -60,6 +60,25 @@ def test_a_run_that_stops_keeps_a_partial_summary_that_matches_its_metrics_csv(t
     assert summary["virtual_time_ns"] == int(rows[-1].split(",")[0])
 
 
+def test_a_run_in_a_directory_an_earlier_run_used_leaves_none_of_the_earlier_runs_outputs(tmp_path):
+    earlier = {"params.pt": b"old model", "loss.png": b"old plot", "summary.json": b'{"complete": true}',
+               "trace.json": b"[]", "statelog.jsonl": b"{}\n", "metrics.prom": b"# old\n",
+               "metrics-agent-3.prom": b"# old\n", "endpoints.json": b"{}", "agents/agent-5.log": b"old agent",
+               "snapshots/w0-v1.pt": b"old snapshot", "lockstep.log": b"the earlier run's log\n"}
+    for name, data in earlier.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    with pytest.raises(KeyboardInterrupt):  # this run fails: it writes no params.pt, no plot
+        run(tmp_path, ["workers=4", "stop.updates=100000", "trace.mode=off", "statelog.enabled=false"],
+            progress=Watcher(tmp_path, stop_after=50))
+    left = sorted(f.relative_to(tmp_path).as_posix() for f in tmp_path.rglob("*") if f.is_file())
+    assert left == ["config.yaml", "eval.csv", "lockstep.log", "metrics.csv", "plan.json", "summary.json"]
+    assert (tmp_path / "lockstep.log").read_bytes() == earlier["lockstep.log"]  # a log is appended to
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["complete"] is False
+    assert summary["updates"] == len((tmp_path / "metrics.csv").read_text().splitlines()) - 1 >= 50
+
+
 def test_a_run_uploads_its_directory_to_an_fsspec_url(tmp_path):
     bucket = tmp_path / "bucket"
     run_dir = tmp_path / "runs" / "exp1"
