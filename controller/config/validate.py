@@ -533,7 +533,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     flow_cap = None if c.predictor.flow_cap is None else _rate(p, "predictor.flow_cap", c.predictor.flow_cap)
     n_tensors = None
     if not p.items and model is not None:
-        n_tensors = _check_model(p, model, c.seed)
+        n_tensors = _check_model(p, model, c.seed, c.data.root if check_data else False)
     # the vworkers, laid out once (100 000 FedAvg clients: 0.4 s a layout)
     layout = None
     if not p.items and strategy_cls is not None:
@@ -1146,16 +1146,61 @@ def _check_topology(p: _Problems, net: NetworkSettings, vworkers: list[Any], age
 
 
 # -------------------------------------------------- model and data checks
-def _check_model(p: _Problems, model: dict[str, Any], seed: int) -> int | None:
-    """Build the model once; its number of parameter tensors (None: it cannot be built, said in ``p``)."""
+def _check_model(p: _Problems, model: dict[str, Any], seed: int, root: str | None | bool = False) -> int | None:
+    """Build the model once; its number of parameter tensors (None: it cannot be built, said in ``p``).
+
+    ``root``: the data set's (``data.root``), whose images the model must take; False: not this machine's
+    data (``check_data`` off), so only the parameters are checked."""
     from agents.workloads.models import build_model
 
     try:
-        return len(list(build_model(model, seed).parameters()))
+        built = build_model(model, seed)
     except (ValueError, TypeError, ImportError) as e:
         why = str(e)  # build_model's sentences name model._target_ themselves
         p.add(why if why.startswith("model") else f"model._target_={model.get('_target_')!r} is not usable: {why}")
         return None
+    image, classes = None, None
+    if root is not False:
+        from agents.workloads.data import DataNotFoundError
+
+        try:
+            data = _dataset(root)
+            image, classes = tuple(data.train_x.shape[1:]), int(data.train_y.max()) + 1
+        except (DataNotFoundError, ValueError):
+            pass  # said by _check_data
+    return _check_module(p, built, model.get("_target_"), image, classes)
+
+
+def _check_module(p: _Problems, module: Any, target: Any, image: tuple[int, ...] | None,
+                  classes: int | None) -> int | None:
+    """A model lockstep can train: parameters and, given the data's ``image`` shape, logits [B, >= classes]
+    for a batch of its images (one forward pass of two blank ones); its number of parameter tensors (None:
+    said in ``p``)."""
+    import torch
+
+    shape = [2, *image] if image else None
+    accepted = ("accepted: a torch.nn.Module with parameters" + (
+        f" that maps a batch of the data's images [B, {', '.join(map(str, image))}] to logits [B, C] for the "
+        f"{classes} classes (C >= {classes})" if image else ""))
+    n = len(list(module.parameters()))
+    if n == 0:
+        p.add(f"model._target_={target!r} has no parameters to train; {accepted}.")
+        return None
+    if shape is None:
+        return n
+    try:
+        with torch.no_grad():
+            out = module(torch.zeros(shape))
+    except Exception as e:  # noqa: BLE001 - a user's module: whatever its forward raises is the sentence
+        why = " ".join(str(e).split())[:200].rstrip(" .")
+        p.add(f"model._target_={target!r} cannot take a batch of images {shape} ({type(e).__name__}: {why}); "
+              f"{accepted}.")
+        return None
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 2 or out.shape[1] < classes:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        p.add(f"model._target_={target!r} maps images {shape} to {got}; {accepted}.")
+        return None
+    return n
 
 
 def _check_layerwise(p: _Problems, strategy_cls: Any, name: str, settings: dict[str, Any]) -> None:

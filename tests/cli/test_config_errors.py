@@ -94,6 +94,14 @@ ROOT = Path(__file__).resolve().parents[2]
     ("network.latency={matrix:[[0,1ms],[1ms,0]],groups:[0,1]}",
      r"^network.latency.groups=\[0, 1\] is not valid; accepted: null, or 65 region indices, one per vworker "
      r"\(w0 \.\. ps0: workers first, then servers\)\.$"),  # was a traceback from the plan
+    ("model=custom model._target_=torch.nn.Flatten", r"^model._target_='torch.nn.Flatten' has no parameters to "
+                                                     r"train; accepted: a torch.nn.Module with parameters that maps "
+                                                     r"a batch of the data's images \[B, 1, 28, 28\] to logits "
+                                                     r"\[B, C\] for the 10 classes \(C >= 10\)\.$"),  # torch.cat's
+    ("model=custom model._target_=torch.nn.Linear +model.in_features=28 +model.out_features=10",  # error, mid-run
+     r"^model._target_='torch.nn.Linear' maps images \[2, 1, 28, 28\] to \[2, 1, 28, 10\]; accepted: "),
+    ("model=custom model._target_=torch.nn.Linear +model.in_features=30 +model.out_features=10",
+     r"^model._target_='torch.nn.Linear' cannot take a batch of images \[2, 1, 28, 28\] \(RuntimeError: mat1 "),
     ("strategy=gossip workers=4 compute.layerwise=true", r"^compute.layerwise=true is not supported by strategy "
                                                          r"gossip, which sends whole models"),  # it changed nothing
     ("strategy=ps_sync strategy.collective=gloo compute.layerwise=true",
