@@ -121,6 +121,14 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     import json
 
+    if a.out:
+        from controller.outputs import unwritable
+
+        why = unwritable(a.out)
+        if why:
+            print(f"lockstep calibrate: --out {a.out}: {why}; accepted: a file to write the preset to.",
+                  file=sys.stderr)
+            return 2
     try:
         points = load_results(a.results)
     except ResultsError as e:

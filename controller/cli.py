@@ -110,6 +110,13 @@ def _preflight(args: list[str]) -> None:
             check_sweep(sweep_jobs(overrides))
         elif not any(a in args for a in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")):
             _warm(load(overrides))
+            run_dir = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")][-1:]
+            if run_dir:  # (a file there was Hydra's FileExistsError traceback)
+                from controller.outputs import unwritable
+
+                why = unwritable(run_dir[0], directory=True)
+                if why:
+                    _invalid([f"hydra.run.dir={run_dir[0]}: {why}; accepted: a directory for the run's outputs."])
             if any(o.lstrip("+~").startswith("experiment=") for o in overrides):
                 grid = sweeper_params(overrides)
                 if grid:  # a preset's sweep: one run of the config's own values would go unnoticed

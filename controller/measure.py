@@ -98,11 +98,15 @@ def worker_main(a: argparse.Namespace) -> int:
             # longer than a short bulk transfer's whole exchange, and even the fastest ping longer than the
             # fastest exchange (which holds a one-way ack too), so the ack is never taken for more than half
             # of that exchange: every transfer time stays > 0
-            one_way = min(min(rtts[a.warmup:]), min(bigs[a.warmup:])) / 2
-            times = [b - one_way for b in bigs]
+            least = min(min(rtts[a.warmup:]), min(bigs[a.warmup:]))
+            times = [b - least / 2 for b in bigs]
+            # the goodput: the payload's bits over the exchange less the least disturbed round trip (the same
+            # guard: a median ping may take longer than the median exchange); None when the exchange took no
+            # longer than that round trip, so no rate can be read from it (lockstep measure then says so)
+            serial = statistics.median(bigs[a.warmup:]) - least
             res["p2p"] = {"rtt_small_s": rtt, "rtt_small_all_s": rtts, "send_plus_ack_s": bigs,
                           "transfer_s": statistics.median(times[a.warmup:]),
-                          "eff_mbit": numel * 32 / max(1e-9, statistics.median(bigs[a.warmup:]) - rtt) / 1e6}
+                          "eff_mbit": numel * 32 / serial / 1e6 if serial > 0 else None}
     elif a.scenario == "fanin":
         buf = torch.zeros(numel)
         for _ in range(total):
@@ -297,12 +301,26 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     if a.worker:
         return worker_main(a)
+    from controller.outputs import unwritable
+
+    why = unwritable(a.out)  # before measuring, not after: the records would be lost
+    if why:
+        print(f"lockstep measure: --out {a.out}: {why}; accepted: a file to append the records to.", file=sys.stderr)
+        return 2
     if a.collect:
         if a.scenario not in ("p2p", "fanin", "ring", "ps_sync", "ps_async") or a.rate_mbit is None:
             print("lockstep measure: --collect needs --scenario (p2p | fanin | ring | ps_sync | ps_async) and "
                   "--rate-mbit (the NICs' line rate).", file=sys.stderr)
             return 2
-        r0 = json.loads(Path(a.collect).read_text())
+        try:
+            r0 = json.loads(Path(a.collect).read_text())
+            if not isinstance(r0, dict):
+                raise ValueError(f"a JSON {type(r0).__name__}, not an object")
+        except (OSError, ValueError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            print(f"lockstep measure: --collect {a.collect}: {why}; accepted: rank 0's --outfile (a JSON object).",
+                  file=sys.stderr)
+            return 2
         r0.setdefault("world", a.world or (2 if a.scenario == "p2p" else a.workers + (a.scenario != "ring")))
         rec = _record(a.scenario, 1 if a.scenario == "p2p" else a.workers, a.latency_ms or 0.0, a.rate_mbit,
                       a.model_bytes, a.compute_ms, a.steps, a.warmup, r0)
@@ -314,18 +332,25 @@ def main(argv: list[str]) -> int:
     bad = [s for s in scens if s not in ("p2p", "fanin", "ring", "ps_sync", "ps_async")]
     for name, v, lo in (("--workers", a.workers, 1), ("--model-bytes", a.model_bytes, 4), ("--steps", a.steps, 1),
                         ("--warmup", a.warmup, 0)):
-        if v < lo:
-            print(f"lockstep measure: {name}={v} is not valid; accepted: an integer >= {lo}.", file=sys.stderr)
+        if v < lo or (name == "--model-bytes" and v % 4):
+            print(f"lockstep measure: {name}={v} is not valid; accepted: an integer >= {lo}"
+                  f"{', a multiple of 4 (float32 elements)' if name == '--model-bytes' else ''}.", file=sys.stderr)
             return 2
     if bad:
         print(f"lockstep measure: --scenarios={bad[0]!r} is not valid; accepted: p2p, fanin, ring, ps_sync, "
               f"ps_async.", file=sys.stderr)
         return 2
     if a.compute_ms < 0 or (a.latency_ms is not None and a.latency_ms < 0) or (
-            a.rate_mbit is not None and a.rate_mbit <= 0):
-        print("lockstep measure: --compute-ms and --latency-ms must be >= 0 and --rate-mbit > 0.", file=sys.stderr)
+            a.rate_mbit is not None and a.rate_mbit <= 0) or not a.timeout > 0:
+        print("lockstep measure: --compute-ms and --latency-ms must be >= 0, --rate-mbit and --timeout > 0.",
+              file=sys.stderr)
         return 2
     p2p = run_scenario("p2p", 1, a.model_bytes, 0.0, a.steps, a.warmup, a.timeout)
+    if a.rate_mbit is None and not p2p["p2p"]["eff_mbit"]:
+        print(f"lockstep measure: sending {a.model_bytes} bytes took no longer than a round trip of a small message "
+              "here, so the line rate cannot be read from it; give --rate-mbit (the NICs' line rate) or a larger "
+              "--model-bytes.", file=sys.stderr)
+        return 2
     rate = a.rate_mbit if a.rate_mbit is not None else round(p2p["p2p"]["eff_mbit"] / GOODPUT, 3)
     lat = a.latency_ms if a.latency_ms is not None else 0.0
     records = []

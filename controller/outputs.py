@@ -8,13 +8,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from agents.common.files import write_atomic
 from agents.sim.env import EVAL_COLUMNS, UPDATE_COLUMNS
 
-__all__ = ["RunDir", "ReplayDiverged", "clear_earlier_run", "read_csv", "upload", "write_json_atomic"]
+__all__ = ["RunDir", "ReplayDiverged", "clear_earlier_run", "read_csv", "unwritable", "upload", "write_json_atomic"]
 
 
 # what a run writes beside the files it always writes anew (config.yaml, plan.json, metrics.csv, eval.csv):
@@ -35,6 +36,42 @@ def clear_earlier_run(run_dir: Path) -> list[str]:
                 path.unlink()
                 gone.append(path.relative_to(run_dir).as_posix())
     return gone
+
+
+def unwritable(path: str | Path, directory: bool = False) -> str | None:
+    """Why ``path`` cannot be written (a file; ``directory``: a directory to write files in), or None.
+
+    Asked before a command does its work, so that a bad ``--out`` is one sentence and not a traceback after
+    the work is done and lost. It creates the missing directories, as the writer would, and tries the file
+    (an existing one is opened for appending, a new one is created and removed): permissions, a read-only
+    or pseudo file system (``/proc``) and a file where a directory is meant all answer here."""
+    path = Path(path)
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"{path} cannot be written: {above} is a file, not a directory"
+    try:
+        if directory:
+            if path.exists() and not path.is_dir():
+                return f"{path} is a file, not a directory"
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / f".lockstep-probe-{os.getpid()}"
+            probe.open("x").close()
+            probe.unlink()
+            return None
+        if path.is_dir():
+            return f"{path} is a directory, not a file"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            path.open("a").close()
+        else:
+            path.open("x").close()
+            path.unlink()
+    except OSError as e:
+        return f"{path} cannot be written: {e.strerror or e}" + (f" ({e.filename})" if e.filename and
+                                                                  str(e.filename) != str(path) else "")
+    return None
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

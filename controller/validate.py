@@ -391,6 +391,12 @@ def main(argv: list[str]) -> int:
         print(f"lockstep validate: {bad[0]!r} is not an override; accepted: key=value (e.g. network=tcp).",
               file=sys.stderr)
         return 2
+    from controller.outputs import unwritable
+
+    why = unwritable(a.out, directory=True)  # before the emulations, not after them
+    if why:
+        print(f"lockstep validate: --out {a.out}: {why}; accepted: a directory for validate.png.", file=sys.stderr)
+        return 2
     try:
         scen = tuple(a.only.split(",")) if a.only else None
         points = load_results(a.results, scen) if scen else load_results(a.results)

@@ -129,6 +129,12 @@ def profile_main(argv: list[str]) -> int:
             print(f"  {problem}", file=sys.stderr)
         return 2
     out = Path(a.out) if a.out else profiles_dir() / f"{a.name}.json"
+    from controller.outputs import unwritable
+
+    why = unwritable(out)  # before timing, not after
+    if why:
+        print(f"lockstep profile: --out {out}: {why}; accepted: a file to write the profile to.", file=sys.stderr)
+        return 2
     prof = measure(rc, a.name, a.overrides)
     if a.layers or a.estimator:
         from controller.estimate import fit_estimators, layer_signatures

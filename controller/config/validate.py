@@ -454,8 +454,8 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     if good_workers and good_workers > MAX_WORKERS:  # before anything is sized by it (found by fuzzing)
         p.bad("workers", workers, f"an integer >= 1 and <= {MAX_WORKERS}")
         good_workers = None
-    if not (c.device == "cpu" or c.device == "cuda" or c.device.startswith("cuda:")):
-        p.bad("device", c.device, "cpu | cuda | cuda:N")
+    if not (c.device in ("cpu", "cuda") or (c.device.startswith("cuda:") and c.device[5:].isdecimal())):
+        p.bad("device", c.device, "cpu | cuda | cuda:N (N a device index >= 0)")
     if c.run_id is not None and not c.run_id.replace("-", "").replace("_", "").isalnum():
         p.bad("run_id", c.run_id, "letters, digits, '-' and '_'")
 
@@ -529,9 +529,25 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     if c.outputs.upload is not None and "://" not in c.outputs.upload:
         p.bad("outputs.upload", c.outputs.upload, "null or an fsspec URL such as s3://bucket/prefix, gs://bucket/prefix "
               "or file:///path")
+    elif c.outputs.upload is not None and "::" not in c.outputs.upload:  # (a chained URL: fsspec's to parse)
+        _upload_protocol(p, c.outputs.upload, check_data)
+    if isinstance(launcher, (S.InprocessLauncherConfig, S.LocalLauncherConfig)) and check_data \
+            and c.compute.model == S.ComputeModelName.profiled:  # the agents write the profile database here
+        from agents.sim.compute import default_profile_db
+        from controller.outputs import unwritable
+
+        why = unwritable(c.compute.db or default_profile_db())
+        if why:
+            p.bad("compute.db", c.compute.db, f"a file the agents can write the profiles to ({why})")
 
     flow_cap = None if c.predictor.flow_cap is None else _rate(p, "predictor.flow_cap", c.predictor.flow_cap)
     n_tensors = None
+    if c.momentum and c.optimizer == S.Optimizer.adam:
+        p.bad("momentum", c.momentum, "0 with optimizer=adam (momentum is SGD's; Adam keeps its own moments), or "
+              "optimizer=sgd")
+    if c.compute.profile is not None and c.compute.model != S.ComputeModelName.profiled:
+        p.bad("compute.profile", c.compute.profile, f"null with compute={c.compute.model.value} (a device profile is "
+              "read by compute=profiled only)")
     if not p.items and model is not None:
         n_tensors = _check_model(p, model, c.seed, c.data.root if check_data else False)
     # the vworkers, laid out once (100 000 FedAvg clients: 0.4 s a layout)
@@ -586,6 +602,23 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         statelog=c.statelog, outputs=c.outputs, recovery=c.recovery, progress=c.progress,
         log_level=c.log_level.value, predict=c.predict, predictor=c.predictor, flow_cap=flow_cap, data=c.data,
         faults=faults)
+
+
+def _upload_protocol(p: _Problems, url: str, installed: bool) -> None:
+    """``outputs.upload``: a protocol fsspec knows (checked before the run, not after it) and, where the run's
+    controller is this process (``installed``), whose package is here."""
+    import fsspec
+
+    protocol = url.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        p.bad("outputs.upload", url, f"an fsspec URL with a protocol fsspec knows (file, s3, gs, ...); {protocol!r} "
+              "is not one")
+    except ImportError as e:
+        if installed:
+            p.add(f"outputs.upload={url} needs a package that is not installed ({e}); pip install 'lockstep[upload]' "
+                  "brings s3fs and gcsfs.")
 
 
 def _tls(tls: S.TLSConfig, local: bool, p: _Problems, check_files: bool = True) -> None:
@@ -732,6 +765,13 @@ def _network(n: S.NetworkConfig, workers: int | None, p: _Problems) -> NetworkSe
             p.bad("network.efficiency", n.efficiency, "1.0 with network.model=tcp, which derives the goodput from "
                   "network.tcp.mtu, header_bytes and frame_bytes")
         tcp = _tcp(n.tcp, p)
+        for key, v in (("discipline", None if disc == "fair" else n.discipline), ("egress", n.egress),
+                       ("ingress", n.ingress)):
+            if v is not None:  # the packets' model has no discipline: the same results, without a word
+                p.add(f"network.{key}={p.written.get(f'network.{key}', v.value)} is not used by network.model=tcp, "
+                      "whose NICs send their packets in order and whose flows share a link through TCP's own "
+                      f"congestion control; accepted: network.{key}={'fair' if key == 'discipline' else 'null'} "
+                      "with tcp, or network=ideal, where the disciplines apply.")
     topology = n.topology
     if isinstance(topology, (DictConfig, dict)):
         topology = _plain(topology)

@@ -102,6 +102,23 @@ ROOT = Path(__file__).resolve().parents[2]
      r"^model._target_='torch.nn.Linear' maps images \[2, 1, 28, 28\] to \[2, 1, 28, 10\]; accepted: "),
     ("model=custom model._target_=torch.nn.Linear +model.in_features=30 +model.out_features=10",
      r"^model._target_='torch.nn.Linear' cannot take a batch of images \[2, 1, 28, 28\] \(RuntimeError: mat1 "),
+    ("device=cuda:abc", r"^device=cuda:abc is not valid; accepted: cpu \| cuda \| cuda:N \(N a device index >= 0\)"),
+    ("device=cuda:-1", r"^device=cuda:-1 is not valid; accepted: cpu \| cuda \| cuda:N"),  # both ran, on the CPU
+    ("device=cuda:1", None),
+    ("outputs.upload=foo://bucket", r"^outputs.upload=foo://bucket is not valid; accepted: an fsspec URL with a "
+                                    r"protocol fsspec knows \(file, s3, gs, \.\.\.\); 'foo' is not one\.$"),  # after
+    ("outputs.upload=memory://bucket", None),  # the run, and exit 1
+    ("optimizer=adam momentum=0.9", r"^momentum=0.9 is not valid; accepted: 0 with optimizer=adam"),  # ignored
+    ("compute=constant compute.profile=epyc-1t", r"^compute.profile=epyc-1t is not valid; accepted: null with "
+                                                 r"compute=constant \(a device profile is read by compute=profiled "
+                                                 r"only\)\.$"),  # ignored
+    ("network=tcp network.egress=fifo", r"^network.egress=fifo is not used by network.model=tcp, whose NICs send "
+                                        r"their packets in order"),  # the same results, without a word
+    ("network=tcp network.discipline=unlimited", r"^network.discipline=unlimited is not used by network.model=tcp"),
+    ("network=ideal network.discipline=unlimited network.egress=fifo", None),
+    ("compute.db=/proc/nope/db.json", r"^compute.db=/proc/nope/db.json is not valid; accepted: a file the agents "
+                                      r"can write the profiles to \(/proc/nope/db.json cannot be written: "),  # the
+    ("compute=constant compute.db=/proc/nope/db.json", None),  # agents' traceback; unread without compute=profiled
     ("strategy=gossip workers=4 compute.layerwise=true", r"^compute.layerwise=true is not supported by strategy "
                                                          r"gossip, which sends whole models"),  # it changed nothing
     ("strategy=ps_sync strategy.collective=gloo compute.layerwise=true",
@@ -203,6 +220,17 @@ def test_cli_exits_2_with_one_sentence_and_writes_nothing(tmp_path):
     assert "network.latncy is not a key of network; did you mean latency?" in p.stderr
     assert "Traceback" not in p.stderr
     assert not out.exists()
+
+
+def test_a_run_directory_that_is_a_file_is_one_sentence_and_exit_2(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    p = subprocess.run([sys.executable, "-m", "controller.cli", "run", "model=mlp", f"hydra.run.dir={a_file}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr  # was Hydra's FileExistsError
+    assert p.stderr.strip().splitlines()[-1].strip() == (f"hydra.run.dir={a_file}: {a_file} is a file, not a "
+                                                         "directory; accepted: a directory for the run's outputs.")
+    assert a_file.read_text() == "kept"
 
 
 def test_a_sweep_with_one_bad_point_fails_before_any_job_runs(tmp_path):

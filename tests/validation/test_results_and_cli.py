@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -115,10 +116,50 @@ def test_measure_records_the_hystart_detections_of_a_cubic_host(tmp_path):
     (["--workers", "0"], "--workers=0 is not valid; accepted: an integer >= 1."),
     (["--scenarios", "ring,allgather"], "--scenarios='allgather' is not valid"),
     (["--latency-ms", "-1"], "--latency-ms must be >= 0"),
+    (["--timeout", "-1"], "--rate-mbit and --timeout > 0"),  # was subprocess.TimeoutExpired after the start
+    (["--model-bytes", "1001"], "--model-bytes=1001 is not valid; accepted: an integer >= 4, a multiple of 4 "
+                                "(float32 elements)."),  # 1001 was recorded, 1000 sent
+    (["--collect", "nope.json", "--scenario", "ring", "--rate-mbit", "100"],
+     "--collect nope.json: No such file or directory; accepted: rank 0's --outfile (a JSON object)."),
 ])
 def test_measure_refuses_bad_options_in_one_sentence(tmp_path, capsys, argv, sentence):
     assert measure_main(["--out", str(tmp_path / "m.jsonl"), *argv]) == 2
     assert sentence in capsys.readouterr().err
+
+
+def test_an_output_that_cannot_be_written_is_one_sentence_before_any_work(tmp_path, capsys, monkeypatch):
+    # each was a traceback after the work (the emulations, the measurement), which was lost with it
+    def no_work(*a, **kw):
+        raise AssertionError("the work started")
+
+    monkeypatch.setattr("controller.validate.validate_points", no_work)
+    monkeypatch.setattr("controller.measure.run_scenario", no_work)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    p = write(tmp_path, GOOD)
+    cases = [
+        (validate_main, [str(p), "--out", str(a_file)],
+         f"lockstep validate: --out {a_file}: {a_file} is a file, not a directory; accepted: a directory for "
+         "validate.png."),
+        (measure_main, ["--out", str(a_file / "m.jsonl"), "--scenarios", "p2p"],
+         f"lockstep measure: --out {a_file}/m.jsonl: {a_file}/m.jsonl cannot be written: {a_file} is a file, not a "
+         "directory; accepted: a file to append the records to."),
+        (measure_main, ["--out", str(tmp_path), "--scenarios", "p2p"],
+         f"lockstep measure: --out {tmp_path}: {tmp_path} is a directory, not a file; accepted: a file to append "
+         "the records to."),
+        (calibrate_main, [str(p), "--no-validate", "--out", str(a_file / "x.yaml")],
+         f"lockstep calibrate: --out {a_file}/x.yaml: {a_file}/x.yaml cannot be written: {a_file} is a file, not "
+         "a directory; accepted: a file to write the preset to."),
+    ]
+    if Path("/proc/self").is_dir():  # a file system where nothing can be created, even by root
+        cases.append((measure_main, ["--out", "/proc/nope/m.jsonl", "--scenarios", "p2p"],
+                      "lockstep measure: --out /proc/nope/m.jsonl: /proc/nope/m.jsonl cannot be written: No such "
+                      "file or directory (/proc/nope); accepted: a file to append the records to."))
+    for command, argv, sentence in cases:
+        assert command(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err == sentence
+    assert a_file.read_text() == "" and not list(tmp_path.glob("*.yaml"))
 
 
 def test_a_configuration_measured_several_times_is_compared_by_its_median(tmp_path, capsys):
