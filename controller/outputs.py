@@ -23,7 +23,7 @@ __all__ = ["RunDir", "ReplayDiverged", "clear_earlier_run", "read_csv", "unwrita
 # of them (no update: no params.pt, no loss.png; fewer agents), leaves none of another run's beside its own
 EARLIER_OUTPUTS = ("summary.json", "params.pt", "loss.png", "trace.json", "trace.records.jsonl", "statelog.jsonl",
                    "metrics.prom", "metrics-agent-*.prom", "endpoints.json", "prometheus-targets.json",
-                   "agents/agent-*.log", "snapshots/*.pt")
+                   "agents/agent-*.log", "snapshots/*.pt", "recovery.jsonl")
 
 
 def clear_earlier_run(run_dir: Path) -> list[str]:

@@ -64,7 +64,8 @@ def test_a_run_in_a_directory_an_earlier_run_used_leaves_none_of_the_earlier_run
     earlier = {"params.pt": b"old model", "loss.png": b"old plot", "summary.json": b'{"complete": true}',
                "trace.json": b"[]", "statelog.jsonl": b"{}\n", "metrics.prom": b"# old\n",
                "metrics-agent-3.prom": b"# old\n", "endpoints.json": b"{}", "agents/agent-5.log": b"old agent",
-               "snapshots/w0-v1.pt": b"old snapshot", "lockstep.log": b"the earlier run's log\n"}
+               "snapshots/w0-v1.pt": b"old snapshot", "recovery.jsonl": b'{"event": "resumed"}\n',
+               "lockstep.log": b"the earlier run's log\n"}
     for name, data in earlier.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(data)
