@@ -24,11 +24,12 @@ import signal
 import sys
 import threading
 
-__all__ = ["Stopped", "install", "defer", "check", "requested", "wait", "reset"]
+__all__ = ["Stopped", "install", "defer", "check", "reclaim", "requested", "wait", "reset"]
 
 _event = threading.Event()
 _signum: int | None = None
 _immediate = False  # between install() and defer(): nothing to clean up, exit on the spot
+_installed = False  # install() took the signals (the CLI); an API caller keeps its own
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -63,12 +64,22 @@ def _handler(signum: int, frame: object) -> None:
 
 def install() -> None:
     """Take SIGINT and SIGTERM over: exit at once until :func:`defer` (main thread only; a no-op elsewhere)."""
-    global _immediate
+    global _immediate, _installed
     if threading.current_thread() is not threading.main_thread():
         return
-    _immediate = True
+    _immediate = _installed = True
     for sig in SIGNALS:
         signal.signal(sig, _handler)
+
+
+def reclaim() -> None:
+    """Take SIGINT and SIGTERM back from a library that took them, where :func:`install` took them first.
+
+    ``ray.init`` sets a SIGTERM handler of its own (``sys.exit``) and its core worker a C one that aborts
+    the process (exit 134, no outputs finalised): the launcher calls this right after it."""
+    if _installed and threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, _handler)
 
 
 def defer() -> None:

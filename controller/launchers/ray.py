@@ -309,6 +309,9 @@ class RayLauncher:
         except BaseException:
             self.stop()
             raise
+        from controller import signals
+
+        signals.reclaim()  # ray.init took SIGTERM (an abort, exit 134): a stop must finalise the run's outputs
 
     def start(self, spec: LaunchSpec) -> None:
         if self.actors:

@@ -7,6 +7,7 @@ counts but nobody computes on (this machine has none).
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import signal
@@ -165,6 +166,35 @@ def test_killing_an_actors_process_stops_the_run_with_a_clear_error_and_leaves_n
             rows = list(csv.DictReader(f))
         assert rows and all(r["vworker"] == "ps0" for r in rows)
         # the run stopped its private cluster: no process it started (Ray's or an agent) is left
+        wait_until(lambda: not processes_with(mark), timeout=30, what="every process of the run's Ray cluster to end",
+                   on_timeout=lambda: f"left: {processes_with(mark)}")
+    finally:
+        kill_marked(mark)
+
+
+def test_sigterm_stops_a_ray_run_gracefully_and_leaves_no_ray_process(tmp_path):
+    """What KubeRay's pod deletion sends the controller: ray.init had taken SIGTERM over (its core worker aborted
+    the process: exit 134, no summary's stopped_by, no trace.json); lockstep takes it back."""
+    need_ray()
+    d, mark = tmp_path / "run", f"ray-term-{uuid.uuid4().hex[:12]}"
+    over = ["workers=4", "agents=2", "model=mlp", "compute=constant", "stop.updates=1000000", "eval.every=0",
+            "progress=false", "launcher=ray", "launcher.address=null", "network.latency=1ms"]
+    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "run", *over, f"hydra.run.dir={d}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=marked_env(mark))
+    try:
+        agent_pids(d, 2, timeout=240, what="both actors to build their vworkers", first_rows=True)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    try:
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert "interrupted by SIGTERM; every agent was stopped" in err and "Traceback" not in err, err
+        summary = json.loads((d / "summary.json").read_text())
+        assert summary["stopped_by"] == "signal" and summary["signal"] == "SIGTERM"
+        with open(d / "metrics.csv", newline="") as f:
+            assert summary["updates"] == len(list(csv.DictReader(f))) > 0
         wait_until(lambda: not processes_with(mark), timeout=30, what="every process of the run's Ray cluster to end",
                    on_timeout=lambda: f"left: {processes_with(mark)}")
     finally:
