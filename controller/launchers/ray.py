@@ -155,8 +155,8 @@ class Connection:
         if loopback:
             self._set_env({**_LOOPBACK_ENV, **(_PRIVATE_ENV if self.private else {})})
         ray = _ray()
-        if address == "auto":
-            address = self._resolve_auto(ray)
+        if address == "auto":  # checked to answer, and still given to ray.init as auto: only auto finds the
+            self._resolve_auto(ray)  # token of a cluster with Ray's token authentication (Ray 2.60's default)
         if loopback:
             self._loopback_flag(ray)
         kwargs: dict[str, Any] = {"log_to_driver": self.log_to_driver, **self.init_kwargs}

@@ -199,3 +199,18 @@ def test_sigterm_stops_a_ray_run_gracefully_and_leaves_no_ray_process(tmp_path):
                    on_timeout=lambda: f"left: {processes_with(mark)}")
     finally:
         kill_marked(mark)
+
+
+def test_launcher_address_auto_finds_a_token_authenticated_cluster_without_ray_auth_mode(tmp_path, ray_cluster):
+    """Ray 2.60's `ray start --head` turns token authentication on; only ray.init(address="auto") finds the token
+    by itself. The launcher resolved auto to the head's HOST:PORT first (to check it answers) and gave ray.init
+    that: InvalidAuthToken for 20 s, then exit 2."""
+    env = {k: v for k, v in marked_env(f"ray-auto-{uuid.uuid4().hex[:12]}").items()
+           if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    d = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "controller.cli", "run", "workers=4", "agents=2", "model=mlp",
+                        "compute=constant", "stop.updates=20", "eval.every=0", "progress=false", "launcher=ray",
+                        "launcher.address=auto", "network.latency=1ms", f"hydra.run.dir={d}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads((d / "summary.json").read_text())["updates"] == 20
