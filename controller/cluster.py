@@ -80,6 +80,36 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return sweep_jobs(overrides)
 
 
+def values_overrides(values: list[str], sets: list[str]) -> list[str]:
+    """The ``experiment.overrides`` the user's ``-f`` files set (the last one's: helm replaces a list): each
+    point's values file sets the list too, so they go first in every point's. A ``--set`` of the list, which
+    would replace every point's own, is refused."""
+    for s in sets:
+        if s.split("=", 1)[0].strip().split("[", 1)[0] in ("experiment.overrides", "experiment"):
+            raise SweepError(f"--set {s}: every point sets experiment.overrides, so this would replace the point's "
+                             "own overrides in every release; accepted: the overrides on the sweep's command line "
+                             "(or in a -f values file, where they go first in every point's)")
+    base: list[str] = []
+    for f in values:
+        try:
+            data = yaml.safe_load(Path(f).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise SweepError(f"-f {f}: cannot be read as YAML ({_first_line(e)})") from e
+        experiment = data.get("experiment") if isinstance(data, dict) else None
+        overrides = experiment.get("overrides") if isinstance(experiment, dict) else None
+        if overrides is None:
+            continue
+        if not (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)):
+            raise SweepError(f"-f {f}: experiment.overrides={overrides!r} is not valid; accepted: a list of Hydra "
+                             "overrides such as [workers=64, strategy=ps_sync]")
+        base = list(overrides)
+    return base
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 def release_name(sweep: str, overrides: list[str]) -> str:
     """``<sweep>-<8 hex of the overrides>``: a DNS label of at most 40 characters, unique per point."""
     digest = hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:8]
@@ -251,7 +281,8 @@ def _sweep_kubernetes(a: argparse.Namespace) -> int:
     chart = a.chart or SOURCE_CHART
     if not (chart / "Chart.yaml").is_file():
         raise SweepError(f"--chart {chart}: no Chart.yaml there; pass the path of charts/lockstep")
-    points = [Point(i, tuple(o), release_name(name, o)) for i, o in enumerate(expand(a.overrides))]
+    base = values_overrides(a.values, a.sets)
+    points = [Point(i, tuple(o), release_name(name, o)) for i, o in enumerate(expand(base + a.overrides))]
     if len({p.release for p in points}) != len(points):
         raise SweepError("two points have the same overrides; each point of a sweep must differ")
     validate_points([list(p.overrides) for p in points])

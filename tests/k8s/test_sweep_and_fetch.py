@@ -67,6 +67,27 @@ def test_a_three_point_sweep_creates_three_jobs_with_distinct_names_and_one_swee
         assert f"point {j.metadata.labels['lockstep.io/point']} -> release {r}" in proc.stdout
 
 
+def test_a_values_files_experiment_overrides_go_first_in_every_point_and_a_set_of_them_is_refused(
+        helm_bin, kube_cluster, namespace, tmp_path):
+    # helm replaces a list: each point's values file (after the user's -f) dropped the user's overrides, and a
+    # --set of them (after it) replaced every point's own, so every release ran the same experiment
+    values = tmp_path / "mine.yaml"
+    values.write_text("experiment:\n  overrides: [workers=8, model=mlp]\n")
+    proc = lockstep(helm_bin, "sweep", "--kubernetes", "--name", "mine", "--no-wait", "-f", str(values),
+                    *kube_args(kube_cluster, namespace), "lr=0.1,0.01")
+    assert proc.returncode == 0, proc.stderr
+    jobs = sweep_jobs(kube_cluster, namespace, "mine")
+    assert [job_arg(j, "lr") for j in jobs] == ["0.1", "0.01"]
+    assert [(job_arg(j, "workers"), job_arg(j, "model")) for j in jobs] == [("8", "mlp")] * 2
+    assert "point 0 -> release" in proc.stdout and "workers=8 model=mlp lr=0.1" in proc.stdout
+    proc = lockstep(helm_bin, "sweep", "--kubernetes", "--name", "mine2", *kube_args(kube_cluster, namespace),
+                    "--set", "experiment.overrides={workers=64}", "lr=0.1,0.01")
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "lockstep sweep: --set experiment.overrides={workers=64}: every point sets experiment.overrides, so this "
+        "would replace the point's own overrides in every release; accepted: "), proc.stderr
+    assert sweep_jobs(kube_cluster, namespace, "mine2") == []
+
+
 def test_the_sweep_reports_each_point_and_a_controller_that_cannot_pull_its_image(helm_bin, kube_cluster, namespace):
     assert lockstep(helm_bin, "sweep", "--kubernetes", "--name", "seeds", "--no-wait",
                     *kube_args(kube_cluster, namespace), "seed=1,2,3").returncode == 0
