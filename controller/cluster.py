@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 import yaml
 
+from controller import signals
 from controller.launchers.kubernetes import LauncherConfigError, connect, exec_in_pod, pod_failure
 
 __all__ = ["Point", "expand", "release_name", "sweep_main", "fetch_main", "JobState", "job_state",
@@ -263,6 +264,28 @@ def sweep_main(argv: list[str]) -> int:
     except SweepError as e:
         print(f"lockstep sweep: {e}", file=sys.stderr)
         return 2
+    except _api_errors() as e:
+        print(f"lockstep sweep: {api_sentence(e)}", file=sys.stderr)
+        return 2
+
+
+def _api_errors() -> tuple[type[BaseException], ...]:
+    """What the kubernetes client raises for a refused request or an API server it cannot reach."""
+    try:
+        import urllib3  # noqa: PLC0415 - a dependency of kubernetes
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+    except ImportError:
+        return ()
+    return ApiException, urllib3.exceptions.HTTPError
+
+
+def api_sentence(e: BaseException) -> str:
+    """One sentence for a request the API refused (403 Forbidden: pods is forbidden ...) or never answered."""
+    from controller.launchers.kubernetes import _api_message  # noqa: PLC0415
+
+    if getattr(e, "status", None) is not None:
+        return f"the Kubernetes API refused a request: {e.status} {e.reason}: {_api_message(e)}"  # type: ignore
+    return f"the Kubernetes API server cannot be reached: {_first_line(e)}"
 
 
 def _sweep_kubernetes(a: argparse.Namespace) -> int:
@@ -421,7 +444,8 @@ def _wait_running(cluster: Cluster, name: str, timeout_s: float) -> None:
             raise SweepError(f"the reader pod {name} cannot run: {reason or phase}")
         if time.monotonic() > deadline:
             raise SweepError(f"the reader pod {name} is still {phase} after {timeout_s:.0f}s (--timeout)")
-        time.sleep(0.5)
+        if signals.wait(0.5):
+            signals.check()
 
 
 def fetch(cluster: Cluster, loc: RunLocation, dest: Path, *, timeout_s: float = 300,
@@ -437,11 +461,13 @@ def fetch(cluster: Cluster, loc: RunLocation, dest: Path, *, timeout_s: float = 
         data = copy(cluster, pods[0]["metadata"]["name"], "controller", loc.run_dir, arcname)
     else:
         name = f"lockstep-fetch-{hashlib.sha256(f'{loc.job}{time.time_ns()}'.encode()).hexdigest()[:8]}"
+        signals.defer()  # from here Ctrl-C is a request (signals.Stopped at a check): the pod is deleted first
         cluster.core.create_namespaced_pod(cluster.namespace, reader_pod(loc, name, cluster.namespace),
                                            _request_timeout=30)
         try:
             _wait_running(cluster, name, timeout_s)
             data = copy(cluster, name, "fetch", loc.run_dir, arcname)
+            signals.check()
         finally:
             cluster.core.delete_namespaced_pod(name, cluster.namespace, grace_period_seconds=0, _request_timeout=30)
     extract_tar(data, dest)
@@ -490,3 +516,9 @@ def fetch_main(argv: list[str], copy: Callable[..., bytes] = exec_copy) -> int:
     except SweepError as e:
         print(f"lockstep fetch: {e}", file=sys.stderr)
         return 2
+    except _api_errors() as e:
+        print(f"lockstep fetch: {api_sentence(e)}", file=sys.stderr)
+        return 2
+    except signals.Stopped as e:
+        print(f"lockstep fetch: interrupted by {e.name}; the reader pod was deleted.", file=sys.stderr)
+        return e.exit_status

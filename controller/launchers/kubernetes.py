@@ -64,6 +64,11 @@ class KubernetesLauncherError(RuntimeError):
     """The Kubernetes API refused or failed a request the launcher needs."""
 
 
+class KubernetesStartRefused(KubernetesLauncherError, LauncherConfigError):
+    """The API refused, or could not be reached for, what a start needs, before any agent ran (a namespace that
+    does not exist, missing rights, the kubeconfig's server): the user's to fix, one sentence and exit 2."""
+
+
 def _import_kubernetes():
     try:
         import kubernetes  # noqa: PLC0415 - the one place lockstep imports it, on purpose lazily
@@ -362,8 +367,13 @@ class KubernetesLauncher:
                     if getattr(e.__cause__, "status", None) == 409:
                         self.pods.remove(name)  # someone else's pod of that name: never delete it
                     raise
-        except BaseException:
-            self.stop()
+        except BaseException as e:
+            try:
+                self.stop()
+            except KubernetesLauncherError as cleanup:  # what was left; the cause is e, raised below
+                log.warning("%s", cleanup)
+            if isinstance(e, KubernetesLauncherError):  # refused or unreachable before any agent ran: the user's
+                raise KubernetesStartRefused(str(e)) from e  # to fix (a namespace, rights, the kubeconfig's server)
             raise
         log.info("created %d agent pods %s-agent-N in namespace %s (run %s)", len(self.pods), base, ns, spec.run_id)
 
@@ -518,6 +528,9 @@ class KubernetesLauncher:
             raise KubernetesLauncherError(
                 f"Kubernetes refused to {what} in namespace {self.namespace}: "
                 f"{e.status} {e.reason}: {_api_message(e)}") from e
+        except (OSError, self._urllib3_error()) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise KubernetesLauncherError(f"the Kubernetes API server could not be reached to {what}: {first}") from e
 
     def _owner_references(self) -> list[dict[str, Any]]:
         owner = self.cfg.owner_pod or os.environ.get("LOCKSTEP_POD_NAME") or os.environ.get("POD_NAME")

@@ -297,6 +297,21 @@ def test_a_missing_owner_pod_is_a_clear_config_error_and_leaves_nothing(launcher
     assert not core.list_namespaced_secret(namespace, label_selector="lockstep.io/run-id=run-1").items
 
 
+def test_a_namespace_that_does_not_exist_or_a_server_that_does_not_answer_is_a_config_error(launcher, tmp_path):
+    # both were a traceback from the CLI (exit 1): KubernetesLauncherError, urllib3's MaxRetryError
+    with pytest.raises(LauncherConfigError, match=r"^Kubernetes refused to create Secret lockstep-run-1-token in "
+                                                  r"namespace no-such-ns: 404 Not Found: namespaces \"no-such-ns\" "
+                                                  r"not found$"):
+        launcher(namespace="no-such-ns").start(make_spec())
+    nowhere = tmp_path / "kubeconfig"
+    nowhere.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters: [{name: k, cluster: {server: "
+                       "'http://127.0.0.1:1'}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+                       "users: [{name: u, user: {token: x}}]\n")
+    with pytest.raises(LauncherConfigError, match=r"^the Kubernetes API server could not be reached to list the "
+                                                  r"run's pods: "):
+        launcher(kubeconfig=str(nowhere)).start(make_spec())
+
+
 def test_a_refused_pod_stops_the_start_and_removes_what_was_created(launcher, core, namespace, controller_pod):
     # Someone's pod, not labelled as this run's (whose pods a start steps past), takes agent 1's name.
     core.create_namespaced_pod(namespace, {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -126,6 +127,23 @@ def test_the_sweep_refuses_a_bad_point_before_installing_anything(helm_bin, kube
     assert sweep_jobs(kube_cluster, namespace, "bad") == []
 
 
+def test_an_api_server_that_does_not_answer_is_one_sentence_for_fetch_and_sweep(tmp_path):
+    # a traceback (urllib3's MaxRetryError, or the client's ForbiddenException) with exit 1 before
+    nowhere = tmp_path / "kubeconfig"
+    nowhere.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters: [{name: k, cluster: {server: "
+                       "'http://127.0.0.1:1'}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+                       "users: [{name: u, user: {token: x}}]\n")
+    for args, prefix in ((["fetch", "-n", "lab", "--kubeconfig", str(nowhere), "exp1", str(tmp_path / "out")],
+                          "lockstep fetch: "),
+                         (["sweep", "--kubernetes", "--name", "s", "--watch", "-n", "lab", "--kubeconfig", str(nowhere)],
+                          "lockstep sweep: ")):
+        p = subprocess.run([sys.executable, "-m", "controller.cli", *args], cwd=REPO, capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.startswith(prefix + "the Kubernetes API server cannot be reached: ") and \
+            p.stderr.count("\n") == 1, p.stderr
+
+
 def test_sweep_names_are_hashed_dns_labels_that_stay_unique_when_cut():
     long = "a-very-long-sweep-name-for-learning-rates"
     a, b = cl.release_name(long, ["lr=0.1", "seed=1"]), cl.release_name(long, ["lr=0.1", "seed=2"])
@@ -207,6 +225,29 @@ def test_fetch_copies_a_releases_run_directory_through_a_reader_pod_that_mounts_
     assert spec["securityContext"]["runAsNonRoot"] is True
     wait_until(lambda: not core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/component=fetch").items,
                timeout=30, what="the reader pod deleted")
+
+
+def test_ctrl_c_while_fetch_waits_for_its_reader_pod_deletes_the_pod(helm, kube_cluster, namespace, tmp_path):
+    # the CLI's handler exited at once outside a run ("nothing was started"), leaving the pod for an hour
+    helm("install", "exp1", str(CHART), "--namespace", namespace, "--kubeconfig", str(kube_cluster.kubeconfig))
+    core = kube_cluster.core()
+
+    def readers() -> list:
+        return core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/component=fetch").items
+
+    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "fetch", "exp1", str(tmp_path / "out"),
+                             "--timeout", "120", *kube_args(kube_cluster, namespace)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(readers, timeout=60, what="the reader pod created (it stays Pending: no kubelet)")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert err.strip() == "lockstep fetch: interrupted by SIGINT; the reader pod was deleted."
+    wait_until(lambda: not readers(), timeout=30, what="the reader pod deleted")
 
 
 def test_fetch_of_a_sweep_makes_one_local_sweep_directory(helm_bin, kube_cluster, namespace, tmp_path, capsys):
