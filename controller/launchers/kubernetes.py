@@ -80,12 +80,13 @@ def _import_kubernetes():
 def dns_name(prefix: str, run_id: str, max_len: int = 48) -> str:
     """A DNS-1123 label ``prefix-<run_id>`` short enough to take a ``-agent-NNNN`` suffix.
 
-    Characters Kubernetes refuses become ``-``; a run id that must be cut keeps a hash so two long
-    run ids sharing a prefix still give different names.
+    Characters Kubernetes refuses become ``-`` and capitals small ones; a run id that changed so (``exp_1``
+    and ``exp-1``, ``Exp1`` and ``exp1`` would share a name) or that must be cut keeps a hash of itself, so
+    two run ids always give different names.
     """
     clean = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run"
     name = f"{prefix}-{clean}"
-    if len(name) > max_len:
+    if len(name) > max_len or clean != run_id:
         digest = hashlib.sha1(run_id.encode()).hexdigest()[:8]
         name = name[: max_len - 9].rstrip("-") + "-" + digest
     return name

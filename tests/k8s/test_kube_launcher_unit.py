@@ -72,7 +72,11 @@ def test_a_loopback_controller_address_is_refused_before_anything_is_created():
 
 
 def test_names_are_valid_dns_labels_and_long_run_ids_stay_distinct():
-    assert dns_name("lockstep", "2025-01-01_12:00:00.Ab") == "lockstep-2025-01-01-12-00-00-ab"
+    assert dns_name("lockstep", "2025-01-01-12-00-00-ab") == "lockstep-2025-01-01-12-00-00-ab"
+    # a run id the label had to change keeps a hash: exp_1 and exp-1 (or Exp1 and exp1) shared their pods' and
+    # Secret's names, and the second run's start failed with 409 Conflict
+    assert dns_name("lockstep", "2025-01-01_12:00:00.Ab") == "lockstep-2025-01-01-12-00-00-ab-8430ad90"
+    assert len({dns_name("lockstep", r) for r in ("exp_1", "exp-1", "Exp-1", "exp.1")}) == 4
     a, b = dns_name("lockstep", "x" * 80 + "1"), dns_name("lockstep", "x" * 80 + "2")
     assert a != b and len(a) <= 48 and len(a + "-agent-9999") <= 63
     assert label_value("run/with spaces") == "run-with-spaces"
