@@ -350,6 +350,10 @@ class RayLauncher:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.logs = [log_dir / f"agent-{i}.log" for i in range(spec.n_agents)]
         self.incarnation += 1
+        # the first free names from there: another run may hold these (two sweep jobs whose configs differ
+        # only where the run id's hash does not look, started in the same second, get the same run id)
+        while _name_taken(ray, _prefix(spec.run_id, self.incarnation), cfg.namespace):
+            self.incarnation += 1
         self._prefix = _prefix(spec.run_id, self.incarnation)
         self.pg = placement_group([bundle_] * spec.n_agents, strategy=cfg.strategy.value, name=self._prefix)
         self._started_at = time.monotonic()
@@ -594,6 +598,22 @@ def _name(run_id: str) -> str:
 def _prefix(run_id: str, incarnation: int) -> str:
     """``lockstep-<run id>`` for a run's first set of actors, ``lockstep-<run id>-r<k>`` for the k-th after it."""
     return f"lockstep-{_name(run_id)}" + (f"-r{incarnation}" if incarnation else "")
+
+
+def _name_taken(ray: Any, prefix: str, namespace: str) -> bool:
+    """Whether a placement group or an agent actor 0 of this name lives on the cluster (another run's)."""
+    from ray.util import get_placement_group  # noqa: PLC0415
+
+    try:
+        get_placement_group(prefix)
+        return True
+    except ValueError:
+        pass
+    try:
+        ray.get_actor(f"{prefix}-agent-0", namespace=namespace)
+        return True
+    except ValueError:
+        return False
 
 
 def _resources(res: Mapping[str, float]) -> str:

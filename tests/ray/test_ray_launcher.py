@@ -214,3 +214,38 @@ def test_launcher_address_auto_finds_a_token_authenticated_cluster_without_ray_a
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads((d / "summary.json").read_text())["updates"] == 20
+
+
+def test_two_runs_with_one_run_id_on_a_shared_cluster_each_get_their_own_placement_group(tmp_path, ray_cluster):
+    """Two sweep jobs whose configs differ only where the run id's hash does not look, started in the same
+    second, share a run id: the second job's placement group was refused ("already exists"), its run failed."""
+    from ray.util import placement_group_table
+
+    from controller.launchers.ray import Connection
+
+    mark = f"ray-dup-{uuid.uuid4().hex[:12]}"
+    common = ["workers=4", "agents=2", "model=mlp", "compute=constant", "eval.every=0", "progress=false",
+              "launcher=ray", f"launcher.address={ray_cluster}", "network.latency=1ms", "run_id=dup"]
+    first = subprocess.Popen([sys.executable, "-m", "controller.cli", "run", *common, "stop.updates=1000000",
+                              f"hydra.run.dir={tmp_path / 'a'}"], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=marked_env(mark))
+    try:
+        agent_pids(tmp_path / "a", 2, timeout=240, what="the first run's actors", first_rows=True)
+        p = subprocess.run([sys.executable, "-m", "controller.cli", "run", *common, "stop.updates=20",
+                            f"hydra.run.dir={tmp_path / 'b'}"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env=marked_env(mark))
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert json.loads((tmp_path / "b" / "summary.json").read_text())["updates"] == 20
+        assert "placement group lockstep-dup-r1," in (tmp_path / "b" / "lockstep.log").read_text()
+        conn = Connection(ray_cluster).open()
+        try:  # the first run's group still holds its name
+            assert any(g["name"] == "lockstep-dup" and g["state"] == "CREATED"
+                       for g in placement_group_table().values())
+        finally:
+            conn.close()
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+        assert first.returncode == 143
+    finally:
+        first.kill()
+        first.wait()
