@@ -173,7 +173,33 @@ def _run(args: list[str]) -> int:
     return 0
 
 
+class SweepJobFailed(RuntimeError):
+    """A sweep job's lockstep exited with a non-zero status inside a Ray task (``hydra/launcher=ray``)."""
+
+
+def _in_ray_task() -> bool:
+    if "ray" not in sys.modules:
+        return False
+    import ray
+
+    try:
+        return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+    except Exception:  # noqa: BLE001 - a Ray without these: not worth failing the job over
+        return False
+
+
 def _task(cfg) -> dict:
+    try:
+        return _run_task(cfg)
+    except SystemExit as e:
+        # Ray takes a task's SystemExit for its worker's crash and runs the job again (max_retries: three
+        # more times, rewriting its run directory); an error of the job's own is not retried
+        if e.code and _in_ray_task():
+            raise SweepJobFailed(f"lockstep exited with status {e.code}; its lines above say why") from None
+        raise
+
+
+def _run_task(cfg) -> dict:
     from hydra.core.hydra_config import HydraConfig
 
     from controller.config import ConfigError, validate

@@ -56,3 +56,28 @@ def test_another_launcher_leaves_ray_alone():
     cb.on_multirun_start(cfg)
     assert cb.conn is None
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+def test_a_job_that_fails_runs_once_and_fails_the_sweep(tmp_path):
+    """Ray took the job's sys.exit for its worker's crash and ran it three more times, rewriting its run
+    directory, and the sweep ended with Ray's WorkerCrashedError."""
+    import socket
+
+    need_ray()
+    sweep, mark = tmp_path / "sweep", f"ray-sweep-{uuid.uuid4().hex[:12]}"
+    with socket.socket() as held:  # the job's controller cannot listen: lockstep exits with status 1
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        args = ["--multirun", "hydra/launcher=ray", "+hydra.launcher.ray.init.num_cpus=2", f"hydra.sweep.dir={sweep}",
+                "seed=0", "launcher=local", "agents=2", f"controller.port={port}", *JOB]
+        try:
+            p = subprocess.run([sys.executable, "-m", "controller.cli", "run", *args], cwd=ROOT, capture_output=True,
+                               text=True, timeout=600, env=marked_env(mark))
+        finally:
+            kill_marked(mark)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out
+    assert out.count(f"lockstep: cannot listen on 127.0.0.1:{port}") == 1, out
+    assert "retries remaining" not in out and "WorkerCrashedError" not in out, out
+    assert "SweepJobFailed: lockstep exited with status 1; its lines above say why" in out, out
