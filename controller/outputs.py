@@ -15,7 +15,7 @@ from typing import Any
 from agents.common.files import write_atomic
 from agents.sim.env import EVAL_COLUMNS, UPDATE_COLUMNS
 
-__all__ = ["RunDir", "ReplayDiverged", "clear_earlier_run", "read_csv", "unwritable", "upload", "write_json_atomic"]
+__all__ = ["RunDir", "RunDirBusy", "RunDirLock", "ReplayDiverged", "clear_earlier_run", "read_csv", "unwritable", "upload", "write_json_atomic"]
 
 
 # what a run writes beside the files it always writes anew (config.yaml, plan.json, metrics.csv, eval.csv):
@@ -36,6 +36,48 @@ def clear_earlier_run(run_dir: Path) -> list[str]:
                 path.unlink()
                 gone.append(path.relative_to(run_dir).as_posix())
     return gone
+
+
+class RunDirBusy(RuntimeError):
+    """Another lockstep controller runs in this run directory."""
+
+
+class RunDirLock:
+    """An exclusive lock on a run directory for one controller, held while it runs (``flock``: released when
+    the process ends, however it ends). A second run or ``lockstep resume`` in the same directory would
+    interleave its rows, its checkpoints and its summary with the first's."""
+
+    NAME = ".lockstep.lock"
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / self.NAME
+        self._f: Any = None
+
+    def __enter__(self) -> "RunDirLock":
+        import fcntl  # noqa: PLC0415 - POSIX, as the rest of the controller
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise RunDirBusy(f"{self.path.parent} is in use by another lockstep controller (pid {holder}); "
+                             "accepted: wait for it to end, or another hydra.run.dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._f = f
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._f is not None:
+            self.path.unlink(missing_ok=True)
+            self._f.close()  # releases the lock
+            self._f = None
 
 
 def unwritable(path: str | Path, directory: bool = False) -> str | None:
@@ -232,7 +274,7 @@ def upload(run_dir: Path, url: str) -> str:
     dest = f"{root.rstrip('/')}/{Path(run_dir).name}"
     fs.makedirs(dest, exist_ok=True)
     for f in sorted(Path(run_dir).rglob("*")):
-        if f.is_file():
+        if f.is_file() and f.name != RunDirLock.NAME:
             target = f"{dest}/{f.relative_to(run_dir).as_posix()}"
             fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
             fs.put_file(str(f), target)

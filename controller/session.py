@@ -11,7 +11,7 @@ from tqdm import tqdm
 from controller.config import RunConfig
 from controller.launchers.base import AgentFailure, LauncherConfigError
 from controller.observe import Observer
-from controller.outputs import ReplayDiverged
+from controller.outputs import ReplayDiverged, RunDirBusy, RunDirLock
 from controller.plot import plot_loss
 from controller.recovery import NotResumable
 from controller.run import RunResult, execute
@@ -22,6 +22,20 @@ __all__ = ["run_session"]
 
 
 def run_session(rc: RunConfig, run_dir: Path, resume: bool = False) -> RunResult:
+    """Run (or resume) ``rc`` in ``run_dir``, which no other controller may use meanwhile (exit 2 if one does,
+    before anything is written)."""
+    try:
+        lock = RunDirLock(run_dir).__enter__()
+    except RunDirBusy as e:
+        print(f"lockstep: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        return _run_session(rc, run_dir, resume)
+    finally:
+        lock.__exit__()
+
+
+def _run_session(rc: RunConfig, run_dir: Path, resume: bool = False) -> RunResult:
     from controller.remote import launcher_for  # launcher=inprocess|local|kubernetes|ray (DESIGN §10)
 
     signals.defer()  # from here a signal stops the run gracefully (controller/signals.py)

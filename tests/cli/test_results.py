@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,28 @@ def test_a_run_in_a_directory_an_earlier_run_used_leaves_none_of_the_earlier_run
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["complete"] is False
     assert summary["updates"] == len((tmp_path / "metrics.csv").read_text().splitlines()) - 1 >= 50
+
+
+def test_a_second_controller_in_a_run_directory_in_use_is_refused_and_changes_nothing(tmp_path):
+    # two `lockstep resume D` at once: the second truncated the first's finished statelog.jsonl, overwrote its
+    # summary.json with complete=false and died of a FileNotFoundError
+    from controller.outputs import RunDirLock
+
+    d = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):  # an unfinished run, which `lockstep resume` would go on with
+        run(d, ["workers=2", "stop.updates=100000"], progress=Watcher(d, stop_after=3))
+    before = {f.name: f.read_bytes() for f in d.iterdir() if f.is_file()}
+    with RunDirLock(d):  # another controller runs there
+        for args in (["run", "model=mlp", "workers=2", "stop.updates=5", "launcher=inprocess", "progress=false",
+                      f"hydra.run.dir={d}"], ["resume", str(d)]):
+            p = subprocess.run([sys.executable, "-m", "controller.cli", *args], cwd=ROOT, capture_output=True,
+                               text=True, timeout=300)
+            assert p.returncode == 2, p.stderr
+            assert p.stderr.strip().splitlines()[-1] == (f"lockstep: {d} is in use by another lockstep controller "
+                                                         f"(pid {os.getpid()}); accepted: wait for it to end, or "
+                                                         "another hydra.run.dir")
+    after = {f.name: f.read_bytes() for f in d.iterdir() if f.is_file()}
+    assert {name: after.get(name) for name in before} == before  # (Hydra opened an empty lockstep.log)
 
 
 def test_a_run_uploads_its_directory_to_an_fsspec_url(tmp_path):
