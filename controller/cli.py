@@ -5,6 +5,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -109,7 +110,8 @@ def _preflight(args: list[str]) -> None:
         if "--multirun" in args or "-m" in args:
             check_sweep(sweep_jobs(overrides))
         elif not any(a in args for a in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")):
-            _warm(load(overrides))
+            rc = load(overrides)
+            _warm(rc)
             run_dir = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")][-1:]
             if run_dir:  # (a file there was Hydra's FileExistsError traceback)
                 from controller.outputs import unwritable
@@ -117,6 +119,8 @@ def _preflight(args: list[str]) -> None:
                 why = unwritable(run_dir[0], directory=True)
                 if why:
                     _invalid([f"hydra.run.dir={run_dir[0]}: {why}; accepted: a directory for the run's outputs."])
+                if rc.recovery.resume.value == "auto":
+                    _same_config_to_resume(rc, Path(run_dir[0]))
             if any(o.lstrip("+~").startswith("experiment=") for o in overrides):
                 grid = sweeper_params(overrides)
                 if grid:  # a preset's sweep: one run of the config's own values would go unnoticed
@@ -124,6 +128,38 @@ def _preflight(args: list[str]) -> None:
                           "); without --multirun one run of the config's own values runs", file=sys.stderr)
     except ConfigError as e:
         _invalid(e.problems)
+
+
+def _same_config_to_resume(rc, run_dir: Path) -> None:
+    """``recovery.resume=auto``: an unfinished run in ``run_dir`` resumes with its own config.yaml, so
+    overrides that change it are refused (exit 2) rather than dropped without a word."""
+    import yaml
+
+    from controller.recovery import resume_state
+
+    if resume_state(run_dir) != "unfinished":
+        return
+    try:
+        theirs = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return  # resume says what is wrong with it
+    ignored = ("run_id", "hydra", "outputs", "recovery", "progress", "log_level")
+
+    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in (d or {}).items():
+            if not prefix and k in ignored:
+                continue
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    a, b = flat(theirs if isinstance(theirs, dict) else {}), flat(rc.raw)
+    changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    if changed:
+        shown = ", ".join(f"{k}={b.get(k)!r} here, {a.get(k)!r} there" for k in changed[:4])
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        _invalid([f"recovery.resume=auto: {run_dir} holds an unfinished run of another config ({shown}{more}), "
+                  "which would resume with its own; accepted: that run's config, or another hydra.run.dir."])
 
 
 def _warm(rc) -> None:

@@ -103,6 +103,35 @@ def test_a_second_controller_in_a_run_directory_in_use_is_refused_and_changes_no
     assert {name: after.get(name) for name in before} == before  # (Hydra opened an empty lockstep.log)
 
 
+def test_resume_auto_refuses_overrides_that_change_the_unfinished_runs_config(tmp_path):
+    # it resumed with the run's own config.yaml without a word (lr=0.1 asked, 0.005 run), and Hydra's
+    # .hydra/overrides.yaml, which lockstep plot labels sweeps with, recorded lr=0.1
+    from controller.config import load
+    from controller.observe import Observer
+    from tests.helpers import FAST
+
+    d = tmp_path / "run"
+    mine = [*FAST, "workers=2", "stop.updates=300"]
+    with pytest.raises(KeyboardInterrupt):  # with the CLI's observer, so that its plan is the CLI's
+        run(d, mine, fast=False, progress=Watcher(d, stop_after=3), observer=Observer(load(mine), d))
+    before = sorted(f.relative_to(d) for f in d.rglob("*"))
+
+    def cli(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "controller.cli", "run", *mine, *extra, "recovery.resume=auto",
+                               f"hydra.run.dir={d}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    p = cli("lr=0.1", "seed=7")
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines()[-1].strip() == (
+        f"recovery.resume=auto: {d} holds an unfinished run of another config (lr=0.1 here, 0.005 there, seed=7 "
+        "here, 0 there), which would resume with its own; accepted: that run's config, or another hydra.run.dir.")
+    assert sorted(f.relative_to(d) for f in d.rglob("*")) == before  # nothing written, not even .hydra
+    p = cli()  # its own config: resumed
+    assert p.returncode == 0, p.stderr
+    assert "resuming the unfinished run" in p.stderr
+    assert json.loads((d / "summary.json").read_text())["updates"] == 300
+
+
 def test_a_run_uploads_its_directory_to_an_fsspec_url(tmp_path):
     bucket = tmp_path / "bucket"
     run_dir = tmp_path / "runs" / "exp1"
