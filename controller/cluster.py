@@ -202,10 +202,17 @@ def watch(cluster: Cluster, sweep: str, n_points: int, *, timeout_s: float, inte
     seen: dict[str, JobState] = {}
     deadline = time.monotonic() + timeout_s
     last = ""
+    points: dict[str, str] = {}  # Job name -> point
     while True:
         jobs = cluster.jobs(f"{SWEEP_LABEL}={sweep}")
+        listed = {job["metadata"]["name"] for job in jobs}
+        for name, state in list(seen.items()):  # helm uninstall, or the Job's ttlSecondsAfterFinished
+            if name not in listed and state.state not in ("done", "failed", "gone"):
+                seen[name] = JobState("gone", "its Job was deleted before it ended (helm uninstall?)")
+                out(f"lockstep sweep {sweep}: point {points.get(name, '?')} ({name}) gone: {seen[name].reason}")
         for job in jobs:
             name = job["metadata"]["name"]
+            points[name] = job["metadata"].get("labels", {}).get(POINT_LABEL, "?")
             state = job_state(job, cluster.pods(f"job-name={name}"))
             if seen.get(name) != state:
                 seen[name] = state
@@ -215,14 +222,16 @@ def watch(cluster: Cluster, sweep: str, n_points: int, *, timeout_s: float, inte
                     if state.state == "failed" and "controller pod" in state.reason:
                         state.reason += f"; remove it with: helm uninstall {job['metadata']['labels'].get('app.kubernetes.io/instance')}"
                     out(line + (f": {state.reason}" if state.reason else ""))
-        counts = {s: sum(1 for v in seen.values() if v.state == s) for s in ("done", "failed", "running", "pending")}
-        summary = (f"lockstep sweep {sweep}: {len(jobs)}/{n_points} points: {counts['done']} done, "
-                   f"{counts['failed']} failed, {counts['running']} running, {counts['pending']} pending")
+        counts = {s: sum(1 for v in seen.values() if v.state == s)
+                  for s in ("done", "failed", "running", "pending", "gone")}
+        summary = (f"lockstep sweep {sweep}: {len(seen)}/{n_points} points: {counts['done']} done, "
+                   f"{counts['failed']} failed, {counts['running']} running, {counts['pending']} pending"
+                   + (f", {counts['gone']} gone" if counts["gone"] else ""))
         if summary != last:
             out(summary)
             last = summary
-        if len(jobs) >= n_points and counts["done"] + counts["failed"] == len(jobs):
-            return 1 if counts["failed"] else 0
+        if len(seen) >= n_points and counts["done"] + counts["failed"] + counts["gone"] == len(seen):
+            return 1 if counts["failed"] or counts["gone"] else 0
         if time.monotonic() > deadline:
             out(f"lockstep sweep {sweep}: still going after {timeout_s:.0f}s (--timeout); "
                 f"follow it with: lockstep sweep --kubernetes --name {sweep} --watch")

@@ -144,6 +144,32 @@ def test_an_api_server_that_does_not_answer_is_one_sentence_for_fetch_and_sweep(
             p.stderr.count("\n") == 1, p.stderr
 
 
+def test_watch_ends_when_a_points_job_is_deleted_before_it_ended():
+    # it waited for the deleted point until --timeout (a day by default)
+    def job(name: str, point: int, complete: bool) -> dict:
+        conds = [{"type": "Complete", "status": "True"}] if complete else []
+        return {"metadata": {"name": name, "labels": {"lockstep.io/point": str(point)}}, "status": {"conditions": conds}}
+
+    class Listing:  # the API as the watch sees it: the second point's Job is uninstalled while it is pending
+        def __init__(self):
+            self.calls = 0
+
+        def jobs(self, selector):
+            self.calls += 1
+            return [job("a", 0, self.calls > 1)] + ([job("b", 1, False)] if self.calls == 1 else [])
+
+        def pods(self, selector):
+            return []
+
+    lines: list[str] = []
+    code = cl.watch(Listing(), "s", 2, timeout_s=30, interval_s=0, out=lines.append)
+    assert code == 1
+    assert lines == ["lockstep sweep s: 2/2 points: 0 done, 0 failed, 0 running, 2 pending",
+                     "lockstep sweep s: point 1 (b) gone: its Job was deleted before it ended (helm uninstall?)",
+                     "lockstep sweep s: point 0 (a) done",
+                     "lockstep sweep s: 2/2 points: 1 done, 0 failed, 0 running, 0 pending, 1 gone"]
+
+
 def test_sweep_names_are_hashed_dns_labels_that_stay_unique_when_cut():
     long = "a-very-long-sweep-name-for-learning-rates"
     a, b = cl.release_name(long, ["lr=0.1", "seed=1"]), cl.release_name(long, ["lr=0.1", "seed=2"])
