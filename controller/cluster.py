@@ -323,6 +323,13 @@ def _sweep_kubernetes(a: argparse.Namespace) -> int:
     if a.dry_run:
         return 0
     cluster = Cluster(a.namespace, a.kubeconfig, a.kube_context)
+    earlier = cluster.jobs(f"{SWEEP_LABEL}={name}")
+    if earlier:  # its releases would share the label and the results directory, and helm would refuse some
+        releases = sorted({j["metadata"].get("labels", {}).get("app.kubernetes.io/instance", "?") for j in earlier})
+        raise SweepError(f"--name {name}: a sweep of that name has {len(releases)} release(s) in namespace "
+                         f"{cluster.namespace} ({', '.join(releases[:3])}{', ...' if len(releases) > 3 else ''}); "
+                         f"accepted: another --name, or remove them first (helm uninstall -n {cluster.namespace} "
+                         f"{' '.join(releases[:3])}{' ...' if len(releases) > 3 else ''})")
     with tempfile.TemporaryDirectory(prefix="lockstep-sweep-") as tmp:
         for p in points:
             # a values file, not --set: an override holding a comma or braces needs no escaping

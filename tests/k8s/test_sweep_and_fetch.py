@@ -119,6 +119,21 @@ def test_the_sweep_reports_each_point_and_a_controller_that_cannot_pull_its_imag
     assert lines[-1] == "lockstep sweep seeds: 3/3 points: 2 done, 1 failed, 0 running, 0 pending"
 
 
+def test_a_sweep_name_in_use_is_refused_before_installing_anything(helm_bin, kube_cluster, namespace):
+    # point 0 was installed beside the old sweep's releases, then helm refused point 1: a half sweep
+    assert lockstep(helm_bin, "sweep", "--kubernetes", "--name", "lr", "--no-wait",
+                    *kube_args(kube_cluster, namespace), "lr=0.1,0.01").returncode == 0
+    releases = sorted(j.metadata.labels["app.kubernetes.io/instance"] for j in sweep_jobs(kube_cluster, namespace, "lr"))
+    proc = lockstep(helm_bin, "sweep", "--kubernetes", "--name", "lr", "--no-wait",
+                    *kube_args(kube_cluster, namespace), "lr=0.5,0.01", "model=mlp")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"lockstep sweep: --name lr: a sweep of that name has 2 release(s) in namespace "
+                           f"{namespace} ({', '.join(releases)}); accepted: another --name, or remove them first "
+                           f"(helm uninstall -n {namespace} {' '.join(releases)})\n")
+    assert sorted(j.metadata.labels["app.kubernetes.io/instance"]
+                  for j in sweep_jobs(kube_cluster, namespace, "lr")) == releases
+
+
 def test_the_sweep_refuses_a_bad_point_before_installing_anything(helm_bin, kube_cluster, namespace):
     proc = lockstep(helm_bin, "sweep", "--kubernetes", "--name", "bad", *kube_args(kube_cluster, namespace),
                     "lr=0.1,-1")
