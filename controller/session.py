@@ -55,7 +55,8 @@ def _run_session(rc: RunConfig, run_dir: Path, resume: bool = False) -> RunResul
     except AgentFailure as e:
         bar.close()
         tail = f"\n--- last log lines of agent {e.agent} ---\n{e.log_tail}" if e.log_tail else ""
-        line = (f"lockstep: the run stopped because agent {e.agent} failed: {e.reason}. The outputs written so "
+        who = "every agent" if e.agent == "all" else f"agent {e.agent}"  # (a cluster-wide cause)
+        line = (f"lockstep: the run stopped because {who} failed: {e.reason}. The outputs written so "
                 f"far are in {run_dir}.")
         print(f"\n{line}{tail}", file=sys.stderr)
         short = re.match(r"[A-Z][A-Za-z]+\b", e.reason)  # ImagePullBackOff, OOMKilled, Unschedulable...

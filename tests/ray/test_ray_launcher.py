@@ -249,3 +249,19 @@ def test_two_runs_with_one_run_id_on_a_shared_cluster_each_get_their_own_placeme
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_cause_no_single_agent_owns_is_said_of_every_agent(tmp_path, ray_cluster):
+    # the sentence read "the run stopped because agent all failed: the Ray placement group ..."
+    mark = f"ray-pg-{uuid.uuid4().hex[:12]}"
+    try:
+        p = subprocess.run([sys.executable, "-m", "controller.cli", "run", "workers=4", "agents=2", "model=mlp",
+                            "compute=constant", "stop.updates=20", "eval.every=0", "progress=false", "launcher=ray",
+                            f"launcher.address={ray_cluster}", "launcher.strategy=STRICT_SPREAD",
+                            "launcher.startup_timeout_s=2",
+                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env=marked_env(mark))
+    finally:
+        kill_marked(mark)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "lockstep: the run stopped because every agent failed: the Ray placement group lockstep-" in p.stderr
