@@ -166,6 +166,22 @@ def test_the_schema_rejects_a_wrong_value_with_a_clear_message(helm, setting, me
     assert message in proc.stderr
 
 
+@pytest.mark.parametrize("setting, message", [
+    ("metrics.port=50051", "metrics.port and controller.port are both 50051: the controller's Service and container "
+                           "cannot have one port twice; give them different ports"),
+    ("results.mountPath=/tmp", "results.mountPath=/tmp is the controller's own mount /tmp; accepted: another path, "
+                               "e.g. /results"),
+    ("results.mountPath=/etc/lockstep/", "results.mountPath=/etc/lockstep/ is the controller's own mount "
+                                         "/etc/lockstep; accepted: another path"),
+])
+def test_values_the_api_server_would_refuse_at_install_fail_the_render(helm, setting, message):
+    # the schema passed them, and so did helm lint and kubernetes-validate; the install failed (a Service's
+    # duplicate port, a container's duplicate mount path) and left its kept claim behind
+    proc = helm("template", "exp1", str(CHART), "--set", setting, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert helm("template", "exp1", str(CHART), "--set", "results.mountPath=/tmp/results", check=False).returncode == 0
+
+
 def test_the_controller_job_runs_the_experiment_and_dials_back_through_the_service(helm):
     docs = render(helm, "--set", "experiment.overrides={strategy=ps_async,workers=256}",
                   "--set", "agents.count=4", "--set", "controller.port=6000", "--set", "metrics.port=9500")
