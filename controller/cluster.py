@@ -160,6 +160,10 @@ class Cluster:
         return [self.to_json(j) for j in self.batch.list_namespaced_job(
             self.namespace, label_selector=selector, _request_timeout=30).items]
 
+    def claims(self, selector: str) -> list[dict[str, Any]]:
+        return [self.to_json(c) for c in self.core.list_namespaced_persistent_volume_claim(
+            self.namespace, label_selector=selector, _request_timeout=30).items]
+
     def pods(self, selector: str) -> list[dict[str, Any]]:
         return [self.to_json(p) for p in self.core.list_namespaced_pod(
             self.namespace, label_selector=selector, _request_timeout=30).items]
@@ -386,6 +390,21 @@ def find_runs(jobs: list[dict[str, Any]]) -> list[RunLocation]:
     return out
 
 
+def kept_runs(claims: list[dict[str, Any]]) -> list[RunLocation]:
+    """The run directories of releases whose Job is gone (``helm uninstall``, the Job's TTL) but whose claim
+    was kept: the chart annotates the claim with the run directory, its mount path and the image."""
+    out = []
+    for c in claims:
+        ann = c["metadata"].get("annotations") or {}
+        if not all(k in ann for k in ("lockstep.io/run-dir", "lockstep.io/mount-path", "lockstep.io/image")):
+            continue
+        release = c["metadata"].get("labels", {}).get("app.kubernetes.io/instance", c["metadata"]["name"])
+        out.append(RunLocation(release=release, job=f"{release}-lockstep", run_dir=ann["lockstep.io/run-dir"],
+                               mount_path=ann["lockstep.io/mount-path"], claim=c["metadata"]["name"],
+                               image=ann["lockstep.io/image"]))
+    return out
+
+
 def reader_pod(loc: RunLocation, name: str, namespace: str) -> dict[str, Any]:
     """A pod that mounts the run's claim read-only and waits to be read (``kubectl exec``-style)."""
     spec = loc.pod_spec
@@ -514,11 +533,17 @@ def fetch_main(argv: list[str], copy: Callable[..., bytes] = exec_copy) -> int:
         cluster = Cluster(a.namespace, a.kubeconfig, a.kube_context)
         selector = (f"{SWEEP_LABEL}={a.sweep}" if a.sweep else f"app.kubernetes.io/instance={a.release}")
         jobs = [j for j in cluster.jobs(selector + ",app.kubernetes.io/component=controller")]
-        if not jobs:
+        locs = find_runs(jobs)
+        gone = [k for k in kept_runs(cluster.claims(selector)) if k.release not in {loc.release for loc in locs}]
+        for k in gone:
+            print(f"lockstep fetch: {k.release}: its Job is gone; reading its kept claim {k.claim}", file=sys.stderr)
+        locs += gone
+        if not locs:
             what = f"sweep {a.sweep}" if a.sweep else f"release {a.release}"
-            raise SweepError(f"no lockstep controller Job of {what} in namespace {cluster.namespace}")
+            raise SweepError(f"no lockstep controller Job or kept results claim of {what} in namespace "
+                             f"{cluster.namespace}")
         dest = a.dir / a.sweep if a.sweep else a.dir
-        for loc in find_runs(jobs):
+        for loc in locs:
             got = fetch(cluster, loc, dest, timeout_s=a.timeout, copy=copy)
             summary = got / "summary.json"
             state = "no summary.json"

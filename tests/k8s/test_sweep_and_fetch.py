@@ -291,6 +291,28 @@ def test_ctrl_c_while_fetch_waits_for_its_reader_pod_deletes_the_pod(helm, kube_
     wait_until(lambda: not readers(), timeout=30, what="the reader pod deleted")
 
 
+def test_fetch_reads_a_kept_claim_after_helm_uninstall(helm, kube_cluster, namespace, tmp_path, capsys):
+    # "no lockstep controller Job of release exp1": the claim, kept for that, could not be read by fetch
+    helm("install", "exp1", str(CHART), "--namespace", namespace, "--kubeconfig", str(kube_cluster.kubeconfig))
+    helm("uninstall", "exp1", "--namespace", namespace, "--kubeconfig", str(kube_cluster.kubeconfig))
+    core = kube_cluster.core()
+    from kubernetes import client
+
+    wait_until(lambda: not client.BatchV1Api(kube_cluster.api_client()).list_namespaced_job(namespace).items,
+               timeout=60, what="the release's Job gone")
+    volume = _volume(tmp_path, "/results/exp1", 42)
+    with StandInKubelet(core, namespace, volume) as kubelet:
+        code = cl.fetch_main(["exp1", str(tmp_path / "out"), *kube_args(kube_cluster, namespace)], copy=kubelet.copy)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert out.err == "lockstep fetch: exp1: its Job is gone; reading its kept claim exp1-lockstep-results\n"
+    assert json.loads((tmp_path / "out" / "exp1" / "summary.json").read_text())["updates"] == 42
+    [reader] = kubelet.pods
+    assert reader["spec"]["volumes"] == [{"name": "results", "persistentVolumeClaim": {
+        "claimName": "exp1-lockstep-results", "readOnly": True}}]
+    assert reader["spec"]["containers"][0]["image"] == "lockstep:0.1.0"  # the chart's, as the Job had it
+
+
 def test_fetch_of_a_sweep_makes_one_local_sweep_directory(helm_bin, kube_cluster, namespace, tmp_path, capsys):
     assert lockstep(helm_bin, "sweep", "--kubernetes", "--name", "two", "--no-wait",
                     *kube_args(kube_cluster, namespace), "seed=1,2").returncode == 0
