@@ -214,14 +214,11 @@ class SweepJobFailed(RuntimeError):
 
 
 def _in_ray_task() -> bool:
-    if "ray" not in sys.modules:
+    if "ray" not in sys.modules:  # (a job of hydra/launcher=ray has imported it)
         return False
-    import ray
+    from controller.launchers.ray import in_ray_task
 
-    try:
-        return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
-    except Exception:  # noqa: BLE001 - a Ray without these: not worth failing the job over
-        return False
+    return in_ray_task()
 
 
 def _task(cfg) -> dict:

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import yaml
 
 from controller import signals
-from controller.launchers.kubernetes import LauncherConfigError, connect, exec_in_pod, pod_failure
+from controller.launchers.kubernetes import LauncherConfigError, api_sentence, connect, exec_in_pod, pod_failure
 
 __all__ = ["Point", "expand", "release_name", "sweep_main", "fetch_main", "JobState", "job_state",
            "reader_pod", "find_runs", "Cluster", "extract_tar"]
@@ -283,22 +283,9 @@ def sweep_main(argv: list[str]) -> int:
 
 
 def _api_errors() -> tuple[type[BaseException], ...]:
-    """What the kubernetes client raises for a refused request or an API server it cannot reach."""
-    try:
-        import urllib3  # noqa: PLC0415 - a dependency of kubernetes
-        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
-    except ImportError:
-        return ()
-    return ApiException, urllib3.exceptions.HTTPError
+    from controller.launchers.kubernetes import api_errors  # noqa: PLC0415
 
-
-def api_sentence(e: BaseException) -> str:
-    """One sentence for a request the API refused (403 Forbidden: pods is forbidden ...) or never answered."""
-    from controller.launchers.kubernetes import _api_message  # noqa: PLC0415
-
-    if getattr(e, "status", None) is not None:
-        return f"the Kubernetes API refused a request: {e.status} {e.reason}: {_api_message(e)}"  # type: ignore
-    return f"the Kubernetes API server cannot be reached: {_first_line(e)}"
+    return api_errors()
 
 
 def _sweep_kubernetes(a: argparse.Namespace) -> int:

@@ -645,6 +645,23 @@ def _api_message(e: Exception) -> str:
 
 
 # --- for lockstep sweep and fetch (controller/cluster.py), which reach the API only through here ---
+def api_errors() -> tuple[type[BaseException], ...]:
+    """What the kubernetes client raises for a refused request or an API server it cannot reach."""
+    try:
+        import urllib3  # noqa: PLC0415 - a dependency of kubernetes
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+    except ImportError:
+        return ()
+    return ApiException, urllib3.exceptions.HTTPError
+
+
+def api_sentence(e: BaseException) -> str:
+    """One sentence for a request the API refused (403 Forbidden: pods is forbidden ...) or never answered."""
+    if getattr(e, "status", None) is not None:
+        return f"the Kubernetes API refused a request: {e.status} {e.reason}: {_api_message(e)}"  # type: ignore
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return f"the Kubernetes API server cannot be reached: {first}"
+
 def connect(kubeconfig: str | None = None, context: str | None = None,
             namespace: str | None = None) -> tuple[Any, Any, str]:
     """(CoreV1Api, BatchV1Api, namespace) from a kubeconfig; the namespace defaults to the context's."""

@@ -600,6 +600,15 @@ def _prefix(run_id: str, incarnation: int) -> str:
     return f"lockstep-{_name(run_id)}" + (f"-r{incarnation}" if incarnation else "")
 
 
+def in_ray_task() -> bool:
+    """Whether this process runs a Ray task or actor (a job of ``hydra/launcher=ray``), not a driver."""
+    ray = _ray()
+    try:
+        return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+    except Exception:  # noqa: BLE001 - a Ray without these: not worth failing the job over
+        return False
+
+
 def _name_taken(ray: Any, prefix: str, namespace: str) -> bool:
     """Whether a placement group or an agent actor 0 of this name lives on the cluster (another run's)."""
     from ray.util import get_placement_group  # noqa: PLC0415
