@@ -643,7 +643,9 @@ class KubernetesLauncherConfig(LauncherConfig):
     instance: Optional[str] = doc(None, "app.kubernetes.io/instance label of the agent pods; null = the run id")
     startup_timeout_s: float = doc(600.0, "seconds an agent pod may stay Pending before the run fails", lo=0, lo_open=True)
     unschedulable_grace_s: float = doc(0.0, "seconds an agent pod may stay Unschedulable before the run fails", lo=0)
-    api_error_grace_s: float = doc(60.0, "seconds check() tolerates an unreachable API server", lo=0)
+    api_error_grace_s: float = doc(60.0, "seconds check() tolerates an unreachable API server, from the start of "
+                                         "the first failed listing (a listing's request times out after a third "
+                                         "of it, at most 10 s)", lo=0)
     check_interval_s: float = doc(1.0, "check() lists the agent pods at most this often (seconds)", lo=0, lo_open=True)
     delete_grace_period_s: int = doc(10, "grace period of agent pods deleted at the end of a run", lo=0)
     token_secret: TokenSecretConfig = doc(help="an existing Secret holding the token", factory=TokenSecretConfig)

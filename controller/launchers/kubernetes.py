@@ -418,17 +418,18 @@ class KubernetesLauncher:
 
     def _check_pods(self, now: float) -> None:
         ApiException = self._k8s.client.exceptions.ApiException
-        try:
+        grace = self.cfg.api_error_grace_s
+        try:  # a request that hangs (the client tries 3 times) counts against the grace, hence its timeout
             listed = self._core.list_namespaced_pod(
                 self.namespace, label_selector=f"lockstep.io/run-id={self._run_label}",
-                _request_timeout=10)
+                _request_timeout=min(10.0, max(1.0, grace / 3)))
         except (ApiException, OSError, self._urllib3_error()) as e:
             # A restarting API server must not kill a long run; a gone one must not hang it.
             if self._api_error_since is None:
-                self._api_error_since = now
-            down = now - self._api_error_since
+                self._api_error_since = now  # when the first failed listing began, not when it gave up
+            down = time.monotonic() - self._api_error_since
             log.warning("listing agent pods failed (%.0fs so far): %s", down, e)
-            if down > self.cfg.api_error_grace_s:
+            if down >= grace:
                 raise AgentFailure(
                     "all", f"the Kubernetes API server has failed for {down:.0f}s: {e}") from e
             return

@@ -168,3 +168,27 @@ def test_a_cli_run_with_an_unusable_cluster_exits_2_with_one_sentence(tmp_path, 
     assert p.returncode == 2, p.stderr
     assert "lockstep: invalid configuration:" in p.stderr and expected in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_an_unreachable_api_server_is_given_up_on_after_the_grace_counted_from_the_first_failed_listing(monkeypatch):
+    # the grace started when the first listing had failed (each took 40 s: 3 tries of 10 s), and was checked at
+    # the start of the next: launcher.api_error_grace_s=3 gave up after about 80 s
+    import controller.launchers.kubernetes as kl
+    from controller.launchers.base import AgentFailure
+
+    clock = [1000.0]
+    monkeypatch.setattr(kl.time, "monotonic", lambda: clock[0])
+    timeouts = []
+
+    class Hanging:
+        def list_namespaced_pod(self, namespace, label_selector, _request_timeout):
+            timeouts.append(_request_timeout)
+            clock[0] += 3 * _request_timeout  # the client's three tries, each timing out
+            raise OSError("timed out")
+
+    launcher = KubernetesLauncher(typed(KubernetesLauncherConfig, {"kubeconfig": "/nonexistent",
+                                                                   "api_error_grace_s": 3, "check_interval_s": 0}))
+    launcher._core, launcher.pods, launcher.namespace, launcher._run_label = Hanging(), ["p0"], "lab", "r"
+    with pytest.raises(AgentFailure, match=r"the Kubernetes API server has failed for 3s: timed out"):
+        launcher.check()
+    assert timeouts == [1.0]  # a third of the grace: a hanging request cannot outlast it by much
