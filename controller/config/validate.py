@@ -1308,8 +1308,10 @@ def _check_data(p: _Problems, root: str | None, partition: str, kw: dict[str, An
     sizes = batch_size if len(batch_size) == len(holders) else (batch_size[0],) * len(holders)
     for name, size, b in zip(holders, shard_sizes, sizes):
         if b > size:
+            fix = ("a larger data.per_client" if kw.get("per_client") is not None  # (its shards do not
+                   else "fewer workers")  # depend on the number of workers)
             p.add(f"batch_size={b} is larger than the shard of vworker {name} ({size} samples with "
                   f"data.partition={partition} over {len(holders)} workers); accepted: a batch_size <= "
-                  f"{size}, or fewer workers.")
+                  f"{size}, or {fix}.")
             return
 
