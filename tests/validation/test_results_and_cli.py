@@ -49,6 +49,13 @@ def test_a_results_file_that_is_not_json_lines_is_one_sentence(tmp_path, capsys)
     assert "line 1: not valid JSON" in capsys.readouterr().err
 
 
+def test_only_a_scenario_that_does_not_exist_is_named_as_such(tmp_path, capsys):
+    # it said "no measured point with scenario foo", as if the file lacked it
+    assert validate_main([str(write(tmp_path, GOOD)), "--only", "ring,foo"]) == 2
+    assert capsys.readouterr().err.strip() == ("lockstep validate: --only ring,foo: 'foo' is not a scenario; "
+                                               "accepted: ring, ps_sync, ps_async, p2p, fanin.")
+
+
 def test_a_missing_results_file_is_one_sentence(tmp_path, capsys):
     assert validate_main([str(tmp_path / "nope.jsonl")]) == 2
     assert "cannot be read" in capsys.readouterr().err
