@@ -6,6 +6,7 @@ written so far readable; summary.json is written last (atomically).
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -155,14 +156,24 @@ class _Table:
             self._w.writerow(columns)
             self._f.flush()
         self._done: list[list[str]] = []  # rows on disk the replay has not reached yet
+        self._digest = hashlib.sha256()  # of the rows passed so far (every column but wall_*): a checkpoint keeps it
         self.replayed = 0  # rows of this attempt that were already on disk
         self.rows = 0  # rows of the file this attempt has passed (written, replayed or kept from a checkpoint)
         if existing:
             self.rewind()
 
-    def rewind(self, keep: int = 0) -> None:
+    def _passed(self, cells: list[str]) -> None:
+        self._digest.update("\x1f".join(c for i, c in enumerate(cells) if i not in self._wall).encode() + b"\n")
+
+    @property
+    def digest(self) -> str:
+        """The SHA-256 of the rows passed so far, every column but ``wall_*``."""
+        return self._digest.hexdigest()
+
+    def rewind(self, keep: int = 0, digest: str | None = None) -> None:
         """The run starts again from virtual time 0 (``keep`` = 0), or from a checkpoint taken after the first
-        ``keep`` rows: those stay as they are; the rows on disk after them are what it must reproduce first."""
+        ``keep`` rows: those stay as they are; the rows on disk after them are what it must reproduce first.
+        ``digest``: the checkpoint's :attr:`digest` of those rows, checked (rows changed after it: ReplayDiverged)."""
         self._f.flush()
         with open(self.path, newline="") as f:
             rows = list(csv.reader(f))
@@ -172,6 +183,12 @@ class _Table:
         if keep > len(rows) - 1:
             raise ReplayDiverged(f"{self.path} has {max(len(rows) - 1, 0)} rows, fewer than the {keep} a "
                                  "checkpoint counted")
+        self._digest = hashlib.sha256()
+        for r in rows[1:1 + keep]:
+            self._passed(r)
+        if digest is not None and self.digest != digest:
+            raise ReplayDiverged(f"{self.path.name}'s first {keep} rows are not those its checkpoint counted "
+                                 "(changed after it was written)")
         self._done = rows[1 + keep:]
         self._done.reverse()  # pop() from the end: the oldest row first
         self.replayed = 0
@@ -200,10 +217,12 @@ class _Table:
                         f"the replayed run differs from {self.path.name} row {self.replayed + 1} "
                         f"(columns {', '.join(diff) or 'count'}: {old} on disk, {cells} replayed); "
                         "the run directory was written by another version or configuration")
+                self._passed(old)
                 self.replayed += 1
                 self.rows += 1
                 continue
             self._w.writerow(cells)
+            self._passed(cells)
             new += 1
             self.rows += 1
         if new:
@@ -238,13 +257,14 @@ class RunDir:
         """The run replays from virtual time 0 (its agents restarted), or from a checkpoint taken at
         ``position`` (:meth:`position`): check, do not rewrite, what is written after it."""
         position = position or {}
-        self.metrics.rewind(position.get("metrics_rows", 0))
-        self.evals.rewind(position.get("eval_rows", 0))
+        self.metrics.rewind(position.get("metrics_rows", 0), position.get("metrics_sha256"))
+        self.evals.rewind(position.get("eval_rows", 0), position.get("eval_sha256"))
         self.n_updates = position.get("metrics_rows", 0)
 
     def position(self) -> dict[str, int]:
-        """How far the run has come in each CSV (rows), for a checkpoint."""
-        return {"metrics_rows": self.metrics.rows, "eval_rows": self.evals.rows}
+        """How far the run has come in each CSV (rows, and their digest), for a checkpoint."""
+        return {"metrics_rows": self.metrics.rows, "eval_rows": self.evals.rows,
+                "metrics_sha256": self.metrics.digest, "eval_sha256": self.evals.digest}
 
     @property
     def replaying(self) -> bool:

@@ -233,6 +233,25 @@ def test_a_damaged_checkpoint_costs_one_warning_and_a_replay_from_virtual_time_0
     assert json.loads((d / "summary.json").read_text())["recovery"]["restored_from_window"] is None
 
 
+def test_a_row_changed_before_the_checkpoint_is_found_at_resume_and_nothing_is_written(tmp_path):
+    # the checkpoint counted the rows before it but did not check them: the changed row stayed in a "complete" run
+    d = tmp_path / "run"
+    _kill_controller_after_a_checkpoint(d)
+    lines = (d / "metrics.csv").read_text().splitlines(keepends=True)
+    cells = lines[10].split(",")
+    cells[3] = "9999"  # row 10's iteration
+    lines[10] = ",".join(cells)
+    (d / "metrics.csv").write_text("".join(lines))
+    before = (d / "metrics.csv").read_bytes()
+    res = _cli("resume", str(d))
+    out = _finish(res)
+    assert res.returncode == 1, out
+    assert out.count("the latest checkpoint cannot be used") == 1 and "metrics.csv's first" in out and \
+        "rows are not those its checkpoint counted (changed after it was written)" in out, out
+    assert "the replayed run differs from metrics.csv row 10 (columns iteration:" in out, out
+    assert (d / "metrics.csv").read_bytes() == before
+
+
 # --- the pieces, in this process -------------------------------------------------------------------------------
 def test_the_store_commits_a_checkpoint_with_its_manifest_and_finds_it_again_verified(tmp_path):
     store = CheckpointStore(tmp_path, '{"plan": 1}')
