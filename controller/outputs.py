@@ -55,6 +55,13 @@ class RunDirLock:
         self._f: Any = None
 
     def __enter__(self) -> "RunDirLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def acquire(self) -> "RunDirLock":
+        """Take the lock; RunDirBusy (naming the holder's pid) when another controller holds it."""
         import fcntl  # noqa: PLC0415 - POSIX, as the rest of the controller
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +81,7 @@ class RunDirLock:
         self._f = f
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def release(self) -> None:
         if self._f is not None:
             self.path.unlink(missing_ok=True)
             self._f.close()  # releases the lock

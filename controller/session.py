@@ -24,15 +24,16 @@ __all__ = ["run_session"]
 def run_session(rc: RunConfig, run_dir: Path, resume: bool = False) -> RunResult:
     """Run (or resume) ``rc`` in ``run_dir``, which no other controller may use meanwhile (exit 2 if one does,
     before anything is written)."""
+    lock = RunDirLock(run_dir)
     try:
-        lock = RunDirLock(run_dir).__enter__()
+        lock.acquire()
     except RunDirBusy as e:
         print(f"lockstep: {e}", file=sys.stderr)
         sys.exit(2)
     try:
         return _run_session(rc, run_dir, resume)
     finally:
-        lock.__exit__()
+        lock.release()
 
 
 def _run_session(rc: RunConfig, run_dir: Path, resume: bool = False) -> RunResult:
