@@ -37,7 +37,9 @@ from typing import Any, Callable
 import yaml
 
 from controller import signals
-from controller.launchers.kubernetes import LauncherConfigError, api_sentence, connect, exec_in_pod, pod_failure
+from controller.launchers.base import first_line
+from controller.launchers.kubernetes import (LauncherConfigError, api_errors, api_sentence, connect, exec_in_pod,
+                                            pod_failure)
 
 __all__ = ["Point", "expand", "release_name", "sweep_main", "fetch_main", "JobState", "job_state",
            "reader_pod", "find_runs", "Cluster", "extract_tar"]
@@ -95,7 +97,7 @@ def values_overrides(values: list[str], sets: list[str]) -> list[str]:
         try:
             data = yaml.safe_load(Path(f).read_text())
         except (OSError, yaml.YAMLError) as e:
-            raise SweepError(f"-f {f}: cannot be read as YAML ({_first_line(e)})") from e
+            raise SweepError(f"-f {f}: cannot be read as YAML ({first_line(e)})") from e
         experiment = data.get("experiment") if isinstance(data, dict) else None
         overrides = experiment.get("overrides") if isinstance(experiment, dict) else None
         if overrides is None:
@@ -105,10 +107,6 @@ def values_overrides(values: list[str], sets: list[str]) -> list[str]:
                              "overrides such as [workers=64, strategy=ps_sync]")
         base = list(overrides)
     return base
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def release_name(sweep: str, overrides: list[str]) -> str:
@@ -277,15 +275,9 @@ def sweep_main(argv: list[str]) -> int:
     except SweepError as e:
         print(f"lockstep sweep: {e}", file=sys.stderr)
         return 2
-    except _api_errors() as e:
+    except api_errors() as e:
         print(f"lockstep sweep: {api_sentence(e)}", file=sys.stderr)
         return 2
-
-
-def _api_errors() -> tuple[type[BaseException], ...]:
-    from controller.launchers.kubernetes import api_errors  # noqa: PLC0415
-
-    return api_errors()
 
 
 def _sweep_kubernetes(a: argparse.Namespace) -> int:
@@ -544,7 +536,7 @@ def fetch_main(argv: list[str], copy: Callable[..., bytes] = exec_copy) -> int:
     except SweepError as e:
         print(f"lockstep fetch: {e}", file=sys.stderr)
         return 2
-    except _api_errors() as e:
+    except api_errors() as e:
         print(f"lockstep fetch: {api_sentence(e)}", file=sys.stderr)
         return 2
     except signals.Stopped as e:

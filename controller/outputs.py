@@ -16,7 +16,8 @@ from typing import Any
 from agents.common.files import write_atomic
 from agents.sim.env import EVAL_COLUMNS, UPDATE_COLUMNS
 
-__all__ = ["RunDir", "RunDirBusy", "RunDirLock", "ReplayDiverged", "clear_earlier_run", "read_csv", "unwritable", "upload", "write_json_atomic"]
+__all__ = ["RunDir", "RunDirBusy", "RunDirLock", "ReplayDiverged", "clear_earlier_run", "read_csv", "unwritable",
+           "upload", "write_json_atomic"]
 
 
 # what a run writes beside the files it always writes anew (config.yaml, plan.json, metrics.csv, eval.csv):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.results import HYSTART_NAMES, Point, ResultsError, group_repeats, load_results
+from controller.results import HYSTART_NAMES, SCENARIOS, Point, ResultsError, group_repeats, load_results
 
 __all__ = ["main", "emulate", "Row", "validate_points", "summarize"]
 
@@ -399,6 +399,9 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         scen = tuple(a.only.split(",")) if a.only else None
+        unknown = [s for s in scen or () if s not in SCENARIOS]
+        if unknown:
+            raise ResultsError(f"--only {a.only}: {unknown[0]!r} is not a scenario; accepted: {', '.join(SCENARIOS)}.")
         points = load_results(a.results, scen) if scen else load_results(a.results)
         if not a.each:
             points = group_repeats(points)

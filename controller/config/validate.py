@@ -34,9 +34,11 @@ __all__ = ["ConfigError", "RunConfig", "validate", "config_hash", "accepted_text
            "LatencySetting", "BandwidthSetting", "NetworkSettings", "ComputeSettings", "TraceSettings",
            "FaultSetting"]
 
-LATENCY_DISTRIBUTIONS = {"normal": ("mean", "std"), "lognormal": ("mu", "sigma"), "weibull": ("scale", "shape", "loc")}
-BANDWIDTH_DISTRIBUTIONS = {"weibull": ("scale", "shape", "loc"), "normal": ("mean", "std"),
-                           "lognormal": ("mu", "sigma")}
+# the parameters of each keyed distribution, as the engine draws them (agents/sim/compute.py, network.py, plan)
+DRAW_PARAMS = {"lognormal": ("mu", "sigma"), "normal": ("mean", "std"), "weibull": ("scale", "shape", "loc"),
+               "exponential": ("scale",)}
+LATENCY_DISTRIBUTIONS = {k: DRAW_PARAMS[k] for k in ("normal", "lognormal", "weibull")}
+BANDWIDTH_DISTRIBUTIONS = {k: DRAW_PARAMS[k] for k in ("weibull", "normal", "lognormal")}
 MAX_WORKERS = 1 << 20  # far beyond any data set's samples, which bound it again below
 SPEED_DISTRIBUTIONS = {"lognormal": ("mu", "sigma"), "normal": ("mean", "std"), "uniform": ("low", "high")}
 
@@ -540,14 +542,15 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         if why:
             p.bad("compute.db", c.compute.db, f"a file the agents can write the profiles to ({why})")
 
-    flow_cap = None if c.predictor.flow_cap is None else _rate(p, "predictor.flow_cap", c.predictor.flow_cap)
-    n_tensors = None
     if c.momentum and c.optimizer == S.Optimizer.adam:
         p.bad("momentum", c.momentum, "0 with optimizer=adam (momentum is SGD's; Adam keeps its own moments), or "
               "optimizer=sgd")
     if c.compute.profile is not None and c.compute.model != S.ComputeModelName.profiled:
         p.bad("compute.profile", c.compute.profile, f"null with compute={c.compute.model.value} (a device profile is "
               "read by compute=profiled only)")
+
+    flow_cap = None if c.predictor.flow_cap is None else _rate(p, "predictor.flow_cap", c.predictor.flow_cap)
+    n_tensors = None
     if not p.items and model is not None:
         n_tensors = _check_model(p, model, c.seed, c.data.root if check_data else False)
     # the vworkers, laid out once (100 000 FedAvg clients: 0.4 s a layout)
@@ -825,8 +828,6 @@ def _rate(p: _Problems, key: str, v: Any) -> float | None:
 # (a negative compute time, a non-positive rate, a latency below network.latency.min), so at 5 % a run of
 # millions of draws never gives up (0.95**1000 ~ 5e-23)
 MIN_USABLE_SHARE = 0.05
-DRAW_PARAMS = {"lognormal": ("mu", "sigma"), "normal": ("mean", "std"), "weibull": ("scale", "shape", "loc"),
-               "exponential": ("scale",)}
 
 
 def usable_share(kind: str, params: tuple[float, ...], floor: float) -> float | str:

@@ -25,6 +25,12 @@ class LaunchSpec:
                 "--agent-id", str(agent_id), "--run-id", self.run_id, "--log-level", self.log_level]
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its class name when it has none): for one-sentence errors."""
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
 class LauncherConfigError(ValueError):
     """The launcher's settings, or the cluster state they name, are wrong: permanent, reported like a config
     error (one sentence, exit status 2). Every launcher raises it for what the user must fix."""

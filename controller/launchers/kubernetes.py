@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from controller.config.schema import KubernetesLauncherConfig
-from controller.launchers.base import AgentFailure, LaunchSpec, LauncherConfigError
+from controller.launchers.base import AgentFailure, LaunchSpec, LauncherConfigError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -531,8 +531,8 @@ class KubernetesLauncher:
                 f"Kubernetes refused to {what} in namespace {self.namespace}: "
                 f"{e.status} {e.reason}: {_api_message(e)}") from e
         except (OSError, self._urllib3_error()) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise KubernetesLauncherError(f"the Kubernetes API server could not be reached to {what}: {first}") from e
+            raise KubernetesLauncherError(
+                f"the Kubernetes API server could not be reached to {what}: {first_line(e)}") from e
 
     def _owner_references(self) -> list[dict[str, Any]]:
         owner = self.cfg.owner_pod or os.environ.get("LOCKSTEP_POD_NAME") or os.environ.get("POD_NAME")
@@ -660,8 +660,8 @@ def api_sentence(e: BaseException) -> str:
     """One sentence for a request the API refused (403 Forbidden: pods is forbidden ...) or never answered."""
     if getattr(e, "status", None) is not None:
         return f"the Kubernetes API refused a request: {e.status} {e.reason}: {_api_message(e)}"  # type: ignore
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    return f"the Kubernetes API server cannot be reached: {first}"
+    return f"the Kubernetes API server cannot be reached: {first_line(e)}"
+
 
 def connect(kubeconfig: str | None = None, context: str | None = None,
             namespace: str | None = None) -> tuple[Any, Any, str]:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from controller.config.schema import RayLauncherConfig, RayLocalClusterConfig, typed
-from controller.launchers.base import AgentFailure, LauncherConfigError, LaunchSpec
+from controller.launchers.base import AgentFailure, LauncherConfigError, LaunchSpec, first_line
 from controller.launchers.local import log_tail
 
 __all__ = ["RayLauncher", "Connection", "SweepCluster", "available", "bundle", "as_config", "INSTALL_HINT"]
@@ -155,8 +155,8 @@ class Connection:
         if loopback:
             self._set_env({**_LOOPBACK_ENV, **(_PRIVATE_ENV if self.private else {})})
         ray = _ray()
-        if address == "auto":  # checked to answer, and still given to ray.init as auto: only auto finds the
-            self._resolve_auto(ray)  # token of a cluster with Ray's token authentication (Ray 2.60's default)
+        if address == "auto":
+            self._check_auto(ray)
         if loopback:
             self._loopback_flag(ray)
         kwargs: dict[str, Any] = {"log_to_driver": self.log_to_driver, **self.init_kwargs}
@@ -185,7 +185,7 @@ class Connection:
                 " (a cluster with Ray's token authentication needs RAY_AUTH_MODE=token and its token in "
                 "$RAY_AUTH_TOKEN or ~/.ray/auth_token)")
             raise LauncherConfigError(
-                f"launcher.address={self.address}: Ray could not connect there ({_first_line(e)}){auth}; accepted: "
+                f"launcher.address={self.address}: Ray could not connect there ({first_line(e)}){auth}; accepted: "
                 "null (a private cluster for the run), auto, or the HOST:PORT (ray://HOST:PORT) of a running "
                 "cluster's head") from e
         self.connected, self.owned = True, self.private
@@ -193,12 +193,13 @@ class Connection:
                  time.monotonic() - t0)
         return self
 
-    def _resolve_auto(self, ray: Any) -> str:
-        """``auto`` as Ray resolves it ($RAY_ADDRESS, else the cluster `ray start` recorded), checked to answer."""
+    def _check_auto(self, ray: Any) -> None:
+        """The cluster ``auto`` names as Ray resolves it ($RAY_ADDRESS, else the cluster `ray start` recorded)
+        answers; ray.init itself is given ``auto``, which alone finds a token-authenticated cluster's token."""
         try:  # Ray's own lookup; a private API, hence the fallback to letting ray.init resolve it
             from ray._private.services import get_ray_address_from_environment  # noqa: PLC0415
         except ImportError:
-            return "auto"
+            return
         try:
             found = get_ray_address_from_environment("auto", None)
         except ConnectionError:  # "Could not find any running Ray instance"
@@ -211,7 +212,6 @@ class Connection:
         if is_loopback((split_address(found) or ("",))[0]):
             self._set_env(_LOOPBACK_ENV)
             self._loopback_flag(ray)
-        return found
 
     def _set_env(self, env: Mapping[str, str]) -> None:
         for k, v in env.items():
@@ -253,11 +253,6 @@ class Connection:
 
     def __getstate__(self) -> dict[str, Any]:  # a SweepCluster is pickled into every job of the sweep
         return {**self.__dict__, "connected": False, "owned": False, "_saved": {}, "_saved_flag": None}
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 # --- the launcher --------------------------------------------------------------------------------
@@ -328,7 +323,7 @@ class RayLauncher:
             raise
         except (ValueError, TypeError, _ray().exceptions.RayError) as e:  # e.g. a runtime_env Ray cannot use
             self.stop()
-            raise LauncherConfigError(f"Ray refused the run's placement group or agent actors: {_first_line(e)}; "
+            raise LauncherConfigError(f"Ray refused the run's placement group or agent actors: {first_line(e)}; "
                                       "check launcher.runtime_env, launcher.resources_per_agent and "
                                       "launcher.namespace") from e
         except BaseException:
@@ -479,9 +474,9 @@ class RayLauncher:
             return f"its Ray actor {self._who(ray, i, e)} died: {_ray_reason(e)}"
         except ray.exceptions.RayTaskError as e:
             cause = e.cause if getattr(e, "cause", None) is not None else e
-            return f"its Ray actor {self._who(ray, i)} raised {type(cause).__name__}: {_first_line(cause)}"
+            return f"its Ray actor {self._who(ray, i)} raised {type(cause).__name__}: {first_line(cause)}"
         except ray.exceptions.RayError as e:
-            return f"its Ray actor {self._who(ray, i)} failed: {_first_line(e)}"
+            return f"its Ray actor {self._who(ray, i)} failed: {first_line(e)}"
         return f"its agent in Ray actor {self._who(ray, i)} ended with status {status} before the run was over"
 
     def _who(self, ray: Any, i: int, error: BaseException | None = None) -> str:
