@@ -23,6 +23,9 @@ from agents.workloads.models import optimizer
 __all__ = ["FedAvg", "FedServer", "FedClient", "sample_clients"]
 
 WEIGHTINGS = ("data", "samples", "uniform")
+# rounds without an update, from the start of a run, after which the server gives up: its round_timeout is too
+# short for any client (faults that silence every client for this long are not an experiment either)
+EMPTY_ROUNDS = 1000
 
 
 def sample_clients(seed: int, rnd: int, clients: int, fraction: float) -> list[int]:
@@ -120,7 +123,14 @@ class FedServer(TrainingWorker):
     async def _average(self, msgs: list) -> bool:
         self.rnd += 1
         if not msgs:  # every chosen client missed the round (faults): the model stays as it was
+            if self.rnd >= EMPTY_ROUNDS and not getattr(self, "averaged", False):
+                raise RuntimeError(
+                    f"fedavg: the first {self.rnd} rounds all ended without an update (strategy.round_timeout="
+                    f"{self.setting('round_timeout')} is shorter than any chosen client's round: the model to the "
+                    f"client, its local steps and its update back), so the model would never change; accepted: a "
+                    f"longer strategy.round_timeout, or null to wait for every chosen client")
             return False
+        self.averaged = True
         weighting = self.setting("weighting", "data")
         msgs.sort(key=lambda m: self._order[m.src])
         weights = [1.0 if weighting == "uniform" else float(m.payload[3] if weighting == "samples" else m.payload[4])

@@ -588,6 +588,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         if network.latency.kind == "matrix" and groups is not None and len(groups) != len(everyone):
             p.bad("network.latency.groups", list(groups), f"null, or {len(everyone)} region indices, one per vworker "
                   f"({everyone[0].name} .. {everyone[-1].name}: workers first, then servers)")
+        _check_round_timeout(p, strategy_cls, settings, network.latency)
         faults = _faults(p, c, layout, strategy_cls.result_for(workers, settings), strategy_cls, settings)
     elif c.faults:
         for i, f in enumerate(c.faults):
@@ -667,6 +668,29 @@ def _plain(node: Any) -> dict[str, Any]:
     if isinstance(node, (DictConfig, ListConfig)):
         return OmegaConf.to_container(node, resolve=True, enum_to_str=True)  # type: ignore[return-value]
     return dict(node or {})
+
+
+def _least_latency_s(lat: LatencySetting) -> float:
+    """The least one-way latency ``network.latency`` can give (seconds; 0 when a draw may be 0)."""
+    if lat.kind == "constant":
+        return lat.ns / 1e9
+    if lat.kind == "matrix":
+        return min(min(r) for r in lat.matrix_ns) / 1e9
+    return lat.min_s
+
+
+def _check_round_timeout(p: _Problems, strategy_cls: Any, settings: dict[str, Any], lat: LatencySetting) -> None:
+    """A FedAvg round can take in an update no sooner than the model's way to a client and the update's way
+    back: a ``round_timeout`` no longer than twice the least latency ends every round empty, for ever."""
+    timeout = settings.get("round_timeout")
+    if getattr(strategy_cls, "server_cls", None) != "FedServer" or timeout is None:
+        return
+    s, least = _seconds(timeout), 2 * _least_latency_s(lat)
+    if s is not None and least > 0 and s <= least:
+        p.bad("strategy.round_timeout", timeout,
+              f"a duration longer than {least * 1e6:g} us: a client's update needs the model's way to it and its "
+              f"own way back, at least twice network.latency, so every round would end without an update and "
+              f"the model would never change")
 
 
 def _enum_value(v: Any) -> Any:

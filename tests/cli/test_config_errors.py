@@ -126,6 +126,12 @@ ROOT = Path(__file__).resolve().parents[2]
     ("strategy=ssp compute.layerwise=true", None),
     ("eval.samples=100000", r"^eval.samples=100000 is not valid; accepted: at most the 10000 test samples\.$"),
     ("network.efficiency=1.5", r"^network.efficiency=1.5 is not valid; accepted: a number > 0 and <= 1\.$"),
+    ("strategy=fedavg strategy.round_timeout=200us",  # every round ended empty, and the run never did
+     r"^strategy.round_timeout=200us is not valid; accepted: a duration longer than 200 us: a client's update "
+     r"needs the model's way to it and its own way back, at least twice network.latency"),
+    ("strategy=fedavg network.latency=1ms strategy.round_timeout=1500us",
+     r"^strategy.round_timeout=1500us is not valid; accepted: a duration longer than 2000 us"),
+    ("strategy=fedavg strategy.round_timeout=201us", None),
     ("model=mlp model.hidden=[0]", r"model.hidden=\[0\] is not valid; accepted: a list of layer widths, each an "
                                    r"integer >= 1"),  # it built, and learnt nothing
 ])

@@ -75,11 +75,33 @@ def test_a_fedavg_round_shorter_than_sending_the_models_sends_a_client_no_model_
 
     monkeypatch.setattr(Environment, "on_send", recording)
     ran = run(["strategy=fedavg", "workers=2", "strategy.local_steps=1", "batch_size=16", "stop.updates=null",
-               "stop.virtual_time=100ms", "strategy.round_timeout=1ms", "compute.gradient=0.01",
+               "stop.virtual_time=100ms", "network.latency=0.1ms", "strategy.round_timeout=1ms", "compute.gradient=0.01",
                "compute.update=0.001", "compute.aggregate=0"])
     assert ran.summary["updates"] == 0 and ran.worker("server").rnd == 100
     rounds = [11 * MS * i for i in range(10)]  # 0, 11, ..., 99 ms
     assert sent == [("server", c, t) for t in rounds for c in ("c0", "c1")]
+
+
+def test_a_fedavg_round_timeout_too_short_for_any_update_stops_the_run_naming_it(run):
+    # 5 ms rounds, while a model takes 10 ms to reach a client: no round ever takes in an update. The run
+    # used to go on for ever with `updates` at 0 (stop.updates cannot fire); the server now gives up after
+    # EMPTY_ROUNDS rounds without one, from the start
+    from agents.sim.kernel import WorkerCrashed
+    from agents.strategies.fedavg import EMPTY_ROUNDS
+
+    with pytest.raises(WorkerCrashed) as err:
+        run([*FAST_NET, "network.latency=10ms", "strategy=fedavg", "workers=2", "strategy.local_steps=1",
+             "stop.updates=3", "strategy.round_timeout=25ms"])
+    assert (f"vworker server raised RuntimeError at virtual time {EMPTY_ROUNDS * 25 * MS} ns: fedavg: the first "
+            f"{EMPTY_ROUNDS} rounds all ended without an update (strategy.round_timeout=25ms is shorter than any "
+            f"chosen client's round") in str(err.value)
+
+
+def test_a_fedavg_round_timeout_that_some_rounds_meet_is_no_error(run):
+    # the same 25 ms rounds where a round takes 2 x 10 + 10 + 1 ms: every round but the very first few meets it
+    ran = run([*FAST_NET, "network.latency=10ms", "strategy=fedavg", "workers=2", "strategy.local_steps=1",
+               "stop.updates=3", "strategy.round_timeout=35ms"])
+    assert ran.summary["updates"] == 3
 
 
 def test_a_sharded_sync_ps_whose_parameters_are_duplicated_drops_the_copies_and_learns_the_same(run):
