@@ -301,8 +301,12 @@ class _Problems:
     def __init__(self, written: dict[str, str] | None = None) -> None:
         self.items: list[str] = []
         self.written = written or {}  # key -> the value as the user typed it on the command line
+        self.keys: set[str] = set()  # keys with a bad value already said: one sentence each
 
     def bad(self, key: str, value: Any, accepted: str) -> None:
+        if key in self.keys:  # e.g. network.latency=nan: the field's check and the section's
+            return
+        self.keys.add(key)
         shown = self.written.get(key, _show(value))
         self.items.append(f"{key}={shown} is not valid; accepted: {accepted}.")
 

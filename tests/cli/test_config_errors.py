@@ -132,6 +132,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("strategy=fedavg network.latency=1ms strategy.round_timeout=1500us",
      r"^strategy.round_timeout=1500us is not valid; accepted: a duration longer than 2000 us"),
     ("strategy=fedavg strategy.round_timeout=201us", None),
+    ("network.latency=nan", r"^network.latency=nan is not valid; accepted: one-way latency: seconds, "),
     ("model=mlp model.hidden=[0]", r"model.hidden=\[0\] is not valid; accepted: a list of layer widths, each an "
                                    r"integer >= 1"),  # it built, and learnt nothing
 ])
@@ -141,7 +142,8 @@ def test_bad_value_names_key_and_accepted_values(override, expected):
         return
     with pytest.raises(ConfigError, match=expected) as e:
         load(override.split(" "))
-    if override == "network.efficiency=1.5":  # once, not again as "1.0 with network.model=tcp"
+    if override in ("network.efficiency=1.5", "network.latency=nan"):  # once, not again as "1.0 with
+        # network.model=tcp" / by the section's own check as "a duration >= 0"
         assert len(e.value.problems) == 1, e.value.problems
 
 
