@@ -147,8 +147,10 @@ def closed_form_step(info: dict[str, Any], form: str) -> float | None:
     bw = net["bandwidth_out"][0]
     lat = net["latency"]["ns"] / 1e9
     k, m = s["workers"], s["model_bytes"]
-    if form == "eq11_ring":
-        return cf.ring_step(k, m, bw, t_c, c.get("update", 0.0), lat)
+    if form == "eq11_ring":  # and the K−1 chunk additions of the reduce-scatter, as lockstep predict adds them
+        return cf.ring_step(k, m, bw, t_c, c.get("update", 0.0), lat) + (k - 1) * c.get("aggregate", 0.0)
+    if form == "uncontended":  # unlimited NICs: every transfer at its own rate, Eq. 7 of one worker
+        return cf.ps_step(1, m, bw, t_c, t_s, lat)
     fn = {"eq7_ps": cf.ps_step, "eq8_fcfs": cf.fcfs_step, "eq9_hybrid": cf.hybrid_step}[form]
     return fn(k, m, bw, t_c, t_s, lat)
 
@@ -156,8 +158,18 @@ def closed_form_step(info: dict[str, Any], form: str) -> float | None:
 FORMS = {"ps_sync": {"fair": ["eq7_ps", "eq9_hybrid"], "fifo": ["eq8_fcfs", "eq9_hybrid"],
                      "unlimited": ["eq8_fcfs"]},
          "ring_allreduce": {"fair": ["eq11_ring"], "fifo": ["eq11_ring"], "unlimited": ["eq11_ring"]}}
+"""The closed forms drawn beside a group, by strategy and the PS's egress discipline (see :func:`forms_of`)."""
 FORM_LABEL = {"eq7_ps": "Eq. 7 (PS sharing)", "eq8_fcfs": "Eq. 8 (FCFS)", "eq9_hybrid": "Eq. 9 (hybrid)",
-              "eq11_ring": "Eq. 11 (ring)"}
+              "eq11_ring": "Eq. 11 (ring)", "uncontended": "no contention (unlimited NICs)"}
+
+
+def forms_of(strategy: str, egress: str, info: dict[str, Any]) -> list[str]:
+    """The closed forms of a group. A synchronous PS behind an unlimited egress sends every model at once: the
+    gradients then come back together, through a fifo or fair ingress in Eq. 8's time, through an unlimited one
+    without contention (controller.predict's ``_sync_match``)."""
+    if strategy == "ps_sync" and egress == "unlimited" and info["plan"].get("network", {}).get("ingress") == "unlimited":
+        return ["uncontended"]
+    return FORMS.get(strategy, {}).get(egress, [])
 
 
 def prediction_of(info: dict[str, Any], model: str) -> float | None:
@@ -196,7 +208,7 @@ def plot_sweep(sweep: Path, out: Path) -> Path:
         ks = [i["summary"]["workers"] for i in infos]
         thr = [i["summary"]["throughput_samples_per_s"] for i in infos]
         (line,) = ax.plot(ks, thr, marker="o", label=f"{name} (emulated)")
-        for j, form in enumerate(FORMS.get(strategy, {}).get(disc, [])):
+        for j, form in enumerate(forms_of(strategy, disc, infos[0])):
             pts = [(i["summary"]["workers"], closed_form_step(i, form), i) for i in infos]
             pts = [(k, st, i) for k, st, i in pts if st]
             if not pts:

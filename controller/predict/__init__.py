@@ -83,6 +83,11 @@ def _link(disc: str) -> str:
     return {"fifo": "fcfs", "fair": "ps"}.get(disc, "unlimited")
 
 
+def _mva_link(disc: str) -> str:
+    """A station's discipline in :func:`mva.solve`: an unlimited NIC is a delay (no contention)."""
+    return {"fifo": "fcfs", "fair": "ps"}.get(disc, "delay")
+
+
 def _classes(inp: Inputs, compute: list[float]) -> list[WorkerClass]:
     """Workers grouped by identical demands (MVA classes): compute (+2 latencies), uplink, update, downlink."""
     groups: dict[tuple[float, float, float, float], int] = {}
@@ -127,6 +132,16 @@ def _async_ps(inp: Inputs) -> list[dict[str, Any]]:
         eq = "Eq. 2-3" if link == "fcfs" else "Eq. 1, 4"
         out.append(_entry(f"async_ps_mva_{link}", eq, x, sum(xc * b for xc, b in zip(r.throughput, batch)),
                           inp.workers / x if x else math.inf, utilisation=r.utilisation, method=r.method))
+    up, down = _mva_link(inp.ingress), _mva_link(inp.egress)
+    if "delay" in (up, down):  # an unlimited NIC at the PS: the model of this network, beside the paper's two
+        classes = _classes(inp, compute)
+        r = solve(classes, up, downlink=down)
+        batch = _batch_of_classes(inp, classes, compute)
+        x = r.job_throughput
+        out.append(_entry(_async_unlimited(inp), "Eq. 2-3, unlimited links as delays", x,
+                          sum(xc * b for xc, b in zip(r.throughput, batch)), inp.workers / x if x else math.inf,
+                          utilisation=r.utilisation, method=r.method,
+                          note=f"uplink {up}, downlink {down} (network.ingress / network.egress of the PS)"))
     rho = results["fcfs"][0].utilisation
     pick = out[0] if rho <= inp.rho_threshold else out[1]
     out.append({**pick, "model": "async_ps_hybrid", "equation": "Eq. 5",
@@ -153,8 +168,14 @@ def _async_ps(inp: Inputs) -> list[dict[str, Any]]:
     return out
 
 
+def _async_unlimited(inp: Inputs) -> str:
+    up, down = _mva_link(inp.ingress), _mva_link(inp.egress)
+    return "async_ps_mva_delay" if up == down else f"async_ps_mva_{up}_{down}"
+
+
 def _sync_ps(inp: Inputs) -> list[dict[str, Any]]:
-    """Eq. 7–10 for one round, with the slowest worker's compute (a round waits for it) and 2 latencies."""
+    """Eq. 7–10 for one round, with the slowest worker's compute (a round waits for it) and 2 latencies; with
+    unlimited NICs at the PS, the round without contention too."""
     K, M, B = inp.workers, inp.model_bytes, min(inp.bandwidth_ps_out, inp.bandwidth_ps_in)
     t_c = max(inp.gradient_s)
     t_s = inp.update_s + inp.aggregate_s
@@ -165,7 +186,24 @@ def _sync_ps(inp: Inputs) -> list[dict[str, Any]]:
              ("sync_ps_eq9_hybrid", "Eq. 9", cf.hybrid_step(K, M, B, t_c, t_s, inp.latency_s)),
              ("sync_ps_eq10_overlap", "Eq. 10", cf.hybrid_overlap_step(K, M, B, ff * t_c, (1 - ff) * t_c, t_s,
                                                                         inp.latency_s))]
+    if inp.egress == "unlimited" and inp.ingress == "unlimited":
+        # every model and gradient crosses at its own rate: the slowest worker's way down, compute and way up
+        step = max(M / min(inp.bandwidth_ps_out, inp.bandwidth_worker_in[k]) + inp.gradient_s[k]
+                   + M / min(inp.bandwidth_worker_out[k], inp.bandwidth_ps_in) for k in range(K))
+        forms.append(("sync_ps_uncontended", "Eq. 7-8 without sharing", step + t_s + 2 * inp.latency_s))
     return [_entry(n, eq, 1 / s, samples / s, s) for n, eq, s in forms]
+
+
+def _sync_match(egress: str, ingress: str) -> str:
+    """The closed form of a synchronous round on the PS's NICs. A fifo egress sends the models one after
+    another, so the gradients come back spaced by a model's time and never share the ingress: Eq. 8. Otherwise
+    the models leave together (fair: all in K·M/B; unlimited: each in M/B) and the gradients come back together,
+    K·M/B through a fifo or fair ingress, M/B each through an unlimited one."""
+    if egress == "fifo":
+        return "sync_ps_eq8_fcfs"
+    if ingress == "unlimited":
+        return "sync_ps_eq8_fcfs" if egress == "fair" else "sync_ps_uncontended"
+    return "sync_ps_eq7_ps" if egress == "fair" else "sync_ps_eq8_fcfs"
 
 
 def _ring(inp: Inputs) -> list[dict[str, Any]]:
@@ -237,10 +275,9 @@ def _trace(inp: Inputs, link: str, mode: str) -> tuple[fg.Trace, list[fg.SimWork
     return trace, workers
 
 
-MATCHES = {("ps_async", "fcfs"): "async_ps_mva_fcfs", ("ps_async", "ps"): "async_ps_mva_ps",
-           ("ps_sync", "fcfs"): "sync_ps_eq8_fcfs", ("ps_sync", "ps"): "sync_ps_eq7_ps",
-           ("ps_sync", "unlimited"): "sync_ps_eq8_fcfs"}
-"""The prediction that models the network the config names (fifo = FCFS, fair = processor sharing)."""
+MATCHES = {("ps_async", "fcfs"): "async_ps_mva_fcfs", ("ps_async", "ps"): "async_ps_mva_ps"}
+"""The asynchronous PS's prediction for the network the config names at the PS's ingress (fifo = FCFS, fair =
+processor sharing); an unlimited NIC picks the MVA with delay links, a synchronous round :func:`_sync_match`."""
 
 
 def predict(inp: Inputs, fine: bool = True) -> dict[str, Any]:
@@ -260,7 +297,14 @@ def predict(inp: Inputs, fine: bool = True) -> dict[str, Any]:
     if fine:
         models += _fine(inp)
     link = _link(inp.ingress if inp.strategy == "ps_async" else inp.egress)
-    selected = "ring_eq11" if inp.strategy == "ring_allreduce" else MATCHES.get((inp.strategy, link))
+    if inp.strategy == "ring_allreduce":
+        selected = "ring_eq11"
+    elif inp.strategy == "ps_sync":
+        selected = _sync_match(inp.egress, inp.ingress)
+    elif "unlimited" in (inp.egress, inp.ingress):
+        selected = _async_unlimited(inp)
+    else:
+        selected = MATCHES.get((inp.strategy, link))
     if inp.layerwise:  # the emulation overlaps layers: Algorithm 2.1 on the same link model is the closest
         fine_name = "finegrained_all_reduce" if inp.strategy == "ring_allreduce" else f"finegrained_{link}"
         if any(m["model"] == fine_name and "skipped" not in m for m in models):

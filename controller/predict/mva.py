@@ -67,15 +67,19 @@ def _demands(c: WorkerClass) -> tuple[float, float, float]:
     return c.uplink_s, c.update_s, c.downlink_s
 
 
-def solve(classes: list[WorkerClass], link: str, update: str = "ps") -> MVAResult:
-    """Solve the network with ``link`` (``fcfs`` | ``ps``) at U and D and ``update`` at S.
+def solve(classes: list[WorkerClass], link: str, update: str = "ps", downlink: str | None = None) -> MVAResult:
+    """Solve the network with ``link`` (``fcfs`` | ``ps`` | ``delay``) at U, ``downlink`` (default: ``link``)
+    at D and ``update`` at S.
 
     The paper models the update station as PS always; lockstep's PS applies one gradient
-    at a time, which is FCFS — both are offered.
+    at a time, which is FCFS — both are offered. ``delay`` is a link without contention
+    (``network.discipline=unlimited``): each transfer takes its own demand, however many share it.
     """
-    if link not in ("fcfs", "ps") or update not in ("fcfs", "ps"):
-        raise ValueError(f"disciplines must be fcfs | ps, got {link!r}, {update!r}")
-    disc = (link, update, link)
+    downlink = link if downlink is None else downlink
+    if {link, downlink} - {"fcfs", "ps", "delay"} or update not in ("fcfs", "ps"):
+        raise ValueError(f"disciplines must be fcfs | ps | delay (links) and fcfs | ps (update), got "
+                         f"{link!r}, {downlink!r}, {update!r}")
+    disc = (link, update, downlink)
     if len(classes) == 1:
         return _one_class(classes[0], disc)
     counts = [c.count for c in classes]
@@ -89,6 +93,8 @@ def _response(s: float, disc: str, n_tot: float, sn: float, srho: float) -> floa
     """Eq. (1) for PS, Eq. (2) for FCFS, given the queue seen at arrival (the system less one customer)."""
     if disc == "ps":
         return s * (1.0 + n_tot)
+    if disc == "delay":
+        return s
     return s + (sn - 0.5 * srho)
 
 

@@ -89,6 +89,33 @@ def test_async_ps_prediction_takes_its_sharing_from_the_network_and_the_hybrid_f
     assert predict(_inputs(egress="fifo", ingress="fifo"), fine=False)["selected"] == "async_ps_mva_fcfs"
 
 
+def test_unlimited_links_are_delays_and_their_mva_is_the_prediction_of_such_a_network():
+    # no sharing on either link: X = 2 / (1 + 0.5 + 0.5) whatever the population, only the update queues (0 here)
+    r = solve([WorkerClass(2, 1.0, 0.5, 0.0, 0.5)], "delay")
+    assert r.uplink_s[0] == pytest.approx(0.5) and r.job_throughput == pytest.approx(1.0)
+    both = predict(_inputs(egress="unlimited", ingress="unlimited"), fine=False)
+    assert both["selected"] == "async_ps_mva_delay"
+    assert by_name(both)["async_ps_mva_delay"]["updates_per_s"] == pytest.approx(1.0)
+    # an unlimited egress and a fair ingress: the downlink a delay, the uplink shared (Eq. 1)
+    mixed = predict(_inputs(egress="unlimited", ingress="fair"), fine=False)
+    assert mixed["selected"] == "async_ps_mva_ps_delay"
+    assert by_name(mixed)["async_ps_mva_ps_delay"]["updates_per_s"] == pytest.approx(
+        solve([WorkerClass(2, 1.0, 0.5, 0.0, 0.5)], "ps", downlink="delay").job_throughput)
+    assert "async_ps_mva_delay" not in by_name(predict(_inputs(), fine=False))  # only where a NIC is unlimited
+
+
+@pytest.mark.parametrize("egress, ingress, selected", [
+    ("fair", "fair", "sync_ps_eq7_ps"), ("fair", "fifo", "sync_ps_eq7_ps"), ("fifo", "fair", "sync_ps_eq8_fcfs"),
+    ("fifo", "unlimited", "sync_ps_eq8_fcfs"), ("fair", "unlimited", "sync_ps_eq8_fcfs"),
+    ("unlimited", "fifo", "sync_ps_eq8_fcfs"), ("unlimited", "unlimited", "sync_ps_uncontended")])
+def test_a_sync_round_is_predicted_by_the_form_of_both_nics_of_the_ps(egress, ingress, selected):
+    # (unlimited, unlimited) was Eq. 8's, 71 % slower than the emulated round at K = 4
+    r = predict(_inputs(strategy="ps_sync", egress=egress, ingress=ingress), fine=False)
+    assert r["selected"] == selected
+    if selected == "sync_ps_uncontended":  # M/B down, compute, M/B up: 0.5 + 1 + 0.5
+        assert by_name(r)[selected]["step_s"] == pytest.approx(2.0)
+
+
 def test_overlap_correction_eq6_for_one_worker():
     # K=1: T_D = S_D = 0.5, T_U = S_U = 0.5; S_F = 1/3, S_B = 2/3:
     # S_W = max(0, 1/3 - 0.5) + max(0, 2/3 - 0.5) = 1/6, X = 1 / (1/6 + 0.5 + 0.5)
