@@ -90,6 +90,29 @@ def main(argv: list[str] | None = None) -> int:
 _HYDRA_FLAGS = {"--multirun", "-m", "--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--resolve",
                 "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
                 "--experimental-rerun", "--version", "--run", "-r", "--shell-completion", "-sc"}
+_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+                "--experimental-rerun"}  # Hydra's flags that take the next argument as their value
+_INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}  # --info's optional value
+_COMPOSING = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+
+
+def _overrides_of(args: list[str]) -> list[str] | None:
+    """The key=value overrides of a ``lockstep run`` command line, without the values of Hydra's flags
+    (``--config-name config`` read ``config`` as an override); None when a flag changes what Hydra composes
+    (another config, path or a rerun): the run validates what Hydra composes, and the preflight stands aside."""
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        flag = a.split("=")[0]
+        if flag in _COMPOSING:
+            return None
+        if a in _VALUE_FLAGS or (a in ("--info", "-i") and i + 1 < len(args) and args[i + 1] in _INFO_CHOICES):
+            i += 2
+            continue
+        if not a.startswith("-"):
+            out.append(a)
+        i += 1
+    return out
 
 
 def _invalid(problems: list[str]) -> None:
@@ -103,12 +126,17 @@ def _preflight(args: list[str]) -> None:
     """Validate the run, or every job of a sweep, before Hydra starts anything (exit 2 with every problem)."""
     from controller.config import ConfigError, check_sweep, load, sweep_jobs, sweeper_params
 
-    overrides = [a for a in args if not a.startswith("-")]
-    if any(a.startswith("-") and a.split("=")[0] not in _HYDRA_FLAGS for a in args):
-        return  # an option only Hydra knows: let it answer
+    overrides = _overrides_of(args)
+    if overrides is None or any(a.startswith("-") and a.split("=")[0] not in _HYDRA_FLAGS for a in args):
+        return  # an option only Hydra knows, or another config: let Hydra answer
     try:
         if "--multirun" in args or "-m" in args:
-            check_sweep(sweep_jobs(overrides))
+            jobs = sweep_jobs(overrides)
+            check_sweep(jobs)
+            sweep_dir = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.sweep.dir=")][-1:]
+            if sweep_dir and not any(a in args for a in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info",
+                                                         "-i")):
+                _sweep_dir_ready(Path(sweep_dir[0]), len(jobs))
         elif not any(a in args for a in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")):
             rc = load(overrides)
             _warm(rc)
@@ -128,6 +156,26 @@ def _preflight(args: list[str]) -> None:
                           "); without --multirun one run of the config's own values runs", file=sys.stderr)
     except ConfigError as e:
         _invalid(e.problems)
+
+
+def _sweep_dir_ready(sweep_dir: Path, n_jobs: int) -> None:
+    """A ``hydra.sweep.dir`` the sweep can write (exit 2, one sentence, if not: it was Hydra's traceback); in one
+    an earlier sweep used, its points beyond this sweep's ``n_jobs`` are removed, so that the directory holds
+    this sweep alone (``lockstep plot`` drew them beside the new points, without a word)."""
+    import shutil
+
+    from controller.outputs import unwritable
+
+    why = unwritable(str(sweep_dir), directory=True)
+    if why:
+        _invalid([f"hydra.sweep.dir={sweep_dir}: {why}; accepted: a directory for the sweep's points."])
+    stale = sorted((p for p in sweep_dir.glob("*") if p.name.isdecimal() and int(p.name) >= n_jobs
+                    and (p / ".hydra").is_dir()), key=lambda p: int(p.name)) if sweep_dir.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p)
+    if stale:
+        print(f"lockstep: removed {len(stale)} point(s) of an earlier sweep from {sweep_dir} "
+              f"({', '.join(p.name for p in stale)}): this sweep has {n_jobs}", file=sys.stderr)
 
 
 def _same_config_to_resume(rc, run_dir: Path) -> None:

@@ -245,9 +245,14 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     Sweep parameters come from the command line and from ``hydra.sweeper.params`` of the composed config
     (the experiment configs set them), combined as Hydra's ``BasicSweeper`` combines them.
     """
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra._internal.utils import create_config_search_path
 
-    parsed = _parse_checked(overrides)
+    _parse_checked(overrides)  # one sentence for an override Hydra cannot read
+    S.register_configs()  # glob(...) lists a group's options: the parser needs a config loader for that
+    parser = OverridesParser.create(config_loader=ConfigLoaderImpl(create_config_search_path(CONF_DIR)))
+    parsed = parser.parse_overrides(list(overrides))
     fixed = [s for o, s in zip(parsed, overrides) if not o.is_sweep_override()]
     for o, raw in zip(parsed, overrides):  # Hydra reads the grid of the experiment the fixed overrides name only
         if o.is_sweep_override() and o.key_or_group.lstrip("+~") == "experiment":
@@ -258,5 +263,5 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
                                    "accepted: one such +experiment per --multirun."])
     params = sweeper_params(fixed)
     args = [f"{k}={v}" for k, v in params.items()] + list(overrides)
-    batches = BasicSweeper.split_arguments(_parse(args), None)
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(args), None)
     return [list(job) for batch in batches for job in batch]

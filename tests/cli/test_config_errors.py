@@ -216,6 +216,15 @@ def test_sweep_jobs_combine_the_command_line_and_the_experiments_sweeper_params(
     assert len(jobs) == 6 and ["strategy=gossip", "workers=4", "+experiment=gossip_vs_ring"] in jobs
 
 
+def test_a_glob_sweep_lists_the_groups_options_as_hydras_sweeper_does():
+    # the preflight parsed overrides without a config loader: "ConfigLoader is not set", a traceback
+    assert sweep_jobs(["strategy=glob(ps_*)", "workers=2,3"]) == [
+        ["strategy=ps_async", "workers=2"], ["strategy=ps_async", "workers=3"],
+        ["strategy=ps_sync", "workers=2"], ["strategy=ps_sync", "workers=3"]]
+    assert sweep_jobs(["network=glob(*_*,exclude=[base_*])"]) == [["network=cluster_1g"], ["network=datacenter_10g"],
+                                                                  ["network=datacenter_25g"]]
+
+
 def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "controller.cli", "run", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=180, env={**os.environ, "HYDRA_FULL_ERROR": "0"})
@@ -240,6 +249,40 @@ def test_a_run_directory_that_is_a_file_is_one_sentence_and_exit_2(tmp_path):
     assert p.stderr.strip().splitlines()[-1].strip() == (f"hydra.run.dir={a_file}: {a_file} is a file, not a "
                                                          "directory; accepted: a directory for the run's outputs.")
     assert a_file.read_text() == "kept"
+
+
+def test_a_sweep_directory_that_is_a_file_is_one_sentence_and_exit_2(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    p = _cli("--multirun", "model=mlp", "workers=2,3", f"hydra.sweep.dir={a_file}")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr  # was Hydra's FileExistsError
+    assert p.stderr.strip().splitlines()[-1].strip() == (f"hydra.sweep.dir={a_file}: {a_file} is a file, not a "
+                                                         "directory; accepted: a directory for the sweep's points.")
+    assert a_file.read_text() == "kept"
+
+
+def test_a_sweep_into_an_earlier_sweeps_directory_keeps_no_point_of_it(tmp_path):
+    sweep = tmp_path / "sweep"
+    for n in range(3):  # an earlier sweep's points 0, 1, 2 (and a folder of the user's, which stays)
+        (sweep / str(n) / ".hydra").mkdir(parents=True)
+    (sweep / "notes").mkdir()
+    p = _cli("--multirun", "model=mlp", "compute=constant", "workers=2", "stop.updates=1", "eval.every=0",
+             "progress=false", "launcher=inprocess", f"hydra.sweep.dir={sweep}")
+    assert p.returncode == 0, p.stderr
+    assert f"lockstep: removed 2 point(s) of an earlier sweep from {sweep} (1, 2): this sweep has 1" in p.stderr
+    assert sorted(x.name for x in sweep.iterdir()) == ["0", "multirun.yaml", "notes"]
+    assert (sweep / "0" / "summary.json").exists()  # lockstep plot drew the old points beside it
+
+
+@pytest.mark.parametrize("flags", [["--config-name", "config"], ["-cn", "config"], ["--cfg", "job"],
+                                   ["--info", "config"]])
+def test_hydras_flags_that_take_a_value_are_not_read_as_overrides(tmp_path, flags):
+    # "--config-name config" was "cannot read the command line (Error parsing override 'config')"
+    p = _cli(*flags, "model=mlp", "compute=constant", "workers=2", "stop.updates=1", "eval.every=0",
+             "progress=false", "launcher=inprocess", f"hydra.run.dir={tmp_path / 'run'}")
+    assert p.returncode == 0 and "cannot read the command line" not in p.stderr, p.stderr
+    if flags[0] in ("--config-name", "-cn"):
+        assert (tmp_path / "run" / "summary.json").exists()
 
 
 def test_a_sweep_with_one_bad_point_fails_before_any_job_runs(tmp_path):
