@@ -18,6 +18,14 @@ from typing import Any
 __all__ = ["DeviceProfile", "ProfileError", "profiles_dir", "read_profile", "profile_main"]
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+MIN_ESTIMATOR_SHAPES = 10  # fewer leave the fit 1-8 training shapes: a traceback, or held-out errors of 32-370 %
+
+
+def is_name(s: str) -> bool:
+    """Whether ``s`` is a profile's name (conf/profiles/<s>.json) rather than a path: 1-63 letters, digits,
+    '.', '_', '-', not ending in '.json' (``compute.profile=foo.json`` is the file ./foo.json, so a profile
+    named ``foo.json`` could not be found again); ``lockstep profile --name`` accepts only these."""
+    return bool(NAME.match(s)) and not s.endswith(".json")
 
 
 class ProfileError(ValueError):
@@ -52,7 +60,7 @@ def profiles_dir() -> Path:
 
 
 def _path_of(name_or_path: str) -> Path:
-    if NAME.match(name_or_path) and not name_or_path.endswith(".json"):
+    if is_name(name_or_path):
         return profiles_dir() / f"{name_or_path}.json"
     return Path(name_or_path).expanduser()
 
@@ -90,8 +98,9 @@ Measure the compute calls of the experiment the overrides describe on this machi
 compute.runs timed runs each, after a warm-up) and write a device profile: conf/profiles/NAME.json,
 or FILE. The gradient, the update and a K-way aggregate are timed first; the experiment then runs for
 three updates in this process so that every other call its strategy makes is timed too. Then
-`lockstep run compute.profile=NAME ...` emulates this machine on any host. Profiling an existing
-profile's experiment again adds to it (other signatures are kept).
+`lockstep run compute.profile=NAME ...` emulates this machine on any host. Profiling into an existing
+profile adds to it (other signatures are kept) when it has this NAME and was measured on this host;
+one of another name or host is refused (exit 2): give another --out or --name. NAME does not end in .json.
 --layers adds each layer's forward and backward time (Tianshu's N/M-copies differencing), which
 compute.layerwise uses; --estimator N times N random shapes per operation kind (median of three
 passes), fits a cost model per backend for shapes no one profiled and reports its held-out error
@@ -104,20 +113,22 @@ def profile_main(argv: list[str]) -> int:
     import sys
 
     p = argparse.ArgumentParser(prog="lockstep profile", usage=USAGE.removeprefix("usage: "))
-    p.add_argument("--name", required=True, help="the profile's name (letters, digits, . _ -)")
+    p.add_argument("--name", required=True,
+                   help="the profile's name (letters, digits, . _ -; not ending in .json)")
     p.add_argument("--out", help="where to write it (default: conf/profiles/NAME.json)")
     p.add_argument("--layers", action="store_true", help="also time every layer's forward and backward pass")
     p.add_argument("--estimator", type=int, default=0, metavar="N",
-                   help="fit the per-operation estimator on N random shapes per kind (0: no)")
+                   help=f"fit the per-operation estimator on N >= {MIN_ESTIMATOR_SHAPES} random shapes per kind "
+                        "(0: no)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args(argv)
-    if a.estimator < 0 or a.estimator == 1:
-        print(f"lockstep profile: --estimator {a.estimator} is not valid; accepted: 0 (none) or at least 10 shapes.",
-              file=sys.stderr)
+    if not (a.estimator == 0 or a.estimator >= MIN_ESTIMATOR_SHAPES):
+        print(f"lockstep profile: --estimator {a.estimator} is not valid; accepted: 0 (none) or at least "
+              f"{MIN_ESTIMATOR_SHAPES} shapes.", file=sys.stderr)
         return 2
-    if not NAME.match(a.name):
-        print(f"lockstep profile: --name {a.name!r} is not valid; accepted: 1-63 letters, digits, '.', '_', '-'.",
-              file=sys.stderr)
+    if not is_name(a.name):
+        print(f"lockstep profile: --name {a.name!r} is not valid; accepted: 1-63 letters, digits, '.', '_', '-', "
+              "not ending in '.json' (the profile is written to NAME.json).", file=sys.stderr)
         return 2
     from controller.config import ConfigError, load
 
@@ -129,6 +140,12 @@ def profile_main(argv: list[str]) -> int:
             print(f"  {problem}", file=sys.stderr)
         return 2
     out = Path(a.out) if a.out else profiles_dir() / f"{a.name}.json"
+    old = _existing(out)
+    if old is not None:  # before timing, not after
+        why = _cannot_add(out, old, a.name, this_host(rc.device, rc.threads))
+        if why:
+            print(f"lockstep profile: {why}", file=sys.stderr)
+            return 2
     from controller.outputs import unwritable
 
     why = unwritable(out)  # before timing, not after
@@ -149,14 +166,15 @@ def profile_main(argv: list[str]) -> int:
                           f"{r['forward_s'] * 1e6:9.1f} us  backward {r['backward_s'] * 1e6:9.1f} us", file=sys.stderr)
         est = fit_estimators(a.estimator, rc.seed, repeats=3) if a.estimator else {}
         prof = DeviceProfile(prof.name, sigs, prof.host, prof.torch, prof.threads, prof.created, est, listing)
-    if out.exists():
-        try:
-            old = read_profile(str(out))
-            prof = DeviceProfile(prof.name, {**old.signatures, **prof.signatures}, prof.host, prof.torch,
-                                 prof.threads, prof.created, {**old.estimators, **prof.estimators},
-                                 {**old.layers, **prof.layers})
-        except ProfileError:
-            pass
+    old = _existing(out)
+    if old is not None:
+        why = _cannot_add(out, old, a.name, prof.host)  # as checked above, unless the file changed meanwhile
+        if why:
+            print(f"lockstep profile: {why}", file=sys.stderr)
+            return 2
+        prof = DeviceProfile(prof.name, {**old.signatures, **prof.signatures}, prof.host, prof.torch,
+                             prof.threads, prof.created, {**old.estimators, **prof.estimators},
+                             {**old.layers, **prof.layers})
     from agents.common.files import write_atomic
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +183,40 @@ def profile_main(argv: list[str]) -> int:
         print(f"{s * 1e3:10.3f} ms  {sig}")
     print(f"lockstep profile: {len(prof.signatures)} signatures of {prof.host} written to {out}", file=sys.stderr)
     return 0
+
+
+def _existing(out: Path) -> DeviceProfile | None:
+    """The device profile already at ``out``, or None (no file, or not a profile: it is overwritten)."""
+    if not out.exists():
+        return None
+    try:
+        return read_profile(str(out.absolute()))  # a path, even where --out looks like a NAME
+    except ProfileError:
+        return None
+
+
+def _cannot_add(out: Path, old: DeviceProfile, name: str, host: str) -> str | None:
+    """Why the timings of ``host`` for the profile ``name`` cannot be added to ``old``, stored at ``out``,
+    as one sentence; None if they can (same name, same host)."""
+    if old.host != host:
+        where = repr(old.host) if old.host else "an unknown host"
+        return (f"{out} holds the profile {old.name!r} measured on {where}, not on this "
+                f"host ({host!r}), and one profile cannot mix two machines' timings; accepted: another --out "
+                "(or another --name without --out) for a profile of this host.")
+    if old.name != name:
+        return (f"{out} holds the profile {old.name!r}, not {name!r}; accepted: --name {old.name} to add to it, "
+                f"or another --out (or no --out) for a profile named {name!r}.")
+    return None
+
+
+def this_host(device: str, threads: int) -> str:
+    """The device kind ``measure`` records for ``device`` with ``threads`` torch threads (it sets them too)."""
+    import torch
+
+    from agents.sim.compute import device_kind, resolve_device
+
+    torch.set_num_threads(threads)
+    return device_kind(resolve_device(device))
 
 
 # what the short run that finds the strategy's own calls changes in the experiment (measure)
@@ -183,7 +235,7 @@ def measure(rc: Any, name: str, overrides: list[str] | None = None) -> DevicePro
 
     import torch
 
-    from agents.sim.compute import ComputeModel, device_kind, resolve_device, timing_misses
+    from agents.sim.compute import ComputeModel, timing_misses
     from agents.workloads.training import Training
     from controller.plan import make_plan
 
@@ -204,7 +256,7 @@ def measure(rc: Any, name: str, overrides: list[str] | None = None) -> DevicePro
             short = load([*overrides, "compute=profiled", "compute.profile=null", f"compute.db={db}", *_FIND_CALLS])
             with timing_misses():
                 execute(short, Path(tmp) / "run")
-        host = device_kind(resolve_device(spec.device))
+        host = this_host(spec.device, plan.workload.threads)
         sigs = json.loads(db.read_text())[host]
     return DeviceProfile(name, sigs, host, torch.__version__, plan.workload.threads,
                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
