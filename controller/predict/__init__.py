@@ -349,6 +349,9 @@ def inputs_of(rc: Any) -> Inputs:
                      "topology's links")
     if rc.data.placement != "local":
         notes.append("data.placement=end_devices: the time spent waiting for data is not modelled")
+    if rc.faults:
+        kinds = sorted({f.kind for f in rc.faults})
+        notes.append(f"faults ({', '.join(kinds)}): not modelled; the prediction is of the run without them")
     return Inputs(strategy=name, workers=len(workers), batch=tuple(plan.workload.batch_size),
                   model_bytes=sum(l.nbytes for l in layers), layers=tuple(layers), layer_source=source,
                   gradient_s=times.gradient, update_s=times.update, aggregate_s=times.aggregate,

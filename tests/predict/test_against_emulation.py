@@ -114,6 +114,12 @@ def test_network_tcp_is_predicted_at_its_goodput_with_the_host_latency_and_a_not
     assert ideal.notes == () and tcp.notes[0].startswith("network.model=tcp: links at the goodput (94.15% ")
 
 
+def test_faults_are_named_in_a_note_as_not_modelled():
+    faults = "faults=[{kind:straggler,workers:[w1],factor:4},{kind:loss,probability:0.1}]"
+    inp = inputs_of(load(FAST + ["strategy=ps_sync", "workers=4", faults], check_data=False))
+    assert inp.notes == ("faults (loss, straggler): not modelled; the prediction is of the run without them",)
+
+
 def test_lockstep_plot_draws_the_predictions_beside_a_sweep(tmp_path):
     from controller.plotcli import main, predicted_curves, prediction_of, sweep_points
 
