@@ -52,9 +52,12 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     """Loss and accuracy vs virtual time and vs updates for ``runs``, on one 2x2 figure."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     (lt, li), (at, ai) = axes
+    empty = []
     for run in runs:
         label = _label(run)
         rows = read_csv(run / "metrics.csv")
+        if not rows:
+            empty.append(str(run))
         if rows:
             t = [float(r["virtual_time_s"]) for r in rows]
             it = [int(r["iteration"]) for r in rows]
@@ -77,7 +80,11 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
         ax.set_ylabel("test accuracy [%]")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-    li.legend(fontsize="small")
+    if empty:  # a run that has not made its first update (or stopped before it): said, not an empty legend
+        print(f"lockstep plot: note: {len(empty)} run(s) with no update in metrics.csv yet, not drawn: "
+              f"{', '.join(empty)}", file=sys.stderr)
+    if len(empty) < len(runs):
+        li.legend(fontsize="small")
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return Path(out)
@@ -291,17 +298,26 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(path)
         elif path.is_dir() and any((s / "summary.json").exists() for s in path.iterdir()):
             sweeps.append(path)
+        elif path.is_dir() and ((path / "multirun.yaml").exists() or any((s / ".hydra").is_dir()
+                                                                          for s in path.iterdir())):
+            p.error(f"{path} is a sweep directory with no complete point yet (no */summary.json): its points are "
+                    "still running, or failed")
         else:
             p.error(f"{path} is neither a run directory (metrics.csv) nor a sweep directory (*/summary.json)")
     written = []
     for sweep in sweeps:
-        out = a.out if a.out is not None and not runs and len(sweeps) == 1 else sweep / "throughput.png"
+        if a.out is None:
+            out = sweep / "throughput.png"
+        elif len(sweeps) == 1 and not runs:
+            out = a.out
+        else:  # -o names the runs' figure or is shared: each sweep's figures take its name after -o's stem
+            out = a.out.with_name(f"{a.out.stem}-{sweep.resolve().name}{a.out.suffix}")
         written.append(plot_sweep(sweep, out))
-        cache = plot_cache_sweep(sweep, out.with_name(out.stem + "-cache.png"))
+        cache = plot_cache_sweep(sweep, out.with_name(out.stem + "-cache" + out.suffix))
         if cache is not None:
             written.append(cache)
         members = sorted(s for s in sweep.iterdir() if (s / "metrics.csv").exists())
-        written.append(plot_runs(members, out.with_name(out.stem + "-loss.png")))
+        written.append(plot_runs(members, out.with_name(out.stem + "-loss" + out.suffix)))
     if runs:
         out = a.out if a.out is not None else runs[0] / "runs.png"
         written.append(plot_runs(runs, out))

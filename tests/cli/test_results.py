@@ -219,3 +219,52 @@ def test_lockstep_plot_with_an_output_it_cannot_write_says_so_before_plotting(tm
                         str(tmp_path / out)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert f"lockstep plot: error: {says.format(d=tmp_path)}" in p.stderr, p.stderr
+
+
+def _fake_sweep(sweep: Path, points: int = 2) -> None:
+    """A sweep's directory as lockstep run --multirun leaves it: each point's summary, plan and metrics."""
+    for i in range(points):
+        d = sweep / str(i)
+        (d / ".hydra").mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"strategy": "ps_sync", "workers": 2 * (i + 1), "complete": True,
+                                                   "throughput_samples_per_s": 100.0 * (i + 1)}))
+        (d / "plan.json").write_text(json.dumps({"network": {"egress": "fair"}}))
+        (d / "metrics.csv").write_text("iteration,virtual_time_s,loss\n1,0.5,2.3\n2,1.0,2.1\n")
+
+
+def _plot(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "controller.cli", "plot", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_plot_o_with_two_sweeps_names_each_sweeps_figures_after_it_in_the_format_asked(tmp_path):
+    # -o was ignored with two sweeps (each wrote throughput.png into its own directory), and -o u.pdf wrote
+    # u-loss.png beside u.pdf
+    for name in ("s1", "s2"):
+        _fake_sweep(tmp_path / name)
+    p = _plot(str(tmp_path / "s1"), str(tmp_path / "s2"), "-o", str(tmp_path / "two.pdf"))
+    assert p.returncode == 0, p.stderr
+    assert sorted(x.name for x in tmp_path.glob("two*")) == ["two-s1-loss.pdf", "two-s1.pdf", "two-s2-loss.pdf",
+                                                             "two-s2.pdf"]
+    assert all(x.read_bytes().startswith(b"%PDF") for x in tmp_path.glob("two*"))
+    assert not (tmp_path / "s1" / "throughput.png").exists()
+
+
+def test_plot_of_a_sweep_with_no_finished_point_says_so(tmp_path):
+    sweep = tmp_path / "sw"
+    (sweep / "0" / ".hydra").mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    p = _plot(str(sweep))
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1] == (f"lockstep plot: error: {sweep} is a sweep directory with no complete "
+                                                 "point yet (no */summary.json): its points are still running, or "
+                                                 "failed")
+
+
+def test_plot_of_a_run_without_an_update_yet_says_so(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.csv").write_text("iteration,virtual_time_s,loss\n")
+    p = _plot(str(run))
+    assert p.returncode == 0 and "No artists with labels" not in p.stderr, p.stderr
+    assert f"lockstep plot: note: 1 run(s) with no update in metrics.csv yet, not drawn: {run}" in p.stderr
