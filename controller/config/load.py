@@ -39,7 +39,8 @@ CONF_DIR = _conf_dir()
 
 # the schema of the group nodes typed ``Any`` in LockstepConfig, by option (conf/<group>/<option>.yaml)
 _GROUP_OPTION_SCHEMA = {"launcher": {"inprocess": S.InprocessLauncherConfig, "local": S.LocalLauncherConfig,
-                                     "kubernetes": S.KubernetesLauncherConfig, "ray": S.RayLauncherConfig}}
+                                     "kubernetes": S.KubernetesLauncherConfig, "ray": S.RayLauncherConfig},
+                        "model": {"mlp": S.MLPConfig, "flat": S.FlatConfig}}
 
 
 def group_options(group: str) -> list[str]:
@@ -120,8 +121,10 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
             options = _keys_under(parent, others)
         hint = did_you_mean(leaf, options)
         where = f"a key of {parent}" if parent else "a config key"
-        return (f"{key} is not {where}{hint} (accepted: {', '.join(o for o in options if not o.startswith('_'))})"
-                ".", raw)
+        accepted = ", ".join(o for o in options if not o.startswith("_")) or (
+            f"no key besides _target_; a class of your own ({parent}._target_=my.Module) takes its constructor's "
+            f"arguments" if "_target_" in options else "none")
+        return f"{key} is not {where}{hint} (accepted: {accepted}).", raw
     if "Could not append to config. An item is already at" in text and raw.startswith("+"):
         return (f"{raw.lstrip('+')} cannot be appended with '+': {key} is already a config key; accepted: "
                 f"{raw.lstrip('+')} (or ++{raw.lstrip('+')}).", raw)

@@ -252,6 +252,9 @@ def accepted_text(cls: type, name: str) -> str:
         text = "a string"
     elif is_dataclass(tp):
         text = "a mapping with keys " + ", ".join(x.name for x in fields(tp))
+    elif typing.get_origin(tp) is list and typing.get_args(tp) and typing.get_args(tp)[0] in (int, float, str):
+        what = {int: "integers", float: "numbers", str: "strings"}[typing.get_args(tp)[0]]
+        text = f"a list of {what}"
     else:
         text = meta.get("help") or "see docs/configuration.md"
     return text + (" or null" if optional else "")
@@ -396,8 +399,11 @@ def _unknown_keys(node: DictConfig, prefix: str, p: _Problems) -> None:
         k = str(k)
         if k not in names:
             opts = [x for x in names if not x.startswith("_")]
+            accepted = ", ".join(opts) or (f"no key besides _target_; a class of your own "
+                                           f"({prefix}_target_=my.Module) takes its constructor's arguments"
+                                           if "_target_" in names else "none")
             p.add(f"{prefix}{k} is not a key of {prefix.rstrip('.') or 'the config'}"
-                  f"{did_you_mean(k, names)} (accepted: {', '.join(opts)}).")
+                  f"{did_you_mean(k, names)} (accepted: {accepted}).")
             with _open(node):
                 del node[k]
         else:

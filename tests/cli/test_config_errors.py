@@ -133,6 +133,11 @@ ROOT = Path(__file__).resolve().parents[2]
      r"^strategy.round_timeout=1500us is not valid; accepted: a duration longer than 2000 us"),
     ("strategy=fedavg strategy.round_timeout=201us", None),
     ("network.latency=nan", r"^network.latency=nan is not valid; accepted: one-way latency: seconds, "),
+    ("model.bytes=100", r"^model.bytes is not a key of model \(accepted: no key besides _target_; a class of your "
+                        r"own \(model._target_=my.Module\) takes its constructor's arguments\)\.$"),  # was "()"
+    ("model=resnet +model.foo=1", r"^model.foo is not a key of model \(accepted: no key besides _target_; "),
+    ("model=mlp model.hidden=5", r"^model.hidden=5 is not valid; accepted: a list of integers\.$"),  # was "see
+    # docs/configuration.md"
     ("model=mlp model.hidden=[0]", r"model.hidden=\[0\] is not valid; accepted: a list of layer widths, each an "
                                    r"integer >= 1"),  # it built, and learnt nothing
 ])
