@@ -35,6 +35,15 @@ def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a + b  # a new tensor: a received payload is never mutated
 
 
+def segment_bytes(value: Any) -> int | None:
+    """``strategy.segment`` in bytes (a number or a size like ``1MB``; validated before the run), None: whole chunks."""
+    if value is None:
+        return None
+    from agents.common.units import parse_size
+
+    return int(parse_size(value, "strategy.segment"))
+
+
 async def _exchange(w: Worker, right: str, left: str, out: torch.Tensor, in_size: int, extras: list[float],
                     tag: str, segment: int | None) -> tuple[torch.Tensor, list[float]]:
     """Send ``out`` to ``right`` while receiving ``in_size`` elements from ``left``.
@@ -43,6 +52,7 @@ async def _exchange(w: Worker, right: str, left: str, out: torch.Tensor, in_size
     sent only after its receiver said it is ready, as collective libraries such
     as gloo do: about one extra latency per segment and step.
     """
+    segment = segment_bytes(segment)
     if not segment:
         w.send(right, (out, extras), tag=tag)
         m = await w.recv(src=left, tag=tag)

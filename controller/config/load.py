@@ -92,6 +92,13 @@ def describe_compose_error(e: Exception, overrides: list[str]) -> tuple[str, str
                   r"already at) '?([^\s=']+)", text)
     if key is None and m:
         key = m.group(1).split("=")[0].lstrip("+~")
+    named = m.group(1).split("=")[0].lstrip("+~") if m else None
+    if key and named in by_key and key != named and not key.startswith(named + ".") and not named.startswith(key):
+        # the override Hydra names holds the bad value: a key inside one of its items (faults[0].workers) has a
+        # bare leaf name that another override may share (workers=3), which was blamed instead
+        listed = _list_item_error(key, cause, named, by_key)
+        if listed is not None:
+            return listed
     if key and key not in by_key:  # the error may name a key inside the overridden value
         key = next((k for k in by_key if key.startswith(k + ".")), key)
     if key and key not in by_key:  # ... or the node above the overridden key (netwrk in netwrk.latency=1ms)

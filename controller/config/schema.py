@@ -520,8 +520,8 @@ class SSPConfig(ShardedPSConfig):
 
 @dataclass
 class RingConfig(StrategyConfig):
-    segment: Any = doc(None, "bytes per segment (each sent after a receiver-ready message, like gloo); null = "
-                             "whole chunks")
+    segment: Any = doc(None, "bytes per segment, >= 4 (a number or a size like 1MB; each sent after a receiver-ready "
+                             "message, like gloo); null = whole chunks; collective=ideal only")
     collective: Collective = doc(Collective.ideal, "ideal: whole chunks (Eq. 11 exactly) | gloo: gloo's ring (1 MiB "
                                                    "segments, two in flight, receiver-ready notifications)")
     start_after: Any = doc(0.0, "the ring's first member starts this long after the others (a rank 0 that leaves "
@@ -715,7 +715,8 @@ class LockstepConfig:
     batch_size: Any = doc(16, "per worker: an int, or a list with one entry per worker")
     lr: float = doc(0.005, "learning rate (async PS with 64 workers diverges at larger rates: docs/engine.md)", lo=0, lo_open=True)
     momentum: float = doc(0.0, "SGD momentum, in [0, 1)", lo=0, hi=1, hi_open=True)
-    optimizer: Optimizer = doc(Optimizer.sgd, "the optimizer of the model holder (a PS, a local learner)")
+    optimizer: Optimizer = doc(Optimizer.sgd, "the optimizer of the model holder (a PS, a local learner); fedavg and "
+                                           "fedasync clients train with SGD, so adam is refused there")
     device: str = doc("cpu", "cpu | cuda | cuda:N")
     threads: int = doc(1, "torch intra-op threads per agent process", lo=1)
     memory: str = doc("auto", "what an agent process's allocator does with freed tensors: compact (glibc's mmap "

@@ -18,12 +18,12 @@ import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from agents.common.units import UnitError, parse_duration, parse_rate
+from agents.common.units import UnitError, parse_duration, parse_rate, parse_size
 from agents.sim import keyed
 from agents.sim.compute import KINDS
 from agents.sim.tcp import TcpSpec
@@ -552,6 +552,12 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         if why:
             p.bad("compute.db", c.compute.db, f"a file the agents can write the profiles to ({why})")
 
+    if "segment" in settings:
+        _check_segment(p, settings)
+    if c.optimizer == S.Optimizer.adam and getattr(strategy_cls, "server_cls", None) in ("FedServer",
+                                                                                          "FedAsyncServer"):
+        p.bad("optimizer", "adam", f"sgd with strategy {strategy_name}: each client trains its round with a fresh SGD "
+              "(McMahan et al.) and the server mixes models, so no one would use Adam (it changed nothing)")
     if c.momentum and c.optimizer == S.Optimizer.adam:
         p.bad("momentum", c.momentum, "0 with optimizer=adam (momentum is SGD's; Adam keeps its own moments), or "
               "optimizer=sgd")
@@ -678,6 +684,24 @@ def _plain(node: Any) -> dict[str, Any]:
     if isinstance(node, (DictConfig, ListConfig)):
         return OmegaConf.to_container(node, resolve=True, enum_to_str=True)  # type: ignore[return-value]
     return dict(node or {})
+
+
+def _check_segment(p: _Problems, settings: dict[str, Any]) -> None:
+    """``strategy.segment``: null (whole chunks) or a size of at least one float32, read by the ideal collective
+    only (a string crashed a worker mid-run; -5, 1.5 or true ran with 4-byte segments, 95 virtual s a step)."""
+    seg = settings.get("segment")
+    if seg is None:
+        return
+    accepted = "null (whole chunks) or bytes per segment >= 4 (one float32), as a number or a size like 1MB"
+    try:
+        n = None if isinstance(seg, bool) else parse_size(seg, "strategy.segment")
+    except UnitError:
+        n = None
+    if n is None or not math.isfinite(n) or n < 4 or (isinstance(seg, (int, float)) and n != int(n)):
+        p.bad("strategy.segment", seg, accepted)
+    elif settings.get("collective") == "gloo":
+        p.bad("strategy.segment", seg, "null with strategy.collective=gloo, whose ring cuts its own segments (at "
+              "most 1 MiB); a segment of your choosing is the ideal collective's")
 
 
 def _least_latency_s(lat: LatencySetting) -> float:
@@ -1119,6 +1143,31 @@ def _start_offsets(p: _Problems, so: Any) -> dict[str, float]:
 
 # ------------------------------------------------------------------ faults
 _NEEDS_WORKERS = ("crash", "slow_link", "straggler", "byzantine")
+# what each kind of fault reads besides at/until (agents/sim/faults.py); a key it does not read, set to
+# anything but its default, is refused rather than ignored (a crash with probability 0 crashed anyway)
+_FAULT_READS: dict[str, Callable[[Any], tuple[str, ...]]] = {
+    "crash": lambda f: ("workers", "fraction"),
+    "partition": lambda f: ("groups",),
+    "loss": lambda f: ("workers", "fraction", "probability"),
+    "duplicate": lambda f: ("workers", "fraction", "probability"),
+    "slow_link": lambda f: ("workers", "fraction", "factor"),
+    "straggler": lambda f: ("workers", "fraction", "factor", "probability"),
+    "byzantine": lambda f: ("workers", "fraction", "mode") + {"noise": ("std",), "scale": ("factor",)}.get(
+        _enum_value(f.mode), ()),
+}
+_FAULT_DEFAULTS = (("workers", None), ("fraction", None), ("groups", None), ("probability", 1.0), ("factor", 1.0),
+                   ("mode", "sign_flip"), ("std", 0.0))
+
+
+def _unread_fault_keys(f: Any, kind: str) -> tuple[str, Any, str] | None:
+    """The first key of a ``faults:`` entry that its kind does not read and that is not at its default:
+    (name, value, the default as accepted text); None if there is none."""
+    reads = _FAULT_READS[kind](f)
+    for name, default in _FAULT_DEFAULTS:
+        value = _enum_value(getattr(f, name))
+        if name not in reads and value != default:
+            return name, list(value) if isinstance(value, (list, tuple)) else value, _show(default)
+    return None
 
 
 def _faults(p: _Problems, c: S.LockstepConfig, layout: list[Any], result: str, strategy_cls: type,
@@ -1136,6 +1185,12 @@ def _faults(p: _Problems, c: S.LockstepConfig, layout: list[Any], result: str, s
         if len(p.items) > before:
             continue
         kind = f.kind.value
+        unread = _unread_fault_keys(f, kind)
+        if unread:
+            name, value, default = unread
+            p.bad(f"{key}.{name}", value, f"{default} for kind {kind}, which reads "
+                  f"{', '.join(('at', 'until', *_FAULT_READS[kind](f)))} (docs/faults.md)")
+            continue
         start = seconds_to_ns(parse_duration(f.at))
         end = None if f.until is None else seconds_to_ns(parse_duration(f.until))
         if end is not None and end <= start:

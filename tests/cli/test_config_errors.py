@@ -133,6 +133,19 @@ ROOT = Path(__file__).resolve().parents[2]
      r"^strategy.round_timeout=1500us is not valid; accepted: a duration longer than 2000 us"),
     ("strategy=fedavg strategy.round_timeout=201us", None),
     ("network.latency=nan", r"^network.latency=nan is not valid; accepted: one-way latency: seconds, "),
+    ("strategy=ring_allreduce strategy.segment=abc", r"^strategy.segment=abc is not valid; accepted: null \(whole "
+                                                     r"chunks\) or bytes per segment >= 4 \(one float32\), as a "
+                                                     r"number or a size like 1MB\.$"),  # a worker's TypeError
+    ("strategy=ring_allreduce strategy.segment=-5", r"^strategy.segment=-5 is not valid"),  # 4-byte segments,
+    ("strategy=hierarchical_allreduce strategy.segment=1.5", r"^strategy.segment=1.5 is not valid"),  # silently
+    ("strategy=ring_allreduce strategy.segment=true", r"^strategy.segment=true is not valid"),
+    ("strategy=ring_allreduce strategy.segment=0", r"^strategy.segment=0 is not valid"),  # whole chunks, silently
+    ("strategy=ring_allreduce strategy.collective=gloo strategy.segment=1MB",
+     r"^strategy.segment=1MB is not valid; accepted: null with strategy.collective=gloo"),  # ignored
+    ("strategy=ring_allreduce strategy.segment=1MB", None),
+    ("strategy=fedavg optimizer=adam", r"^optimizer=adam is not valid; accepted: sgd with strategy fedavg: each "
+                                       r"client trains its round with a fresh SGD"),  # it changed nothing
+    ("strategy=fedasync optimizer=adam", r"^optimizer=adam is not valid; accepted: sgd with strategy fedasync"),
     ("model.bytes=100", r"^model.bytes is not a key of model \(accepted: no key besides _target_; a class of your "
                         r"own \(model._target_=my.Module\) takes its constructor's arguments\)\.$"),  # was "()"
     ("model=resnet +model.foo=1", r"^model.foo is not a key of model \(accepted: no key besides _target_; "),

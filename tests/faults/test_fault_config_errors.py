@@ -62,6 +62,21 @@ PS = ["strategy=ps_async", "workers=4"]
     (["strategy=fedavg", "faults=[{kind:crash,workers:[c1]}]"],
      "faults[0] crashes clients of fedavg, whose server would wait for ever for their updates; set "
      "strategy.round_timeout (e.g. strategy.round_timeout=10s)."),
+    # keys the kind does not read, set anyway: each was ignored (a crash with probability 0 crashed)
+    (["faults=[{kind:crash,workers:[w1],probability:0.0,at:10ms}]"],
+     "faults[0].probability=0.0 is not valid; accepted: 1.0 for kind crash, which reads at, until, workers, fraction "
+     "(docs/faults.md)."),
+    (["faults=[{kind:loss,groups:[[w0],[w1]]}]"],
+     "faults[0].groups=[['w0'], ['w1']] is not valid; accepted: null for kind loss, which reads at, until, workers, "
+     "fraction, probability (docs/faults.md)."),
+    (["faults=[{kind:byzantine,workers:[w1],factor:3}]"],
+     "faults[0].factor=3.0 is not valid; accepted: 1.0 for kind byzantine, which reads at, until, workers, fraction, "
+     "mode (docs/faults.md)."),
+    (["faults=[{kind:partition,workers:[w1],groups:[[w0],[w1]]}]"],
+     "faults[0].workers=['w1'] is not valid; accepted: null for kind partition, which reads at, until, groups "
+     "(docs/faults.md)."),
+    (["faults=[{kind:crash,workers:w1}]"],  # with workers=4 on the command line: that override was blamed
+     "faults[0].workers=w1 is not valid; accepted: a list of strings or null."),
 ])
 def test_a_bad_fault_is_one_sentence_naming_key_value_and_what_is_accepted(overrides, sentence):
     with pytest.raises(ConfigError) as e:
