@@ -259,7 +259,8 @@ class TraceConfig:
 class StatelogConfig:
     enabled: bool = doc(True, "statelog.jsonl: every model exchange, for `lockstep inspect`")
     checksum: bool = doc(True, "CRC-32 of each global model version")
-    snapshot_every: int = doc(0, "save the global model every N versions into snapshots/ (0 = never)", lo=0)
+    snapshot_every: int = doc(0, "save the global model every N versions into snapshots/ (0 = never); a parameter "
+                                 "server's versions: ps_sync, ps_async, ssp only", lo=0)
 
 
 @dataclass

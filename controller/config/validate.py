@@ -605,6 +605,10 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
             p.bad("network.latency.groups", list(groups), f"null, or {len(everyone)} region indices, one per vworker "
                   f"({everyone[0].name} .. {everyone[-1].name}: workers first, then servers)")
         _check_round_timeout(p, strategy_cls, settings, network.latency)
+        if c.statelog.snapshot_every and not _has_parameter_server(layout):
+            p.bad("statelog.snapshot_every", c.statelog.snapshot_every,
+                  f"0 with strategy {strategy_name}: snapshots are a parameter server's versions (ps_sync, ps_async, "
+                  "ssp), and no vworker of this strategy is one (it wrote none, without a word)")
         faults = _faults(p, c, layout, strategy_cls.result_for(workers, settings), strategy_cls, settings)
     elif c.faults:
         for i, f in enumerate(c.faults):
@@ -684,6 +688,24 @@ def _plain(node: Any) -> dict[str, Any]:
     if isinstance(node, (DictConfig, ListConfig)):
         return OmegaConf.to_container(node, resolve=True, enum_to_str=True)  # type: ignore[return-value]
     return dict(node or {})
+
+
+def _has_parameter_server(layout: list[Any]) -> bool:
+    """Whether a vworker of ``layout`` runs a parameter server, the only vworker that logs versions (and so
+    writes statelog.snapshot_every's snapshots)."""
+    import importlib
+
+    from agents.strategies.ps import ParameterServer
+
+    for v in layout:
+        module, _, name = v.cls.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(cls, type) and issubclass(cls, ParameterServer):
+            return True
+    return False
 
 
 def _check_segment(p: _Problems, settings: dict[str, Any]) -> None:

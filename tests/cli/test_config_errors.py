@@ -146,6 +146,12 @@ ROOT = Path(__file__).resolve().parents[2]
     ("strategy=fedavg optimizer=adam", r"^optimizer=adam is not valid; accepted: sgd with strategy fedavg: each "
                                        r"client trains its round with a fresh SGD"),  # it changed nothing
     ("strategy=fedasync optimizer=adam", r"^optimizer=adam is not valid; accepted: sgd with strategy fedasync"),
+    ("strategy=ring_allreduce statelog.snapshot_every=4", r"^statelog.snapshot_every=4 is not valid; accepted: 0 "
+                                                          r"with strategy ring_allreduce: snapshots are a parameter "
+                                                          r"server's versions"),  # none were written, no word said
+    ("strategy=fedavg statelog.snapshot_every=4", r"^statelog.snapshot_every=4 is not valid; accepted: 0 with "
+                                                  r"strategy fedavg"),
+    ("strategy=ssp statelog.snapshot_every=4", None),
     ("model.bytes=100", r"^model.bytes is not a key of model \(accepted: no key besides _target_; a class of your "
                         r"own \(model._target_=my.Module\) takes its constructor's arguments\)\.$"),  # was "()"
     ("model=resnet +model.foo=1", r"^model.foo is not a key of model \(accepted: no key besides _target_; "),
