@@ -93,7 +93,8 @@ def test_vmap_stays_within_1e_5_of_off_after_100_updates_and_reruns_identically(
     assert cb["eager_identical"] is False  # vmap's floats differ in the last bits, and the summary says so
     assert off.summary["updates"] == vm.summary["updates"] == 100
     rel = float((vm.params - off.params).norm() / off.params.norm())
-    assert 0 < rel <= 1e-5, rel
+    assert rel <= 1e-5, rel  # (0 on some CPUs: this VM's Xeon gave the loop's bits on 2026-12-02, and CI failed
+    # on `0 < rel`; what the issue asks is the bound)
     assert off.summary["virtual_time_ns"] == vm.summary["virtual_time_ns"]  # durations come from the model
     assert_same_outputs(tmp_path / "vmap", tmp_path / "again")
 
