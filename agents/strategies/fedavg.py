@@ -8,6 +8,11 @@ fresh optimizer, and returns its model; the server sets the global model to
 (``weighting: data``), the samples it trained on this round (``samples``) or 1
 (``uniform``). With one local step, all clients and equal shards this is
 synchronous PS SGD (a test pins it).
+
+The global model's *version* counts aggregations, not rounds: a round that ends without an update
+(``round_timeout`` and faults) leaves the model, and its version, as they were. So a run makes exactly
+``stop.updates`` updates, numbered 1, 2, … without gaps; the round keeps its own counter, which keys the
+client sampling and tags the models and updates of the round.
 """
 from __future__ import annotations
 
@@ -99,7 +104,8 @@ class FedServer(TrainingWorker):
         weighting = self.setting("weighting", "data")
         if weighting not in WEIGHTINGS:
             raise ValueError(f"strategy.weighting={weighting!r}; accepted: {' | '.join(WEIGHTINGS)}")
-        self.rnd = 0
+        self.rnd = 0  # rounds started: the keyed client sampling and the models' and updates' round tags
+        self.version = 0  # aggregations: the global model's version, what metrics.csv counts
         self._order = {c: i for i, c in enumerate(self.clients)}
         await self.repeat(self._round)
 
@@ -122,7 +128,7 @@ class FedServer(TrainingWorker):
 
     async def _average(self, msgs: list) -> bool:
         self.rnd += 1
-        if not msgs:  # every chosen client missed the round (faults): the model stays as it was
+        if not msgs:  # every chosen client missed the round (faults): the model, and its version, stay as they were
             if self.rnd >= EMPTY_ROUNDS and not getattr(self, "averaged", False):
                 raise RuntimeError(
                     f"fedavg: the first {self.rnd} rounds all ended without an update (strategy.round_timeout="
@@ -139,9 +145,12 @@ class FedServer(TrainingWorker):
 
     def _averaged(self, msgs: list, weights: list[float], mean) -> bool:
         self.load(mean)
+        # a server checkpointed before versions were counted apart from rounds numbered its updates by round:
+        # it goes on from there (the round is already counted here)
+        self.version = getattr(self, "version", self.rnd - 1) + 1
         total = sum(weights)
         loss = sum(w * m.payload[2] for w, m in zip(weights, msgs)) / total
-        return self.updated(self.rnd, loss, 0, sum(m.payload[3] for m in msgs), sum(m.nbytes for m in msgs))
+        return self.updated(self.version, loss, 0, sum(m.payload[3] for m in msgs), sum(m.nbytes for m in msgs))
 
     async def _gather(self, chosen: list[str], rnd: int) -> list:
         """The updates of round ``rnd``: from every chosen client, or (``round_timeout``) those in by the

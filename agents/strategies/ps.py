@@ -17,6 +17,15 @@ Every shard holds only its own tensors, so the result model is the one ``w0``
 assembled: synchronous, ``w0`` records update v when it holds all of version v
 (one downlink after the shards applied it); asynchronous, ``ps0`` counts the
 updates and the result is the model ``w0`` assembled last.
+
+Evaluations (``eval.every``) with shards: no shard holds a whole model, so a worker evaluates the one it
+assembled. Synchronous, ``w0`` evaluates version v when it records it. Asynchronous, ``ps0`` sends its
+version v only to the worker whose gradient made it, which assembles ps0's slice of exactly version v with
+the other shards' answers to the same gradient: that worker evaluates it when v is a multiple of
+``eval.every`` (one row per multiple, named by that worker; not the first parameters a restarted worker
+pulls, whose version went to another worker too). SSP may send a version to several workers or to none, so
+there ``w0`` evaluates the first version it holds at or after each multiple (a row of that version, one for
+several multiples when w0 passes them at once).
 """
 from __future__ import annotations
 
@@ -121,7 +130,7 @@ class ParameterServer(TrainingWorker):
         return self.updated(self.version, loss, staleness, samples, nbytes)
 
     def evaluate(self, version: int) -> None:
-        if self.n_shards == 1:  # a shard holds only its tensors: w0 evaluates the assembled model instead
+        if self.n_shards == 1:  # a shard holds only its tensors: the workers evaluate what they assemble
             super().evaluate(version)
 
     async def run(self) -> None:
@@ -293,10 +302,14 @@ class PSWorker(TrainingWorker):
 
     on_crash = "restart"
 
-    def __init__(self, name: str, vid: int, env: Any, ps: str | list[str], counts: bool = False):
+    def __init__(self, name: str, vid: int, env: Any, ps: str | list[str], counts: bool = False,
+                 evals: str | None = None):
         super().__init__(name, vid, env)
         self.shards = [ps] if isinstance(ps, str) else list(ps)
         self.counts = counts  # a sharded sync PS: this worker records version v once it holds all of it
+        # a sharded asynchronous PS: who evaluates (_observe): "version", the worker that is sent a multiple;
+        # "w0" (SSP), w0 at the first version it holds at or after one
+        self.evals = evals
 
     async def run(self) -> None:
         if self.env.compute.spec.layerwise:
@@ -306,6 +319,7 @@ class PSWorker(TrainingWorker):
         self._keeps_model = self._split is not None and self.name == "w0"  # the result vworker of a sharded PS
         self._p2p = _gloo(self, self.shards)
         self._had: dict[str, int] = {}  # a sharded PS: the latest version of each shard's parameters taken
+        self._rejoined = self.restarted  # its first parameters answer its pull: that version went to another too
         if self.restarted:
             for s in self.shards:
                 self.send(s, None, tag="pull")
@@ -354,16 +368,34 @@ class PSWorker(TrainingWorker):
         params = msgs[0].payload[0] if split is None else split.join([m.payload[0] for m in msgs])
         if self._keeps_model:
             self.load(params)
-            v = versions[0]
-            every = self.setting("eval_every", 0)
-            if self.counts and v:
+            if self.counts and versions[0]:
                 loss, samples = msgs[0].payload[2], msgs[0].payload[3]
-                if self.updated(v, loss, 0, samples, sum(m.payload[4] for m in msgs)):
+                if self.updated(versions[0], loss, 0, samples, sum(m.payload[4] for m in msgs)):
                     return True
-            elif every and v and v % every == 0:
-                self.evaluate(v)
+        # (a worker checkpointed before `evals`: w0 evaluated the multiples it was sent)
+        evals = getattr(self, "evals", "version" if self._keeps_model and not self.counts else None)
+        if evals:
+            self._observe(evals, versions[0], params)
         self._push(versions, *await self.gradient(params))
         return False
+
+    def _observe(self, evals: str, v: int, params) -> None:
+        """A sharded asynchronous PS: evaluate ``params``, assembled of ps0's version ``v``, if this worker
+        is the one to (``evals``; the module's docstring). An observer: no virtual time."""
+        every = self.setting("eval_every", 0)
+        rejoined, self._rejoined = getattr(self, "_rejoined", False), False
+        if not every or not v:
+            return
+        if evals == "w0":  # SSP: w0, the first version it holds at or after each multiple
+            if self._keeps_model and v // every > getattr(self, "_evaluated", 0) // every:
+                self._evaluated = v
+                self.evaluate(v)
+        elif v % every == 0 and not rejoined:  # only the worker whose gradient made v is sent v
+            if self._keeps_model:  # w0: the result model, which it holds
+                self.evaluate(v)
+            else:  # an observer on the agent's scratch model, as a worker's gradients are
+                loss, acc = self.training.evaluate(params)
+                self.env.recorder.evaluation(self, v, loss, acc)
 
     def _push(self, versions: list[int], loss: float, grad, samples: int) -> None:
         parts = [grad] if self._split is None else self._split.split(grad)
@@ -428,6 +460,10 @@ class _PS(Strategy):
                  for w in names]
         if n > 1 and cls.sync:
             specs[0] = VWorkerSpec("w0", f"{__name__}.PSWorker", {"ps": ps, "counts": True}, holds_data=True)
+        elif n > 1:  # the workers evaluate what they assemble (PSWorker._observe)
+            evals = "version" if cls._bound(settings) is None else "w0"
+            specs = [VWorkerSpec(w, f"{__name__}.PSWorker", {"ps": ps, "evals": evals}, holds_data=True)
+                     for w in names]
         for s, p in enumerate(ps):
             kw: dict[str, Any] = {"workers": names, "sync": cls.sync}
             if n > 1:
