@@ -554,6 +554,8 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
 
     if "segment" in settings:
         _check_segment(p, settings)
+    if strategy_cls is not None and strategy_path in STRATEGIES.values():
+        _unread_settings(p, strategy_name, settings, workers)
     if c.optimizer == S.Optimizer.adam and getattr(strategy_cls, "server_cls", None) in ("FedServer",
                                                                                           "FedAsyncServer"):
         p.bad("optimizer", "adam", f"sgd with strategy {strategy_name}: each client trains its round with a fresh SGD "
@@ -688,6 +690,31 @@ def _plain(node: Any) -> dict[str, Any]:
     if isinstance(node, (DictConfig, ListConfig)):
         return OmegaConf.to_container(node, resolve=True, enum_to_str=True)  # type: ignore[return-value]
     return dict(node or {})
+
+
+# a built-in strategy's key that another of its settings leaves unread, set to anything but its default: refused
+# rather than ignored (strategy, key, default, when it is unread, why)
+_UNREAD_SETTINGS: tuple[tuple[str, str, Any, Callable[[dict[str, Any], Any], bool], str], ...] = (
+    ("gossip", "degree", 2, lambda s, k: s.get("topology") == "ring", "with strategy.topology=ring, whose graph is "
+                                                                          "the ring (degree is strategy.topology=random's)"),
+    ("gossip", "graph_seed", 0, lambda s, k: s.get("topology") == "ring", "with strategy.topology=ring (graph_seed "
+                                                                              "keys strategy.topology=random's graph)"),
+    ("fedavg", "local_epochs", 1, lambda s, k: s.get("local_steps") is not None,
+     "with strategy.local_steps set, which counts the round's steps instead"),
+    ("fedasync", "local_epochs", 1, lambda s, k: s.get("local_steps") is not None,
+     "with strategy.local_steps set, which counts the round's steps instead"),
+    ("fedasync", "a", 0.5, lambda s, k: s.get("staleness") == "constant", "with strategy.staleness=constant, whose "
+                                                                           "weight is alpha alone"),
+    ("fedasync", "b", 4, lambda s, k: s.get("staleness") != "hinge", "unless strategy.staleness=hinge, the only "
+                                                                     "staleness function with a b"),
+)
+
+
+def _unread_settings(p: _Problems, strategy: str, settings: dict[str, Any], workers: Any) -> None:  # noqa: ARG001
+    """Settings of a built-in strategy that others leave unread (``_UNREAD_SETTINGS``)."""
+    for name, key, default, unread, why in _UNREAD_SETTINGS:
+        if name == strategy and key in settings and settings[key] != default and unread(settings, workers):
+            p.bad(f"strategy.{key}", settings[key], f"{_show(default)} {why} (it changed nothing)")
 
 
 def _has_parameter_server(layout: list[Any]) -> bool:

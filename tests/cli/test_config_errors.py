@@ -152,6 +152,18 @@ ROOT = Path(__file__).resolve().parents[2]
     ("strategy=fedavg statelog.snapshot_every=4", r"^statelog.snapshot_every=4 is not valid; accepted: 0 with "
                                                   r"strategy fedavg"),
     ("strategy=ssp statelog.snapshot_every=4", None),
+    # a strategy's key another of its settings leaves unread: each changed nothing
+    ("strategy=gossip strategy.degree=3", r"^strategy.degree=3 is not valid; accepted: 2 with strategy.topology=ring, "
+                                          r"whose graph is the ring"),
+    ("strategy=gossip strategy.graph_seed=7", r"^strategy.graph_seed=7 is not valid; accepted: 0 with "
+                                              r"strategy.topology=ring"),
+    ("strategy=gossip strategy.topology=random strategy.degree=3 strategy.graph_seed=7", None),
+    ("strategy=fedavg strategy.local_steps=2 strategy.local_epochs=3",
+     r"^strategy.local_epochs=3 is not valid; accepted: 1 with strategy.local_steps set"),
+    ("strategy=fedasync strategy.staleness=constant strategy.a=1",
+     r"^strategy.a=1 is not valid; accepted: 0.5 with strategy.staleness=constant"),
+    ("strategy=fedasync strategy.b=2", r"^strategy.b=2 is not valid; accepted: 4 unless strategy.staleness=hinge"),
+    ("strategy=fedasync strategy.staleness=hinge strategy.b=2", None),
     ("model.bytes=100", r"^model.bytes is not a key of model \(accepted: no key besides _target_; a class of your "
                         r"own \(model._target_=my.Module\) takes its constructor's arguments\)\.$"),  # was "()"
     ("model=resnet +model.foo=1", r"^model.foo is not a key of model \(accepted: no key besides _target_; "),
