@@ -85,8 +85,11 @@ def render() -> str:
     for name, cls in S.GROUP_SCHEMAS["model"].items():
         opts = [o for o in _options("model") if _schema_of_option("model", o) == name]
         parts.append(_table("`model=" + "|".join(opts) + "`", cls, "model.",
-                            "Other keys are constructor arguments; `model=custom model._target_=pkg.Net "
-                            "+model.width=128` for any nn.Module." if name == "base_model" else ""))
+                            "The built-in classes take no other key (one is refused, naming it); "
+                            "`model=custom model._target_=pkg.Net +model.width=128` takes any nn.Module, its other "
+                            "keys the constructor's arguments (`model=custom "
+                            "model._target_=agents.workloads.models.ThesisCNN +model.image_size=32`)."
+                            if name == "base_model" else ""))
     parts.append(_table("`faults:` (each entry of the list)", S.FaultConfig, "faults[i].",
                         "docs/faults.md: what each kind does, in which strategy, and the keys of its draws."))
     for name, cls in S.GROUP_SCHEMAS["launcher"].items():

@@ -499,6 +499,17 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     if c.data.placement == "local" and c.data.cache != "none":
         p.bad("data.cache", c.data.cache, "none with data.placement=local (a cache holds samples that travel: "
               "data.placement=end_devices)")
+    for key, value, default, unread, why in (  # data keys another data setting leaves unread: refused, not ignored
+            ("data.end_devices", c.data.end_devices, 1, c.data.placement == "local", "with data.placement=local"),
+            ("data.sample_bytes", c.data.sample_bytes, None, c.data.placement == "local",
+             "with data.placement=local, where no sample travels"),
+            ("data.cache_size", c.data.cache_size, 3000, c.data.cache == "none", "with data.cache=none"),
+            ("data.alpha", c.data.alpha, 0.5, c.data.partition.value != "dirichlet",
+             "unless data.partition=dirichlet, its concentration"),
+            ("data.major", c.data.major, 0.8, c.data.partition.value != "non_iid",
+             "unless data.partition=non_iid, its share of two classes")):
+        if unread and value != default:
+            p.bad(key, value, f"{_show(default)} {why} (it changed nothing)")
     if c.stop.updates is None and c.stop.virtual_time is None:
         p.add("stop.updates and stop.virtual_time are both null; set at least one "
               "(e.g. stop.updates=1000 or stop.virtual_time=60s).")
@@ -1344,7 +1355,10 @@ def _check_model(p: _Problems, model: dict[str, Any], seed: int, root: str | Non
 
         try:
             data = _dataset(root)
-            image, classes = tuple(data.train_x.shape[1:]), int(data.train_y.max()) + 1
+            if len(data.train_y):  # (none: said by _check_data) the classes the test set has too: a model with
+                # fewer outputs failed at the first evaluation (IndexError: target out of bounds)
+                top = max(int(data.train_y.max()), int(data.test_y.max()) if len(data.test_y) else 0)
+                image, classes = tuple(data.train_x.shape[1:]), top + 1
         except (DataNotFoundError, ValueError):
             pass  # said by _check_data
     return _check_module(p, built, model.get("_target_"), image, classes)
@@ -1431,6 +1445,10 @@ def _check_data(p: _Problems, root: str | None, partition: str, kw: dict[str, An
     except (DataNotFoundError, ValueError) as e:
         p.add(f"data.root={root!r}: {e}")
         return
+    if not len(data.train_y) or not len(data.test_y):  # a traceback from the model's check
+        p.add(f"data.root={root!r} holds {len(data.train_y)} training and {len(data.test_y)} test samples; accepted: "
+              "a data set with at least one of each.")
+        return
     if isinstance(eval_samples, int) and eval_samples > len(data.test_y):  # it quietly evaluated on all of them
         p.bad("eval.samples", eval_samples, f"at most the {len(data.test_y)} test samples")
     if kw.get("per_client") is not None:
@@ -1442,7 +1460,13 @@ def _check_data(p: _Problems, root: str | None, partition: str, kw: dict[str, An
               "(samples drawn for each client; shards may overlap)")
         return
     scheme = {"non_iid": "two_class_non_iid"}.get(partition, partition)
-    shards = make_partition(scheme, data.train_y.numpy(), len(holders), seed, **kw)
+    try:
+        shards = make_partition(scheme, data.train_y.numpy(), len(holders), seed, **kw)
+    except ValueError as e:  # e.g. non_iid over more parts than two classes per part can give (a traceback)
+        p.add(f"data.partition={partition} cannot split the {len(data.train_y)} training samples of "
+              f"{'data.root=' + repr(root) if root else 'the data set'} over {len(holders)} workers "
+              f"({str(e).rstrip('.')}); accepted: fewer workers, or another data.partition.")
+        return
     shard_sizes = getattr(shards, "sizes", None) or [len(s) for s in shards]  # sampled shards know theirs
     sizes = batch_size if len(batch_size) == len(holders) else (batch_size[0],) * len(holders)
     for name, size, b in zip(holders, shard_sizes, sizes):

@@ -164,6 +164,15 @@ ROOT = Path(__file__).resolve().parents[2]
      r"^strategy.a=1 is not valid; accepted: 0.5 with strategy.staleness=constant"),
     ("strategy=fedasync strategy.b=2", r"^strategy.b=2 is not valid; accepted: 4 unless strategy.staleness=hinge"),
     ("strategy=fedasync strategy.staleness=hinge strategy.b=2", None),
+    ("data.end_devices=5", r"^data.end_devices=5 is not valid; accepted: 1 with data.placement=local \(it changed "
+                           r"nothing\)\.$"),
+    ("data.sample_bytes=10", r"^data.sample_bytes=10 is not valid; accepted: null with data.placement=local"),
+    ("data.placement=end_devices data.cache_size=10", r"^data.cache_size=10 is not valid; accepted: 3000 with "
+                                                      r"data.cache=none"),
+    ("data.alpha=0.1", r"^data.alpha=0.1 is not valid; accepted: 0.5 unless data.partition=dirichlet"),
+    ("data.partition=dirichlet data.major=0.5", r"^data.major=0.5 is not valid; accepted: 0.8 unless "
+                                                r"data.partition=non_iid"),
+    ("data.partition=dirichlet data.alpha=0.1", None),
     ("model.bytes=100", r"^model.bytes is not a key of model \(accepted: no key besides _target_; a class of your "
                         r"own \(model._target_=my.Module\) takes its constructor's arguments\)\.$"),  # was "()"
     ("model=resnet +model.foo=1", r"^model.foo is not a key of model \(accepted: no key besides _target_; "),

@@ -263,3 +263,41 @@ def test_no_home_directory_means_no_cache(tmp_path, monkeypatch):
     arrays = write_dataset(tmp_path / "d", gz=False, n_train=30)
     monkeypatch.setattr(data, "CACHE_FROM_BYTES", 0)
     _assert_pixels(_fresh_load(tmp_path / "d").train_x, arrays[NAMES[0]])
+
+
+# ---------------------------------------------------------------- data sets the config check refuses
+def _labelled(directory: Path, train: list[int], test: list[int]) -> Path:
+    """IDX files with these labels (blank 28x28 images)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, labels in ((NAMES[0], train), (NAMES[2], test)):
+        (directory / name).write_bytes(idx_bytes(np.zeros((len(labels), 28, 28), dtype=np.uint8)))
+    for name, labels in ((NAMES[1], train), (NAMES[3], test)):
+        (directory / name).write_bytes(idx_bytes(np.array(labels, dtype=np.uint8)))
+    return directory
+
+
+@pytest.mark.parametrize("train, test, extra, sentence", [
+    # each was a traceback: from the partition, from the model check's max() of nothing, at the first evaluation
+    ([0, 1] * 20, [0, 1] * 5, ["data.partition=non_iid"],
+     "data.partition=non_iid cannot split the 40 training samples of data.root='{root}' over 4 workers "
+     "(two_class_non_iid partition: needs at least 3 classes, labels have 2); accepted: fewer workers, or another "
+     "data.partition."),
+    ([], [0, 1, 2], [], "data.root='{root}' holds 0 training and 3 test samples; accepted: a data set with at least "
+                        "one of each."),
+    ([0, 1] * 20, [0, 1, 4], ["model=custom", "model._target_=torch.nn.Sequential"], None),
+])
+def test_a_data_set_the_run_cannot_use_is_one_sentence(tmp_path, train, test, extra, sentence):
+    from controller.config import ConfigError, load
+
+    root = _labelled(tmp_path / "d", train, test)
+    if sentence is None:  # test labels up to 4: a model of two outputs (the training labels') is refused
+        over = [f"data.root={root}", "workers=4", "batch_size=2", "model=custom",
+                "model._target_=torch.nn.Sequential", "+model._args_=[{_target_:torch.nn.Flatten},"
+                "{_target_:torch.nn.Linear,in_features:784,out_features:2}]"]
+        with pytest.raises(ConfigError) as e:
+            load(over)
+        assert "for the 5 classes (C >= 5)" in e.value.problems[0], e.value.problems
+        return
+    with pytest.raises(ConfigError) as e:
+        load([f"data.root={root}", "workers=4", "batch_size=2", f"eval.samples={max(1, len(test))}", *extra])
+    assert e.value.problems == [sentence.format(root=root)]
