@@ -187,9 +187,9 @@ class DataConfig:
     end_devices: int = doc(1, "end_devices: end devices (data vworkers d0, d1, ...) per training worker", lo=1)
     cache: str = doc("none", "end_devices: none | lru (a cache of samples on each training worker's node)",
                      choices=("none", "lru"))
-    cache_size: int = doc(3000, "lru: samples each node's cache holds (sim4DistrDL: 3000)", lo=0)
-    sample_bytes: Optional[int] = doc(None, "bytes of one sample on the wire; null = the data set's own (785 for "
-                                            "Fashion-MNIST: 28x28 pixels and a label byte)", lo=1)
+    cache_size: int = doc(3000, "lru: samples each training worker's cache holds (sim4DistrDL: 3000)", lo=0)
+    sample_bytes: Optional[int] = doc(None, "bytes of one sample on the wire; null = 785 (Fashion-MNIST's 28x28 "
+                                            "pixels and a label byte, whatever the images' size)", lo=1)
     per_client: Optional[int] = doc(None, "iid: draw this many samples for each data holder (shards may overlap: "
                                           "any number of clients); null = a disjoint split", lo=1)
 
