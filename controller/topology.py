@@ -1,7 +1,8 @@
 """``network.topology`` from the config to a :class:`~agents.sim.topology.TopologySpec` for the plan.
 
 Validation calls :func:`topology_spec` with the run's vworkers so that a bad topology (a
-route through a missing link, a routing loop, a node no link reaches, an unknown vworker)
+route through a missing link, a routing loop, a node no link reaches, an unknown vworker, two
+links between one pair of nodes)
 stops the run before anything starts, in one sentence; the plan calls it again to build it.
 """
 from __future__ import annotations
@@ -85,10 +86,17 @@ def topology_spec(topology: Any, links_cfg: Any, vworkers: list[Any], data_vwork
         raise TopologyError("network.topology.links is not valid; accepted: a non-empty list of [a, b, bandwidth, "
                             "latency] (latency optional).")
     links = []
+    first: dict[frozenset[str], int] = {}  # each pair of nodes linked -> the entry that links it
     for i, l in enumerate(raw_links):
         if not (isinstance(l, list) and 3 <= len(l) <= 4 and all(isinstance(x, str) for x in l[:2]) and l[0] != l[1]):
             raise TopologyError(f"network.topology.links[{i}]={l!r} is not valid; accepted: [a, b, bandwidth, "
                                 "latency] with two different node names.")
+        j = first.setdefault(frozenset(l[:2]), i)
+        if j != i:  # the engine has one link per pair: a second one silently replaced the first
+            raise TopologyError(f"network.topology.links[{i}]={l!r} links {l[0]} and {l[1]} again, as "
+                                f"network.topology.links[{j}]={raw_links[j]!r} does; accepted: one entry per pair of "
+                                "nodes (a link is full-duplex: one entry gives both directions its bandwidth and "
+                                "latency).")
         links.append(Link(l[0], l[1], _rate(f"network.topology.links[{i}]", l[2]),
                           _lat(f"network.topology.links[{i}]", l[3] if len(l) > 3 else 0)))
     nodes = {n for l in links for n in (l.a, l.b)}

@@ -163,7 +163,10 @@ def tree_preset(n_vworkers: int, holders: list[int], data: list[int], edges: int
 
     Training vworkers go to the edge nodes (worker i on edge i mod edges), vworkers that hold
     data for others (``data``, the end devices of ``data.placement=end_devices``) to the end
-    devices of their worker's edge, everything else (a PS, a server) to the cloud.
+    devices of their worker's edge, everything else (a PS, a server) to the cloud. Data vworker i
+    serves worker ``holders[i mod len(holders)]`` (:func:`controller.plan.with_data_servers`), so it
+    sits on that worker's edge ``e``, on end device ``end{e}.{k mod ends_per_edge}``, ``k`` the
+    number of data vworkers placed on edge ``e`` before it.
     """
     links = []
     for e in range(edges):
@@ -173,9 +176,11 @@ def tree_preset(n_vworkers: int, holders: list[int], data: list[int], edges: int
     node = ["cloud"] * n_vworkers
     for i, vid in enumerate(holders):
         node[vid] = f"edge{i % edges}"
+    placed = [0] * edges  # data vworkers placed on each edge so far
     for i, vid in enumerate(data):
-        e = i % edges if len(data) <= edges * ends_per_edge else (i % len(holders)) % edges
-        node[vid] = f"end{e}.{(i // edges) % ends_per_edge}"
+        e = (i % max(1, len(holders))) % edges  # the edge of the worker it serves
+        node[vid] = f"end{e}.{placed[e] % ends_per_edge}"
+        placed[e] += 1
     return tuple(links), tuple(node)
 
 

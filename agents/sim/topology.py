@@ -27,7 +27,7 @@ import numpy as np
 
 from agents.sim.kernel import PRIO_NET, Kernel, Timer
 from agents.sim.network import NetworkSpec, SharedFlows, Transfer, payload_nbytes, transfer_ns
-from agents.sim.routes import TopologySpec
+from agents.sim.routes import TopologyError, TopologySpec
 from agents.sim.types import NS_PER_S, VirtualTime
 from agents.sim.worker import Message, SendHandle
 
@@ -162,6 +162,9 @@ class TopologyNetwork(SharedFlows):
         index: dict[tuple[str, str], int] = {}
         self.link_latency: dict[int, int] = {}
         for l in topo.links:
+            if (l.a, l.b) in index:  # refused by validation (controller.topology): one full-duplex link per pair
+                raise TopologyError(f"network.topology: a second link between {l.a} and {l.b}; accepted: one "
+                                    "full-duplex link per pair of nodes.")
             for u, v in ((l.a, l.b), (l.b, l.a)):
                 index[(u, v)] = len(self.capacity)
                 self.link_latency[len(self.capacity)] = l.latency_ns
