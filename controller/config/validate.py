@@ -1025,6 +1025,15 @@ def _bandwidth(p: _Problems, key: str, v: Any, workers: int | None) -> Bandwidth
 def _latency(p: _Problems, lat: Any) -> LatencySetting:
     none = LatencySetting("constant")
     if isinstance(lat, dict):
+        kind = lat.get("distribution")
+        allowed = ({"matrix", "groups"} if "matrix" in lat else
+                   {"distribution", "min", *LATENCY_DISTRIBUTIONS.get(kind, ())} if kind in LATENCY_DISTRIBUTIONS
+                   else None)
+        extra = sorted(str(k) for k in set(lat) - allowed) if allowed is not None else []
+        if extra:  # (network.latency.group=[...], a typo, changed nothing)
+            p.add(f"network.latency.{extra[0]} is not a key of network.latency{did_you_mean(extra[0], sorted(allowed))}"
+                  f" (accepted: {', '.join(sorted(allowed))}).")
+            return none
         if "matrix" in lat:
             m = lat["matrix"]
             if not (isinstance(m, list) and m and all(isinstance(r, list) and len(r) == len(m) for r in m)):

@@ -164,6 +164,12 @@ ROOT = Path(__file__).resolve().parents[2]
      r"^strategy.a=1 is not valid; accepted: 0.5 with strategy.staleness=constant"),
     ("strategy=fedasync strategy.b=2", r"^strategy.b=2 is not valid; accepted: 4 unless strategy.staleness=hinge"),
     ("strategy=fedasync strategy.staleness=hinge strategy.b=2", None),
+    ("network=regions +network.latency.group=[0,0,0,0,0]", r"^network.latency.group is not a key of network.latency; "
+                                                           r"did you mean groups\? \(accepted: groups, matrix\)\.$"),
+    ("network.latency={distribution:normal,mean:0.001,std:0.0001,foo:3}",  # both ignored
+     r"^network.latency.foo is not a key of network.latency \(accepted: distribution, mean, min, std\)\.$"),
+    ("network.latency={distribution:lognormal,params:[-9,0.5]}",  # was "network.latency.mu=null is not valid"
+     r"^network.latency.params is not a key of network.latency \(accepted: distribution, min, mu, sigma\)\.$"),
     ("data.end_devices=5", r"^data.end_devices=5 is not valid; accepted: 1 with data.placement=local \(it changed "
                            r"nothing\)\.$"),
     ("data.sample_bytes=10", r"^data.sample_bytes=10 is not valid; accepted: null with data.placement=local"),
