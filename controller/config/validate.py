@@ -39,6 +39,8 @@ DRAW_PARAMS = {"lognormal": ("mu", "sigma"), "normal": ("mean", "std"), "weibull
                "exponential": ("scale",)}
 LATENCY_DISTRIBUTIONS = {k: DRAW_PARAMS[k] for k in ("normal", "lognormal", "weibull")}
 BANDWIDTH_DISTRIBUTIONS = {k: DRAW_PARAMS[k] for k in ("weibull", "normal", "lognormal")}
+MAX_DURATION_S = (1 << 63) / 1e9  # virtual time is int64 nanoseconds: about 292 years
+TOO_LONG = f"a duration below {MAX_DURATION_S:.3g} s (virtual time is int64 nanoseconds: about 292 years)"
 MAX_WORKERS = 1 << 20  # far beyond any data set's samples, which bound it again below
 SPEED_DISTRIBUTIONS = {"lognormal": ("mu", "sigma"), "normal": ("mean", "std"), "uniform": ("low", "high")}
 
@@ -365,6 +367,8 @@ def _check_fields(obj: Any, prefix: str, p: _Problems) -> None:
                 continue
             if not math.isfinite(s) or not _within(s, meta):
                 p.bad(key, v, accepted_text(cls, f.name))
+            elif s >= MAX_DURATION_S:
+                p.bad(key, v, TOO_LONG)
         elif meta.get("choices") and v not in meta["choices"]:
             p.bad(key, v, accepted_text(cls, f.name))
         elif _is_num(v) and not _within(v, meta):
@@ -1078,6 +1082,9 @@ def _duration(p: _Problems, key: str, v: Any, positive: bool = False) -> float |
         return None
     if s < 0 or (positive and s == 0) or not math.isfinite(s):
         p.bad(key, v, "a duration " + ("> 0" if positive else ">= 0"))
+        return None
+    if s >= MAX_DURATION_S:  # (network.tcp.host_latency=1.8e299 was an OverflowError, found by the fuzzer)
+        p.bad(key, v, TOO_LONG)
         return None
     return s
 

@@ -170,6 +170,10 @@ ROOT = Path(__file__).resolve().parents[2]
      r"^network.latency.foo is not a key of network.latency \(accepted: distribution, mean, min, std\)\.$"),
     ("network.latency={distribution:lognormal,params:[-9,0.5]}",  # was "network.latency.mu=null is not valid"
      r"^network.latency.params is not a key of network.latency \(accepted: distribution, min, mu, sigma\)\.$"),
+    ("network.tcp.host_latency=1.797693134862316e+299",  # an OverflowError (found by the fuzzer in CI)
+     r"^network.tcp.host_latency=1.797693134862316e\+299 is not valid; accepted: a duration below 9.22e\+09 s "
+     r"\(virtual time is int64 nanoseconds: about 292 years\)\.$"),
+    ("stop.virtual_time=1e300", r"^stop.virtual_time=1e300 is not valid; accepted: a duration below 9.22e\+09 s"),
     ("data.end_devices=5", r"^data.end_devices=5 is not valid; accepted: 1 with data.placement=local \(it changed "
                            r"nothing\)\.$"),
     ("data.sample_bytes=10", r"^data.sample_bytes=10 is not valid; accepted: null with data.placement=local"),
