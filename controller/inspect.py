@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         view = RunView(args.run, trust=args.trust)
-        names = [args.worker] if args.worker else view.names
+        names = [args.worker] if args.worker is not None else view.names  # ("": no vworker, not all)
         states = [view.state(n, t) for n in names]
         model = view.write_model(t, Path(args.write_model)) if args.write_model else None
     except (FileNotFoundError, KeyError, PermissionError, ValueError) as e:

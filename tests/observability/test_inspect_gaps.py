@@ -257,3 +257,11 @@ def test_a_metrics_csv_without_its_columns_is_named_in_one_sentence(tmp_path, ca
     assert main([str(d), "--at", "1s"]) == 2
     assert capsys.readouterr().err == (f"lockstep inspect: {d / 'metrics.csv'} is not a metrics.csv lockstep "
                                        "wrote (a row has no 'iteration')\n")
+
+
+def test_an_empty_worker_is_named_as_no_vworker_of_the_run(tmp_path, capsys):
+    # --worker "" showed every vworker, as if --worker were not given
+    d = _fake_run(tmp_path / "run", PLAN)
+    assert main([str(d), "--at=0", "--worker", ""]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == "lockstep inspect: no vworker '' in this run; vworkers: w0, ps0\n"
