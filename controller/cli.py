@@ -94,6 +94,13 @@ _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--con
                 "--experimental-rerun"}  # Hydra's flags that take the next argument as their value
 _INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}  # --info's optional value
 _COMPOSING = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+_SHOWS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")  # Hydra prints something and runs nothing
+
+
+def _last_value(overrides: list[str], key: str) -> str | None:
+    """The value the last ``key=value`` of ``overrides`` gives ``key`` (None: none does)."""
+    values = [o.split("=", 1)[1] for o in overrides if o.startswith(key + "=")]
+    return values[-1] if values else None
 
 
 def _overrides_of(args: list[str]) -> list[str] | None:
@@ -133,22 +140,21 @@ def _preflight(args: list[str]) -> None:
         if "--multirun" in args or "-m" in args:
             jobs = sweep_jobs(overrides)
             check_sweep(jobs)
-            sweep_dir = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.sweep.dir=")][-1:]
-            if sweep_dir and not any(a in args for a in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info",
-                                                         "-i")):
-                _sweep_dir_ready(Path(sweep_dir[0]), len(jobs))
-        elif not any(a in args for a in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")):
+            sweep_dir = _last_value(overrides, "hydra.sweep.dir")
+            if sweep_dir is not None and not any(a in args for a in _SHOWS):
+                _sweep_dir_ready(Path(sweep_dir), len(jobs))
+        elif not any(a in args for a in _SHOWS):
             rc = load(overrides)
             _warm(rc)
-            run_dir = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")][-1:]
-            if run_dir:  # (a file there was Hydra's FileExistsError traceback)
+            run_dir = _last_value(overrides, "hydra.run.dir")
+            if run_dir is not None:  # (a file there was Hydra's FileExistsError traceback)
                 from controller.outputs import unwritable
 
-                why = unwritable(run_dir[0], directory=True)
+                why = unwritable(run_dir, directory=True)
                 if why:
-                    _invalid([f"hydra.run.dir={run_dir[0]}: {why}; accepted: a directory for the run's outputs."])
+                    _invalid([f"hydra.run.dir={run_dir}: {why}; accepted: a directory for the run's outputs."])
                 if rc.recovery.resume.value == "auto":
-                    _same_config_to_resume(rc, Path(run_dir[0]))
+                    _same_config_to_resume(rc, Path(run_dir))
             if any(o.lstrip("+~").startswith("experiment=") for o in overrides):
                 grid = sweeper_params(overrides)
                 if grid:  # a preset's sweep: one run of the config's own values would go unnoticed

@@ -58,7 +58,7 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
         rows = read_csv(run / "metrics.csv")
         if not rows:
             empty.append(str(run))
-        if rows:
+        else:
             t = [float(r["virtual_time_s"]) for r in rows]
             it = [int(r["iteration"]) for r in rows]
             loss = [float(r["loss"]) for r in rows]
@@ -162,20 +162,22 @@ def closed_form_step(info: dict[str, Any], form: str) -> float | None:
     return fn(k, m, bw, t_c, t_s, lat)
 
 
-FORMS = {"ps_sync": {"fair": ["eq7_ps", "eq9_hybrid"], "fifo": ["eq8_fcfs", "eq9_hybrid"],
-                     "unlimited": ["eq8_fcfs"]},
-         "ring_allreduce": {"fair": ["eq11_ring"], "fifo": ["eq11_ring"], "unlimited": ["eq11_ring"]}}
-"""The closed forms drawn beside a group, by strategy and the PS's egress discipline (see :func:`forms_of`)."""
+FORMS = {"ring_allreduce": {"fair": ["eq11_ring"], "fifo": ["eq11_ring"], "unlimited": ["eq11_ring"]}}
+"""The closed forms drawn beside a ring group, by discipline (a synchronous PS's: :func:`forms_of`)."""
 FORM_LABEL = {"eq7_ps": "Eq. 7 (PS sharing)", "eq8_fcfs": "Eq. 8 (FCFS)", "eq9_hybrid": "Eq. 9 (hybrid)",
               "eq11_ring": "Eq. 11 (ring)", "uncontended": "no contention (unlimited NICs)"}
 
 
 def forms_of(strategy: str, egress: str, info: dict[str, Any]) -> list[str]:
-    """The closed forms of a group. A synchronous PS behind an unlimited egress sends every model at once: the
-    gradients then come back together, through a fifo or fair ingress in Eq. 8's time, through an unlimited one
-    without contention (controller.predict's ``_sync_match``)."""
-    if strategy == "ps_sync" and egress == "unlimited" and info["plan"].get("network", {}).get("ingress") == "unlimited":
-        return ["uncontended"]
+    """The closed forms of a group: for a synchronous PS the form ``lockstep predict`` selects for the PS's two
+    NICs (:func:`controller.predict.sync_match`), with Eq. 9, their mean, beside Eq. 7 or 8 where the egress
+    shares its rate."""
+    if strategy == "ps_sync" and egress in ("fair", "fifo", "unlimited"):
+        from controller.predict import sync_match
+
+        ingress = info["plan"].get("network", {}).get("ingress", egress)
+        form = sync_match(egress, ingress).removeprefix("sync_ps_")
+        return [form, "eq9_hybrid"] if egress in ("fair", "fifo") else [form]
     return FORMS.get(strategy, {}).get(egress, [])
 
 

@@ -129,14 +129,13 @@ class FedServer(TrainingWorker):
     async def _average(self, msgs: list) -> bool:
         self.rnd += 1
         if not msgs:  # every chosen client missed the round (faults): the model, and its version, stay as they were
-            if self.rnd >= EMPTY_ROUNDS and not getattr(self, "averaged", False):
+            if self.rnd >= EMPTY_ROUNDS and getattr(self, "version", 1) == 0:  # (no version: checkpointed before)
                 raise RuntimeError(
                     f"fedavg: the first {self.rnd} rounds all ended without an update (strategy.round_timeout="
                     f"{self.setting('round_timeout')} is shorter than any chosen client's round: the model to the "
                     f"client, its local steps and its update back), so the model would never change; accepted: a "
                     f"longer strategy.round_timeout, or null to wait for every chosen client")
             return False
-        self.averaged = True
         weighting = self.setting("weighting", "data")
         msgs.sort(key=lambda m: self._order[m.src])
         weights = [1.0 if weighting == "uniform" else float(m.payload[3] if weighting == "samples" else m.payload[4])

@@ -60,6 +60,15 @@ def help_of(cls: type, name: str) -> str:
     raise KeyError(name)
 
 
+def default_of(cls: type, name: str) -> Any:
+    """The schema's default of ``cls.name`` (an enum's value; a factory's product)."""
+    for f in fields(cls):
+        if f.name == name:
+            v = f.default_factory() if f.default is MISSING else f.default
+            return v.value if isinstance(v, Enum) else v
+    raise KeyError(name)
+
+
 # ---------------------------------------------------------------- closed sets
 class Placement(str, Enum):
     round_robin = "round_robin"

@@ -503,17 +503,15 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     if c.data.placement == "local" and c.data.cache != "none":
         p.bad("data.cache", c.data.cache, "none with data.placement=local (a cache holds samples that travel: "
               "data.placement=end_devices)")
-    for key, value, default, unread, why in (  # data keys another data setting leaves unread: refused, not ignored
-            ("data.end_devices", c.data.end_devices, 1, c.data.placement == "local", "with data.placement=local"),
-            ("data.sample_bytes", c.data.sample_bytes, None, c.data.placement == "local",
-             "with data.placement=local, where no sample travels"),
-            ("data.cache_size", c.data.cache_size, 3000, c.data.cache == "none", "with data.cache=none"),
-            ("data.alpha", c.data.alpha, 0.5, c.data.partition.value != "dirichlet",
-             "unless data.partition=dirichlet, its concentration"),
-            ("data.major", c.data.major, 0.8, c.data.partition.value != "non_iid",
-             "unless data.partition=non_iid, its share of two classes")):
-        if unread and value != default:
-            p.bad(key, value, f"{_show(default)} {why} (it changed nothing)")
+    for name, unread, why in (  # data keys another data setting leaves unread: refused, not ignored
+            ("end_devices", c.data.placement == "local", "with data.placement=local"),
+            ("sample_bytes", c.data.placement == "local", "with data.placement=local, where no sample travels"),
+            ("cache_size", c.data.cache == "none", "with data.cache=none"),
+            ("alpha", c.data.partition.value != "dirichlet", "unless data.partition=dirichlet, its concentration"),
+            ("major", c.data.partition.value != "non_iid", "unless data.partition=non_iid, its share of two classes")):
+        default = S.default_of(S.DataConfig, name)
+        if unread and getattr(c.data, name) != default:
+            p.bad(f"data.{name}", getattr(c.data, name), f"{_show(default)} {why} (it changed nothing)")
     if c.stop.updates is None and c.stop.virtual_time is None:
         p.add("stop.updates and stop.virtual_time are both null; set at least one "
               "(e.g. stop.updates=1000 or stop.virtual_time=60s).")
@@ -570,7 +568,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
     if "segment" in settings:
         _check_segment(p, settings)
     if strategy_cls is not None and strategy_path in STRATEGIES.values():
-        _unread_settings(p, strategy_name, settings, workers)
+        _unread_settings(p, strategy_name, settings)
     if c.optimizer == S.Optimizer.adam and getattr(strategy_cls, "server_cls", None) in ("FedServer",
                                                                                           "FedAsyncServer"):
         p.bad("optimizer", "adam", f"sgd with strategy {strategy_name}: each client trains its round with a fresh SGD "
@@ -707,42 +705,41 @@ def _plain(node: Any) -> dict[str, Any]:
     return dict(node or {})
 
 
-# a built-in strategy's key that another of its settings leaves unread, set to anything but its default: refused
-# rather than ignored (strategy, key, default, when it is unread, why)
-_UNREAD_SETTINGS: tuple[tuple[str, str, Any, Callable[[dict[str, Any], Any], bool], str], ...] = (
-    ("gossip", "degree", 2, lambda s, k: s.get("topology") == "ring", "with strategy.topology=ring, whose graph is "
-                                                                          "the ring (degree is strategy.topology=random's)"),
-    ("gossip", "graph_seed", 0, lambda s, k: s.get("topology") == "ring", "with strategy.topology=ring (graph_seed "
-                                                                              "keys strategy.topology=random's graph)"),
-    ("fedavg", "local_epochs", 1, lambda s, k: s.get("local_steps") is not None,
+# a built-in strategy's key that another of its settings leaves unread, set to anything but its schema's default:
+# refused rather than ignored (strategy, its schema, key, when it is unread, why)
+_UNREAD_SETTINGS: tuple[tuple[str, type, str, Callable[[dict[str, Any]], bool], str], ...] = (
+    ("gossip", S.GossipConfig, "degree", lambda s: s.get("topology") == "ring",
+     "with strategy.topology=ring, whose graph is the ring (degree is strategy.topology=random's)"),
+    ("gossip", S.GossipConfig, "graph_seed", lambda s: s.get("topology") == "ring",
+     "with strategy.topology=ring (graph_seed keys strategy.topology=random's graph)"),
+    ("fedavg", S.FedAvgConfig, "local_epochs", lambda s: s.get("local_steps") is not None,
      "with strategy.local_steps set, which counts the round's steps instead"),
-    ("fedasync", "local_epochs", 1, lambda s, k: s.get("local_steps") is not None,
+    ("fedasync", S.FedAsyncConfig, "local_epochs", lambda s: s.get("local_steps") is not None,
      "with strategy.local_steps set, which counts the round's steps instead"),
-    ("fedasync", "a", 0.5, lambda s, k: s.get("staleness") == "constant", "with strategy.staleness=constant, whose "
-                                                                           "weight is alpha alone"),
-    ("fedasync", "b", 4, lambda s, k: s.get("staleness") != "hinge", "unless strategy.staleness=hinge, the only "
-                                                                     "staleness function with a b"),
+    ("fedasync", S.FedAsyncConfig, "a", lambda s: s.get("staleness") == "constant",
+     "with strategy.staleness=constant, whose weight is alpha alone"),
+    ("fedasync", S.FedAsyncConfig, "b", lambda s: s.get("staleness") != "hinge",
+     "unless strategy.staleness=hinge, the only staleness function with a b"),
 )
 
 
-def _unread_settings(p: _Problems, strategy: str, settings: dict[str, Any], workers: Any) -> None:  # noqa: ARG001
+def _unread_settings(p: _Problems, strategy: str, settings: dict[str, Any]) -> None:
     """Settings of a built-in strategy that others leave unread (``_UNREAD_SETTINGS``)."""
-    for name, key, default, unread, why in _UNREAD_SETTINGS:
-        if name == strategy and key in settings and settings[key] != default and unread(settings, workers):
+    for name, schema, key, unread, why in _UNREAD_SETTINGS:
+        default = S.default_of(schema, key)
+        if name == strategy and key in settings and settings[key] != default and unread(settings):
             p.bad(f"strategy.{key}", settings[key], f"{_show(default)} {why} (it changed nothing)")
 
 
 def _has_parameter_server(layout: list[Any]) -> bool:
     """Whether a vworker of ``layout`` runs a parameter server, the only vworker that logs versions (and so
     writes statelog.snapshot_every's snapshots)."""
-    import importlib
-
+    from agents.strategies import import_path
     from agents.strategies.ps import ParameterServer
 
     for v in layout:
-        module, _, name = v.cls.rpartition(".")
         try:
-            cls = getattr(importlib.import_module(module), name)
+            cls = import_path(v.cls)
         except (ImportError, AttributeError):
             continue
         if isinstance(cls, type) and issubclass(cls, ParameterServer):
@@ -1220,29 +1217,27 @@ def _start_offsets(p: _Problems, so: Any) -> dict[str, float]:
 # ------------------------------------------------------------------ faults
 _NEEDS_WORKERS = ("crash", "slow_link", "straggler", "byzantine")
 # what each kind of fault reads besides at/until (agents/sim/faults.py); a key it does not read, set to
-# anything but its default, is refused rather than ignored (a crash with probability 0 crashed anyway)
-_FAULT_READS: dict[str, Callable[[Any], tuple[str, ...]]] = {
-    "crash": lambda f: ("workers", "fraction"),
-    "partition": lambda f: ("groups",),
-    "loss": lambda f: ("workers", "fraction", "probability"),
-    "duplicate": lambda f: ("workers", "fraction", "probability"),
-    "slow_link": lambda f: ("workers", "fraction", "factor"),
-    "straggler": lambda f: ("workers", "fraction", "factor", "probability"),
-    "byzantine": lambda f: ("workers", "fraction", "mode") + {"noise": ("std",), "scale": ("factor",)}.get(
-        _enum_value(f.mode), ()),
-}
-_FAULT_DEFAULTS = (("workers", None), ("fraction", None), ("groups", None), ("probability", 1.0), ("factor", 1.0),
-                   ("mode", "sign_flip"), ("std", 0.0))
+# anything but its schema's default, is refused rather than ignored (a crash with probability 0 crashed anyway)
+_FAULT_READS = {"crash": ("workers", "fraction"), "partition": ("groups",),
+                "loss": ("workers", "fraction", "probability"), "duplicate": ("workers", "fraction", "probability"),
+                "slow_link": ("workers", "fraction", "factor"),
+                "straggler": ("workers", "fraction", "factor", "probability"),
+                "byzantine": ("workers", "fraction", "mode")}
+_BYZANTINE_MODE_READS = {"noise": ("std",), "scale": ("factor",)}
 
 
-def _unread_fault_keys(f: Any, kind: str) -> tuple[str, Any, str] | None:
+def _fault_reads(f: Any, kind: str) -> tuple[str, ...]:
+    return _FAULT_READS[kind] + (_BYZANTINE_MODE_READS.get(_enum_value(f.mode), ()) if kind == "byzantine" else ())
+
+
+def _unread_fault_key(f: Any, kind: str) -> tuple[str, Any, Any] | None:
     """The first key of a ``faults:`` entry that its kind does not read and that is not at its default:
-    (name, value, the default as accepted text); None if there is none."""
-    reads = _FAULT_READS[kind](f)
-    for name, default in _FAULT_DEFAULTS:
-        value = _enum_value(getattr(f, name))
+    (name, value, default); None if there is none."""
+    reads = _fault_reads(f, kind)
+    for name in ("workers", "fraction", "groups", "probability", "factor", "mode", "std"):
+        value, default = _enum_value(getattr(f, name)), S.default_of(S.FaultConfig, name)
         if name not in reads and value != default:
-            return name, list(value) if isinstance(value, (list, tuple)) else value, _show(default)
+            return name, list(value) if isinstance(value, (list, tuple)) else value, default
     return None
 
 
@@ -1261,11 +1256,11 @@ def _faults(p: _Problems, c: S.LockstepConfig, layout: list[Any], result: str, s
         if len(p.items) > before:
             continue
         kind = f.kind.value
-        unread = _unread_fault_keys(f, kind)
+        unread = _unread_fault_key(f, kind)
         if unread:
             name, value, default = unread
-            p.bad(f"{key}.{name}", value, f"{default} for kind {kind}, which reads "
-                  f"{', '.join(('at', 'until', *_FAULT_READS[kind](f)))} (docs/faults.md)")
+            p.bad(f"{key}.{name}", value, f"{_show(default)} for kind {kind}, which reads "
+                  f"{', '.join(('at', 'until', *_fault_reads(f, kind)))} (docs/faults.md)")
             continue
         start = seconds_to_ns(parse_duration(f.at))
         end = None if f.until is None else seconds_to_ns(parse_duration(f.until))

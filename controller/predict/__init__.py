@@ -23,7 +23,8 @@ from controller import closed_forms as cf
 from controller.predict import finegrained as fg
 from controller.predict.mva import WorkerClass, solve
 
-__all__ = ["Inputs", "LayerCost", "inputs_of", "predict", "predict_main", "summary_entry", "render", "SUPPORTED"]
+__all__ = ["Inputs", "LayerCost", "inputs_of", "predict", "predict_main", "summary_entry", "render", "SUPPORTED",
+           "sync_match"]
 
 SUPPORTED = {"PSAsync": "ps_async", "PSSync": "ps_sync", "RingAllReduce": "ring_allreduce"}
 """Strategy classes the paper models (one PS shard; SSP, gossip, federated ones are not modelled)."""
@@ -85,7 +86,8 @@ def _link(disc: str) -> str:
 
 def _mva_link(disc: str) -> str:
     """A station's discipline in :func:`mva.solve`: an unlimited NIC is a delay (no contention)."""
-    return {"fifo": "fcfs", "fair": "ps"}.get(disc, "delay")
+    link = _link(disc)
+    return "delay" if link == "unlimited" else link
 
 
 def _classes(inp: Inputs, compute: list[float]) -> list[WorkerClass]:
@@ -118,30 +120,33 @@ def _entry(name: str, equation: str, updates_per_s: float, samples_per_s: float,
             "samples_per_s": samples_per_s, "step_s": step_s, **extra}
 
 
+def _mva(inp: Inputs, compute: list[float], name: str, equation: str, up: str, down: str | None = None,
+         **extra: Any) -> tuple[dict[str, Any], Any, list[WorkerClass]]:
+    """The MVA network of ``compute`` solved with ``up`` (and ``down``, default ``up``) links: (its entry, the
+    solution, its classes)."""
+    classes = _classes(inp, compute)
+    r = solve(classes, up, downlink=down)
+    batch = _batch_of_classes(inp, classes, compute)
+    x = r.job_throughput
+    return (_entry(name, equation, x, sum(xc * b for xc, b in zip(r.throughput, batch)),
+                   inp.workers / x if x else math.inf, utilisation=r.utilisation, method=r.method, **extra),
+            r, classes)
+
+
 def _async_ps(inp: Inputs) -> list[dict[str, Any]]:
     """Eq. 1–6: MVA with FCFS and with PS links, the hybrid by the utilisation threshold, the overlap correction."""
     compute = list(inp.gradient_s)
     out = []
     results = {}
     for link in ("fcfs", "ps"):
-        classes = _classes(inp, compute)
-        r = solve(classes, link)
-        batch = _batch_of_classes(inp, classes, compute)
-        x = r.job_throughput
+        entry, r, classes = _mva(inp, compute, f"async_ps_mva_{link}", "Eq. 2-3" if link == "fcfs" else "Eq. 1, 4",
+                                 link)
         results[link] = (r, classes)
-        eq = "Eq. 2-3" if link == "fcfs" else "Eq. 1, 4"
-        out.append(_entry(f"async_ps_mva_{link}", eq, x, sum(xc * b for xc, b in zip(r.throughput, batch)),
-                          inp.workers / x if x else math.inf, utilisation=r.utilisation, method=r.method))
+        out.append(entry)
     up, down = _mva_link(inp.ingress), _mva_link(inp.egress)
     if "delay" in (up, down):  # an unlimited NIC at the PS: the model of this network, beside the paper's two
-        classes = _classes(inp, compute)
-        r = solve(classes, up, downlink=down)
-        batch = _batch_of_classes(inp, classes, compute)
-        x = r.job_throughput
-        out.append(_entry(_async_unlimited(inp), "Eq. 2-3, unlimited links as delays", x,
-                          sum(xc * b for xc, b in zip(r.throughput, batch)), inp.workers / x if x else math.inf,
-                          utilisation=r.utilisation, method=r.method,
-                          note=f"uplink {up}, downlink {down} (network.ingress / network.egress of the PS)"))
+        out.append(_mva(inp, compute, _async_unlimited(inp), "Eq. 2-3, unlimited links as delays", up, down,
+                        note=f"uplink {up}, downlink {down} (network.ingress / network.egress of the PS)")[0])
     rho = results["fcfs"][0].utilisation
     pick = out[0] if rho <= inp.rho_threshold else out[1]
     out.append({**pick, "model": "async_ps_hybrid", "equation": "Eq. 5",
@@ -159,12 +164,7 @@ def _async_ps(inp: Inputs) -> list[dict[str, Any]]:
             s_u = M / min(inp.bandwidth_worker_out[k], inp.bandwidth_ps_in)
             s_f, s_b = ff * compute[k], (1 - ff) * compute[k]
             corrected.append(max(0.0, s_f - t_d[s_d]) + max(0.0, s_b - t_u[s_u]))
-        classes2 = _classes(inp, corrected)
-        r2 = solve(classes2, link)
-        batch = _batch_of_classes(inp, classes2, corrected)
-        x = r2.job_throughput
-        out.append(_entry(f"async_ps_overlap_{link}", "Eq. 6", x, sum(xc * b for xc, b in zip(r2.throughput, batch)),
-                          inp.workers / x if x else math.inf, utilisation=r2.utilisation, method=r2.method))
+        out.append(_mva(inp, corrected, f"async_ps_overlap_{link}", "Eq. 6", link)[0])
     return out
 
 
@@ -194,7 +194,7 @@ def _sync_ps(inp: Inputs) -> list[dict[str, Any]]:
     return [_entry(n, eq, 1 / s, samples / s, s) for n, eq, s in forms]
 
 
-def _sync_match(egress: str, ingress: str) -> str:
+def sync_match(egress: str, ingress: str) -> str:
     """The closed form of a synchronous round on the PS's NICs. A fifo egress sends the models one after
     another, so the gradients come back spaced by a model's time and never share the ingress: Eq. 8. Otherwise
     the models leave together (fair: all in K·M/B; unlimited: each in M/B) and the gradients come back together,
@@ -277,7 +277,7 @@ def _trace(inp: Inputs, link: str, mode: str) -> tuple[fg.Trace, list[fg.SimWork
 
 MATCHES = {("ps_async", "fcfs"): "async_ps_mva_fcfs", ("ps_async", "ps"): "async_ps_mva_ps"}
 """The asynchronous PS's prediction for the network the config names at the PS's ingress (fifo = FCFS, fair =
-processor sharing); an unlimited NIC picks the MVA with delay links, a synchronous round :func:`_sync_match`."""
+processor sharing); an unlimited NIC picks the MVA with delay links, a synchronous round :func:`sync_match`."""
 
 
 def predict(inp: Inputs, fine: bool = True) -> dict[str, Any]:
@@ -300,7 +300,7 @@ def predict(inp: Inputs, fine: bool = True) -> dict[str, Any]:
     if inp.strategy == "ring_allreduce":
         selected = "ring_eq11"
     elif inp.strategy == "ps_sync":
-        selected = _sync_match(inp.egress, inp.ingress)
+        selected = sync_match(inp.egress, inp.ingress)
     elif "unlimited" in (inp.egress, inp.ingress):
         selected = _async_unlimited(inp)
     else:
