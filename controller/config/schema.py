@@ -14,6 +14,7 @@ them. ``help`` in each field's metadata is the documentation of the key.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any, List, Optional
@@ -64,7 +65,8 @@ def default_of(cls: type, name: str) -> Any:
     """The schema's default of ``cls.name`` (an enum's value; a factory's product)."""
     for f in fields(cls):
         if f.name == name:
-            v = f.default_factory() if f.default is MISSING else f.default
+            # (dataclasses' MISSING marks a factory's field; omegaconf's MISSING, "???", a required one)
+            v = f.default_factory() if f.default is dataclasses.MISSING else f.default
             return v.value if isinstance(v, Enum) else v
     raise KeyError(name)
 
@@ -766,11 +768,16 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
 }
 """The schema of each group option: ``conf/<group>/<option>.yaml`` names one of these first in its defaults."""
 
+ONE_LEARNER = {"workers": 1}
+"""``strategy=sgd``'s top-level ``workers``: conf/strategy/sgd.yaml lists ``/one_learner`` in its defaults (a key
+of the option itself would be ``strategy.workers``); a ``workers=`` override or an experiment still wins."""
+
 
 def register_configs() -> None:
     """Register the schemas in Hydra's ConfigStore (idempotent; called before Hydra composes)."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=LockstepConfig)
+    cs.store(name="one_learner", node=ONE_LEARNER, package="_global_")
     for group, nodes in GROUP_SCHEMAS.items():
         for name, node in nodes.items():
             cs.store(group=group, name=name, node=node)

@@ -534,6 +534,7 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
 
     network = _network(c.network, good_workers, p)
     compute = _compute(c.compute, good_workers, c.seed, p)
+    _unread_compute(p, c.compute)
     launcher = c.launcher
     if not isinstance(launcher, S.LauncherConfig):
         p.bad("launcher", _plain(launcher).get("name"), "inprocess | local | kubernetes | ray")
@@ -569,6 +570,10 @@ def _resolve(c: S.LockstepConfig, raw: dict[str, Any], p: _Problems, check_data:
         _check_segment(p, settings)
     if strategy_cls is not None and strategy_path in STRATEGIES.values():
         _unread_settings(p, strategy_name, settings)
+    if strategy_path == STRATEGIES["sgd"] and good_workers and good_workers != 1:  # summary.json said 4 workers
+        p.bad("workers", workers, "1 with strategy=sgd, which trains one learner (w0); strategy=ps_sync or another "
+              "strategy trains several workers")
+    _unread_network(p, c.network, _paces_by_egress(strategy_cls, c.compute.layerwise))
     if c.optimizer == S.Optimizer.adam and getattr(strategy_cls, "server_cls", None) in ("FedServer",
                                                                                           "FedAsyncServer"):
         p.bad("optimizer", "adam", f"sgd with strategy {strategy_name}: each client trains its round with a fresh SGD "
@@ -729,6 +734,116 @@ def _unread_settings(p: _Problems, strategy: str, settings: dict[str, Any]) -> N
         default = S.default_of(schema, key)
         if name == strategy and key in settings and settings[key] != default and unread(settings):
             p.bad(f"strategy.{key}", settings[key], f"{_show(default)} {why} (it changed nothing)")
+
+
+# the compute keys that only some compute models read (agents/sim/compute.py; controller/predict/costs.py, whose
+# predictions time what the profile database lacks for compute=measured too): (key, who reads it, whether it is
+# unread); one set to anything but its schema's default where it is unread is refused rather than ignored
+_PROFILED, _MEASURED = S.ComputeModelName.profiled, S.ComputeModelName.measured
+_DISTRIBUTION, _ANALYTIC = S.ComputeModelName.distribution, S.ComputeModelName.analytic
+_UNREAD_COMPUTE: tuple[tuple[str, str, Callable[[S.ComputeConfig], bool]], ...] = (
+    *((kind, "compute=constant, and by compute=distribution for a kind not in compute.kinds",
+       lambda c, kind=kind: c.model in (_PROFILED, _MEASURED, _ANALYTIC) or (
+           c.model == _DISTRIBUTION and kind in c.kinds)) for kind in KINDS),
+    *((key, "compute=distribution", lambda c: c.model != _DISTRIBUTION) for key in ("distribution", "params", "kinds")),
+    ("peak_flops", "compute=analytic", lambda c: c.model != _ANALYTIC),
+    ("runs", "compute=profiled, and by compute=measured's predictions (predict=true, lockstep predict), which time "
+             "the calls the profile database lacks", lambda c: c.model not in (_PROFILED, _MEASURED)),
+    ("db", "compute=profiled, by compute=measured's predictions, and by compute.batch=auto, which keeps its probe's "
+           "timings there",
+     lambda c: c.model not in (_PROFILED, _MEASURED) and c.batch != S.BatchMode.auto),
+)
+
+
+def _unread_compute(p: _Problems, c: S.ComputeConfig) -> None:
+    """Keys of ``compute`` that its model leaves unread (``_UNREAD_COMPUTE``): a compute.gradient with
+    compute=profiled changed nothing, without a word."""
+    preset = _compute_preset(c.model.value)
+    for key, readers, unread in _UNREAD_COMPUTE:
+        value, default = _enum_value(getattr(c, key)), S.default_of(S.ComputeConfig, key)
+        if value == default or value == preset.get(key, default) or not unread(c):
+            continue  # (the preset's own value: compute=distribution's update, unread once kinds draws it)
+        where = f"compute={c.model.value}"
+        if key in KINDS and c.model == _DISTRIBUTION:
+            where += f" and compute.kinds={_show(list(c.kinds))}, which draws {key} from compute.distribution"
+        elif key == "db":
+            where += f" and compute.batch={c.batch.value}"
+        p.bad(f"compute.{key}", value, f"{_show(default)} with {where} (compute.{key} is read by {readers}; it changed "
+              "nothing)")
+
+
+@lru_cache(maxsize=None)
+def _compute_preset(model: str) -> dict[str, Any]:
+    """The values conf/compute/<model>.yaml sets (``{}`` where there is no such preset): a user who did not set
+    them is not told they changed nothing."""
+    from pathlib import Path
+
+    from controller.config.load import CONF_DIR
+
+    path = Path(CONF_DIR) / "compute" / f"{model}.yaml"
+    if not path.is_file():
+        return {}
+    d = OmegaConf.to_container(OmegaConf.load(path))
+    return {k: v for k, v in d.items() if k != "defaults"} if isinstance(d, dict) else {}
+
+
+# the keys of network.links each preset topology reads (controller/topology.py); star (the per-NIC model) and a
+# custom topology, whose links carry their own bandwidth and latency, read none
+_LINKS_READ = {"tree": ("bandwidth", "latency", "edges", "ends_per_edge"),
+               "fat_tree": ("bandwidth", "latency", "hosts_per_leaf", "spines", "oversubscription")}
+
+
+def _paces_by_egress(strategy_cls: Any, layerwise: Any) -> bool:
+    """Whether a run reads its egress discipline whatever the topology: a parameter server's per-layer sends
+    (compute.layerwise) go out one layer at a time under fair, all at once otherwise
+    (agents/strategies/layerwise.py)."""
+    from agents.strategies.ps import _PS
+
+    return layerwise is True and isinstance(strategy_cls, type) and issubclass(strategy_cls, _PS)
+
+
+def _same(value: Any, default: Any, unit: str) -> bool:
+    """Whether a network.links value is its default, however spelt (125e6 is 1Gbit/s, 0.0001 is 100us)."""
+    if value == default:
+        return True
+    try:
+        if unit == "rate":
+            return math.isclose(parse_rate(value), parse_rate(default), rel_tol=1e-12)
+        return seconds_to_ns(parse_duration(value)) == seconds_to_ns(parse_duration(default))
+    except (UnitError, TypeError, ValueError, OverflowError):
+        return False
+
+
+def _unread_network(p: _Problems, n: S.NetworkConfig, egress_read: bool) -> None:
+    """Keys of ``network`` that its topology leaves unread: another topology's ``network.links`` keys, and with
+    links beyond the NICs the star's disciplines (agents/sim/topology.py shares every link, NICs included, max-min);
+    ``egress_read``: a layer-wise parameter server paces its sends by the egress's discipline all the same."""
+    topology = n.topology
+    if isinstance(topology, (DictConfig, dict)):
+        kind, where = "custom", "a custom network.topology"
+    elif topology in (None, "star", *_LINKS_READ):
+        kind = topology or "star"
+        where = f"network.topology={kind}"
+    else:
+        return  # not a topology: said by _check_topology
+    reads = _LINKS_READ.get(kind, ())
+    for f in fields(S.TopologyLinksConfig):
+        value, default = getattr(n.links, f.name), S.default_of(S.TopologyLinksConfig, f.name)
+        unit = {"bandwidth": "rate", "latency": "duration"}.get(f.name)
+        if f.name in reads or (_same(value, default, unit) if unit else value == default):
+            continue
+        said = (f"reads network.links.{', '.join(reads[:-1])} and {reads[-1]} (it changed nothing)" if reads else
+                "reads no network.links key (they are the tree and fat_tree presets' links; it changed nothing)")
+        p.bad(f"network.links.{f.name}", value, f"{_show(default)} with {where}, which {said}")
+    if kind == "star" or n.model != S.NetworkModel.ideal:  # (tcp: its own sentences, on its disciplines and links)
+        return
+    share = (f"with {where}, whose flows share every link of their routes, NICs included, max-min fairly (the "
+             "disciplines are read with network.topology=star, and the egress by a parameter server with "
+             "compute.layerwise=true; it changed nothing)")
+    for key, unread in (("discipline", n.discipline != S.Discipline.fair and not (egress_read and n.egress is None)),
+                        ("egress", n.egress is not None and not egress_read), ("ingress", n.ingress is not None)):
+        if unread:
+            p.bad(f"network.{key}", getattr(n, key), f"{_show(S.default_of(S.NetworkConfig, key))} {share}")
 
 
 def _has_parameter_server(layout: list[Any]) -> bool:

@@ -118,7 +118,10 @@ ROOT = Path(__file__).resolve().parents[2]
     ("network=ideal network.discipline=unlimited network.egress=fifo", None),
     ("compute.db=/proc/nope/db.json", r"^compute.db=/proc/nope/db.json is not valid; accepted: a file the agents "
                                       r"can write the profiles to \(/proc/nope/db.json cannot be written: "),  # the
-    ("compute=constant compute.db=/proc/nope/db.json", None),  # agents' traceback; unread without compute=profiled
+    ("compute=constant compute.db=/proc/nope/db.json", r"^compute.db=/proc/nope/db.json is not valid; accepted: "
+                                                       r"null with compute=constant and compute.batch=loop "
+                                                       r"\(compute.db is read by compute=profiled"),  # unread: it
+    # changed nothing (its file is not tried either)
     ("strategy=gossip workers=4 compute.layerwise=true", r"^compute.layerwise=true is not supported by strategy "
                                                          r"gossip, which sends whole models"),  # it changed nothing
     ("strategy=ps_sync strategy.collective=gloo compute.layerwise=true",
