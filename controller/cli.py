@@ -259,8 +259,104 @@ def _run(args: list[str]) -> int:
     register_configs()
     _preflight(args)
     sys.argv = ["lockstep run", *args]
-    hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(_task)()
+    sweep = _SweepOutcome()
+    hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")(sweep.task)()
+    if sweep.failed:
+        print(f"lockstep: {len(sweep.failed)} of {sweep.jobs} jobs of the sweep failed (each named above); the other "
+              f"jobs' outputs are in {sweep.dir}", file=sys.stderr)
+        return 1
     return 0
+
+
+class _SweepOutcome:
+    """The jobs of a ``--multirun`` that Hydra's basic launcher runs one after another in this process: a job
+    that fails is reported in one line and the next one runs (a ``sys.exit`` of a job ended the sweep, and a
+    traceback ended it after the last job, naming only the first failure); ``_run`` exits 1 naming how many
+    failed. Jobs run elsewhere (``hydra/launcher=ray``) report to their launcher as before."""
+
+    def __init__(self) -> None:
+        self.jobs, self.failed, self.dir = 0, [], ""
+
+    def task(self, cfg) -> dict:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode != RunMode.MULTIRUN or hc.launcher.get("_target_") != _BASIC_LAUNCHER:
+            return _task(cfg)
+        self.jobs, self.dir = self.jobs + 1, hc.sweep.dir
+        with _LastWords() as said:
+            try:
+                return _task(cfg)
+            except SystemExit as e:
+                if not e.code:
+                    return {}
+                if isinstance(e.code, int) and e.code >= 128:  # a signal (controller/signals.py): stop the sweep
+                    raise
+                reason = said.reason() or f"lockstep exited with status {e.code}"
+            except Exception as e:  # noqa: BLE001 - a job's crash is that job's: the sweep goes on
+                reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}".rstrip(": ")
+                logs = _log_to_files(logging.ERROR, f"job {hc.job.num} failed", exc_info=(type(e), e, e.__traceback__))
+                if logs:
+                    reason += f" (the traceback is in {logs[0]})"
+        line = f"job {hc.job.num} ({' '.join(hc.overrides.task)}) failed: {reason}"
+        self.failed.append(line)
+        print(f"lockstep: {line}", file=sys.stderr)
+        return {"failed": reason}
+
+
+_BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
+
+class _LastWords:
+    """Tees ``sys.stderr`` and keeps the last ``lockstep: ...`` message a job printed before it exited: the
+    reason its one line names (session.py and the preflight print it, then ``sys.exit``)."""
+
+    def __init__(self, keep: int = 200) -> None:
+        from collections import deque
+
+        self.lines: Any = deque(maxlen=keep)
+        self.partial = ""
+
+    def __enter__(self) -> "_LastWords":
+        self.stream, sys.stderr = sys.stderr, self  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stderr = self.stream
+
+    def write(self, text: str) -> int:
+        import re
+
+        self.stream.write(text)
+        *done, self.partial = re.split(r"[\r\n]", self.partial + text)
+        self.lines.extend(line for line in done if line.strip())
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding...: the stream's
+        return getattr(self.stream, name)
+
+    def reason(self) -> str:
+        """The last message starting ``lockstep``, with the indented lines under a heading that ends in ':'."""
+        lines = [*self.lines, self.partial] if self.partial.strip() else list(self.lines)
+        at = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith("lockstep")), None)
+        if at is None:
+            return ""
+        head = lines[at].split(": ", 1)[1] if ": " in lines[at] else lines[at]
+        more = [x.strip() for x in lines[at + 1:] if x.startswith("  ")] if head.endswith(":") else []
+        return f"{head} {'; '.join(more)}" if more else head
+
+
+def _log_to_files(level: int, msg: str, exc_info: Any = None) -> list[str]:
+    """``msg`` to the log files of the root logger (the job's lockstep.log) only; their paths."""
+    record = logging.getLogger("lockstep").makeRecord("lockstep", level, __file__, 0, msg, (), exc_info)
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for h in files:
+        h.handle(record)
+    return [h.baseFilename for h in files]
 
 
 class SweepJobFailed(RuntimeError):
@@ -288,9 +384,12 @@ def _task(cfg) -> dict:
 
 def _run_task(cfg) -> dict:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.utils import get_original_cwd
 
     from controller.config import ConfigError, validate
+    from controller.config.load import absolute_paths
 
+    absolute_paths(cfg, get_original_cwd())  # as the preflight read them, before hydra.job.chdir=true moved us
     try:
         rc = validate(cfg)
     except ConfigError as e:  # (the preflight has checked it; a sweeper of another kind may not have)

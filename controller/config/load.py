@@ -10,6 +10,7 @@ adds the semantic ones. :func:`check_sweep` does the same for every job of a
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,13 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from controller.config import schema as S
 from controller.config.validate import ConfigError, RunConfig, accepted_text, did_you_mean, field_at, validate
 
-__all__ = ["CONF_DIR", "compose_config", "load", "check_sweep", "describe_compose_error", "sweeper_params"]
+__all__ = ["CONF_DIR", "compose_config", "load", "check_sweep", "describe_compose_error", "sweeper_params",
+           "absolute_paths"]
 
 
 def _conf_dir() -> str:
@@ -200,6 +202,39 @@ def _keys_under(parent: str, others: list[str]) -> list[str]:
     return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
 
 
+# keys naming a file or directory on the machine ``lockstep run`` runs on: read by the controller ...
+_CONTROLLER_PATHS = ("controller.token_file", "controller.tls.cert", "controller.tls.key", "controller.tls.ca",
+                     "launcher.kubeconfig", "launcher.pod_template_file", "compute.profile")
+# ... and by the agents, which run on that machine too with these launchers (kubernetes, ray: on theirs, where a
+# relative path means what it means in the agent's working directory)
+_AGENT_PATHS = ("data.root", "compute.db", "controller.tls.agent_cert", "controller.tls.agent_key")
+_LOCAL_AGENTS = ("inprocess", "local")
+
+
+def absolute_paths(cfg: DictConfig, base: str | None = None) -> None:
+    """Make the relative paths of ``cfg`` absolute against ``base`` (default: the working directory), in place.
+
+    A relative path means relative to the directory the command ran in: ``hydra.job.chdir=true`` moves a run
+    into its run directory before it reads anything (Hydra's ``to_absolute_path``), and the run directory's
+    config.yaml then names the same files for ``lockstep resume`` from anywhere. ``~`` is left to the reader,
+    and a device profile's name (``compute.profile=epyc-1t``) is not a path."""
+    from omegaconf import read_write
+
+    from controller.config.profiles import is_name
+
+    base = os.getcwd() if base is None else base
+    keys = _CONTROLLER_PATHS
+    if OmegaConf.select(cfg, "launcher.name", throw_on_resolution_failure=False) in _LOCAL_AGENTS:
+        keys += _AGENT_PATHS
+    with read_write(cfg):
+        for key in keys:
+            value = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+            if not isinstance(value, str) or not value or os.path.isabs(value) or value.startswith("~") or (
+                    key == "compute.profile" and is_name(value)):
+                continue
+            OmegaConf.update(cfg, key, os.path.normpath(os.path.join(base, value)), merge=False)
+
+
 def load(overrides: list[str], check_data: bool = True) -> RunConfig:
     """Compose conf/ with ``overrides`` and validate it; ConfigError lists every problem."""
     problems: list[str] = []
@@ -217,6 +252,7 @@ def load(overrides: list[str], check_data: bool = True) -> RunConfig:
                 raise ConfigError(problems) from None
             remaining.remove(culprit)
     assert cfg is not None
+    absolute_paths(cfg)
     written = {o.key_or_group: s.split("=", 1)[1] for o, s in zip(_parse(remaining), remaining) if "=" in s}
     try:
         rc = validate(cfg, check_data=check_data and not problems, written=written)
