@@ -234,7 +234,10 @@ class AgentCore:
                 "reproducible": c.reproducible, "device": device,
                 "executor": ex.info() if ex is not None else None, "parked": self.parked(),
                 "memory": {**peak_memory(device), "compact": self.compact_memory}, "cpu_s": process_cpu_s(),
-                "window_cpu_s": self.window_cpu_s}
+                "window_cpu_s": self.window_cpu_s,
+                # the virtual time of the last event this agent ran (0: none): where a run that ran out of events
+                # ended (controller.run.stall_sentence)
+                "last_event_ns": self.kernel.now}
 
     def parked(self, first: int = PARKED_SHOWN) -> dict[str, Any]:
         """How many of this agent's vworkers are parked (in ``recv`` or ``wait``), and the ``first`` of them

@@ -564,6 +564,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             info.setdefault("executors", []).append(i.get("executor"))
             info.setdefault("memory", []).append(i.get("memory") or {})
             info.setdefault("parked", []).append(i.get("parked") or {})
+            info.setdefault("last_event_ns", []).append(i.get("last_event_ns"))
             info.setdefault("cpu_s", []).append(i.get("cpu_s", 0.0))
             info.setdefault("window_cpu_s", []).append(i.get("window_cpu_s"))
             if observer is not None and getattr(h, "metrics_address", ""):
@@ -695,6 +696,9 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         parked = parked_summary(info.get("parked", []))
         if parked["vworkers"]:
             summary["parked"] = parked
+            last = info.get("last_event_ns") or [None]
+            if all(isinstance(t, int) for t in last):  # every agent said when it ran its last event
+                summary["last_event_ns"] = max(last)
             log.warning(stall_sentence(rc, summary))
     if remote_data:  # sim4DistrDL's data on the network: what the caches saved, what the wait cost
         summary.update({"data_cache_hits": col.data["data_hits"], "data_cache_misses": col.data["data_misses"],
@@ -764,13 +768,19 @@ def parked_summary(per_agent: list[dict[str, Any]]) -> dict[str, Any]:
 
 def stall_sentence(rc: RunConfig, summary: dict[str, Any]) -> str:
     """One sentence for a run that ran out of events with vworkers still waiting (a strategy that deadlocked,
-    or messages lost for good): where it ended, what it had been asked for, who waits for what."""
+    or messages lost for good): where it ended, what it had been asked for, who waits for what.
+
+    Where it ended is the virtual time of the last event the agents ran (``last_event_ns``), to the
+    nanosecond; where the agents did not report it, the time of the run's last row (``virtual_time_s``),
+    as before: that can be much earlier (a PS that received some gradients of the next round and waits)."""
+    t = summary.get("last_event_ns")
+    when = f"{t // NS_PER_S}.{t % NS_PER_S:09d}" if t is not None else f"{summary['virtual_time_s']:.6f}"
     asked = [f"stop.updates={rc.stop_updates}"] if rc.stop_updates is not None else []
     if rc.stop_virtual_time_ns is not None:
         asked.append(f"stop.virtual_time={rc.stop_virtual_time_ns / NS_PER_S:g}s")
     p, n = summary["parked"], summary["updates"]
     more = p["vworkers"] - len(p["first"])
-    return (f"the run ran out of events at virtual time {summary['virtual_time_s']:.6f} s after {n} "
+    return (f"the run ran out of events at virtual time {when} s after {n} "
             f"update{'' if n == 1 else 's'}{', before ' + ' or '.join(asked) if asked else ''}: {p['vworkers']} "
             f"vworker{'' if p['vworkers'] == 1 else 's'} wait for what nothing will send — {', '.join(p['first'])}"
             f"{f' and {more} more' if more > 0 else ''} (summary.json: parked; a message never sent, or lost "

@@ -26,9 +26,12 @@ def test_a_run_that_runs_out_of_events_names_the_vworkers_still_waiting(tmp_path
     s = r.summary
     assert (s["updates"], s["stopped_by"], s["virtual_time_ns"]) == (1, "no_more_events", 13_000_002)
     assert s["parked"] == PARKED
+    # its last event: ps0 receives the second gradients of w0, w2 and w3 (trace.json: 'grad ← w0' at 25000.004 us),
+    # not its last row (13 ms, which virtual_time_ns keeps), which the sentence gave until 2026-12-02
+    assert s["last_event_ns"] == 25_000_004
     warning = [m for m in caplog.messages if "ran out of events" in m]
     assert warning == [
-        "the run ran out of events at virtual time 0.013000 s after 1 update, before stop.updates=5: 5 vworkers "
+        "the run ran out of events at virtual time 0.025000004 s after 1 update, before stop.updates=5: 5 vworkers "
         "wait for what nothing will send — " + ", ".join(PARKED["first"]) + " (summary.json: parked; a message "
         "never sent, or lost for good)."]
     # the same vworkers, whatever the placement: in one process over two agents, and over local gRPC agents
@@ -36,6 +39,7 @@ def test_a_run_that_runs_out_of_events_names_the_vworkers_still_waiting(tmp_path
                                ("a2-local", ["agents=2", "placement=round_robin"], True)):
         other = run(tmp_path / name, NET + LOST + extra, local=local)
         assert other.summary["parked"] == PARKED
+        assert other.summary["last_event_ns"] == 25_000_004  # agents in their own processes report it too
         assert_same_outputs(tmp_path / "a1", tmp_path / name)
 
 
@@ -53,6 +57,6 @@ def test_the_cli_warns_after_its_result_line(tmp_path):
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert last == ("lockstep: warning: the run ran out of events at virtual time 0.013000 s after 1 update, before "
+    assert last == ("lockstep: warning: the run ran out of events at virtual time 0.025000000 s after 1 update, before "
                     "stop.updates=5: 5 vworkers wait for what nothing will send — " + ", ".join(PARKED["first"]) +
                     " (summary.json: parked; a message never sent, or lost for good)."), p.stderr
