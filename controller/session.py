@@ -1,12 +1,14 @@
 """A run as the CLI sees it: progress bar, metrics endpoint, launcher, plots, final message."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from controller.config import RunConfig
 from controller.launchers.base import AgentFailure, LauncherConfigError
@@ -52,7 +54,9 @@ def _run_session(rc: RunConfig, run_dir: Path, resume: bool = False) -> RunResul
         print(f"lockstep: invalid configuration: {e}", file=sys.stderr)
         sys.exit(2)
     try:
-        result = execute(rc, run_dir, progress=bar, launcher=launcher, observer=observer, resume=resume)
+        # log lines during the run (checkpoints, recoveries) go above the bar, not onto its line
+        with logging_redirect_tqdm() if rc.progress else contextlib.nullcontext():
+            result = execute(rc, run_dir, progress=bar, launcher=launcher, observer=observer, resume=resume)
     except AgentFailure as e:
         bar.close()
         tail = f"\n--- last log lines of agent {e.agent} ---\n{e.log_tail}" if e.log_tail else ""
