@@ -18,6 +18,7 @@ import argparse
 import bisect
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,7 @@ class RunView:
         self.trace_file: Path | None = None
         self.trace_truncated = False
         self.spans, self.transfers = self._trace()
+        self.trace_end_ns = self._trace_end()
         self.end_ns, self.complete = self._end()
 
     @staticmethod
@@ -193,6 +195,19 @@ class RunView:
             v.sort()
         return spans, transfers
 
+    def _trace_end(self) -> int | None:
+        """Where a trace cut at ``trace.max_events`` stops saying what the vworkers did (None: not cut).
+
+        The writer keeps records in the order the agents made them (a compute when it starts, a transfer when it
+        is delivered) and drops the rest, so each vworker's thread stops at its last recorded compute; up to the
+        earliest end of those every vworker's computes, and the waits between them, are all there (a transfer
+        delivered after the cut is not: the file does not say when the cut was)."""
+        if not self.trace_truncated:
+            return None
+        ends = [max(t1 for _, t1, what in self.spans[n] if what != "wait") for n in self.traced
+                if any(what != "wait" for _, _, what in self.spans.get(n, ()))]
+        return min(ends) if len(ends) == len(self.traced) else 0
+
     def _end(self) -> tuple[int | None, bool]:
         """``(end, complete)``: the virtual time a complete run ended at (summary.json), or else the last time
         its outputs recorded (the last row of metrics.csv or of the state log; None when they have none)."""
@@ -246,6 +261,9 @@ class RunView:
         w = self.window
         if w is not None and not w[0] <= t <= w[1]:
             return f"the trace covers only [{_secs(w[0])}, {_secs(w[1])}] (trace.mode=window)"
+        end = self.trace_end_ns
+        if end is not None and t >= end:
+            return f"{self.trace_file.name} stops at trace.max_events (it records up to {_secs(end)})"
         return None
 
     def _activity(self, name: str, t: int) -> dict[str, Any]:
@@ -279,8 +297,7 @@ class RunView:
                 if ex.end_ns is not None and ex.sent_ns is not None and t < ex.end_ns:
                     return {"doing": "sending", "since_ns": ex.sent_ns, "until_ns": ex.end_ns,
                             "transfers": [], "source": "statelog"}
-            return {"doing": "waiting", "since_ns": None, "until_ns": None, "transfers": moving,
-                    "source": "trace" if gap is None else "statelog"}
+            # between its exchanges the state log cannot tell waiting for a model from receiving it
         if gap is None:
             return {"doing": "waiting", "since_ns": None, "until_ns": None, "transfers": moving, "source": "trace"}
         return {"doing": "unknown", "since_ns": None, "until_ns": None, "transfers": moving, "source": None,
@@ -313,8 +330,6 @@ class RunView:
         w = self.window
         if why is None and w is not None and w[0] > 0:
             why = f"the trace covers only [{_secs(w[0])}, {_secs(w[1])}] (trace.mode=window)"
-        if why is None and self.trace_truncated:
-            why = "trace.json stops at trace.max_events"
         recorders = ", ".join(sorted(self._rows)) or self.result
         if why is not None:
             return self._unknown_version(f"{self.strategy} records its updates on {recorders} only, and {why}")
@@ -389,6 +404,25 @@ def _table(states: list[dict[str, Any]], t: int) -> str:
     return "\n".join(lines)
 
 
+def _join_negative_at(argv: list[str]) -> list[str]:
+    """``--at -1s`` as ``--at=-1s``: argparse takes ``-1s`` (not a plain negative number) for an option and says
+    only "expected one argument"; joined, it gets the one sentence on times below 0."""
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--at":
+            value = next(it, None)
+            if value is not None and re.match(r"-[0-9.]", value):
+                out.append(f"--at={value}")
+                continue
+            out.append(a)
+            if value is not None:
+                out.append(value)
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lockstep inspect", usage=USAGE,
                                  description="What each vworker was doing and holding at virtual time T.")
@@ -400,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trust", action="store_true",
                     help="build the model class the run's config.yaml names even when it is not one of lockstep's "
                          "own (that runs code from the run directory: only for runs you trust)")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(_join_negative_at(sys.argv[1:] if argv is None else list(argv)))
     try:
         t = parse_time(args.at)
     except UnitError as e:

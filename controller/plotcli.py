@@ -4,9 +4,10 @@
   against virtual time and against global updates, every run on one figure.
 * A sweep directory (subdirectories with ``summary.json``, as ``--multirun``
   writes): throughput against workers, one curve per (strategy, NIC
-  discipline); where the runs used ``compute=constant`` the closed forms of the
-  throughput-prediction paper are drawn beside the emulated curves (Eq. 7 and
-  8 for the synchronous PS, Eq. 11 for ring all-reduce), and where they ran with
+  discipline of the ideal network, or ``tcp``); where the runs used ``compute=constant`` the closed forms of
+  the throughput-prediction paper are drawn beside the emulated curves (Eq. 7 and
+  8 for the synchronous PS, Eq. 11 for ring all-reduce; on ``tcp`` at its goodput,
+  as ``lockstep predict`` takes them), and where they ran with
   ``predict=true`` the predictions in their ``summary.json`` (the model of their
   network and Algorithm 2.1: the paper's Fig. 2a / 3a), plus a loss figure of
   all its runs; a sweep over ``data.cache_size`` also gets the data-wait time,
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections import defaultdict
@@ -25,11 +27,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from controller import closed_forms as cf  # noqa: E402
 from controller.outputs import read_csv  # noqa: E402
 
-__all__ = ["main", "plot_runs", "plot_sweep", "sweep_points", "closed_form_step"]
+__all__ = ["main", "plot_runs", "plot_sweep", "runs_figure", "sweep_points", "closed_form_step"]
 
 
 def _label(run: Path) -> str:
@@ -50,11 +53,21 @@ def _label(run: Path) -> str:
 
 def plot_runs(runs: list[Path], out: Path) -> Path:
     """Loss and accuracy vs virtual time and vs updates for ``runs``, on one 2x2 figure."""
+    fig = runs_figure(runs)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
+def runs_figure(runs: list[Path]) -> Figure:
+    """The figure of :func:`plot_runs`: each run in one colour in every panel (a run with no evaluations,
+    or no update yet, keeps its colour from the others), with a legend on each row that has lines."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     (lt, li), (at, ai) = axes
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     empty = []
-    for run in runs:
-        label = _label(run)
+    for n, run in enumerate(runs):
+        label, colour = _label(run), colours[n % len(colours)]
         rows = read_csv(run / "metrics.csv")
         if not rows:
             empty.append(str(run))
@@ -62,14 +75,14 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
             t = [float(r["virtual_time_s"]) for r in rows]
             it = [int(r["iteration"]) for r in rows]
             loss = [float(r["loss"]) for r in rows]
-            (line,) = lt.plot(t, loss, label=label, linewidth=1)
-            li.plot(it, loss, label=label, linewidth=1, color=line.get_color())
+            lt.plot(t, loss, label=label, linewidth=1, color=colour)
+            li.plot(it, loss, label=label, linewidth=1, color=colour)
         ev = read_csv(run / "eval.csv") if (run / "eval.csv").exists() else []
         if ev:
-            at.plot([float(r["virtual_time_s"]) for r in ev], [100 * float(r["test_accuracy"]) for r in ev],
-                    marker=".", label=label, linewidth=1)
-            ai.plot([int(r["iteration"]) for r in ev], [100 * float(r["test_accuracy"]) for r in ev],
-                    marker=".", label=label, linewidth=1)
+            acc = [100 * float(r["test_accuracy"]) for r in ev]
+            at.plot([float(r["virtual_time_s"]) for r in ev], acc, marker=".", label=label, linewidth=1,
+                    color=colour)
+            ai.plot([int(r["iteration"]) for r in ev], acc, marker=".", label=label, linewidth=1, color=colour)
     for ax in (lt, at):
         ax.set_xlabel("virtual time [s]")
     for ax in (li, ai):
@@ -83,11 +96,10 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     if empty:  # a run that has not made its first update (or stopped before it): said, not an empty legend
         print(f"lockstep plot: note: {len(empty)} run(s) with no update in metrics.csv yet, not drawn: "
               f"{', '.join(empty)}", file=sys.stderr)
-    if len(empty) < len(runs):
-        li.legend(fontsize="small")
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return Path(out)
+    for ax in (li, ai):  # the loss row's and the accuracy row's runs (a run may have no evaluations)
+        if ax.get_lines():
+            ax.legend(fontsize="small")
+    return fig
 
 
 def _run_info(run: Path) -> dict[str, Any]:
@@ -97,8 +109,9 @@ def _run_info(run: Path) -> dict[str, Any]:
 
 
 def sweep_points(sweep: Path) -> dict[tuple[str, ...], list[dict[str, Any]]]:
-    """The runs of a sweep grouped by (strategy, egress discipline), sorted by workers; where the sweep also
-    varies other overrides (faults, lr, ...), by (strategy, discipline, those overrides) — one line each."""
+    """The runs of a sweep grouped by (strategy, network: the egress discipline of the ideal network, or ``tcp``),
+    sorted by workers; where the sweep also varies other overrides (faults, lr, ...), by (strategy, network,
+    those overrides) — one line each."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
     infos = []
     for sub in sorted(p for p in sweep.iterdir() if (p / "summary.json").exists()):
@@ -109,8 +122,7 @@ def sweep_points(sweep: Path) -> dict[tuple[str, ...], list[dict[str, Any]]]:
     jobs = [_job_overrides(i["dir"]) for i in infos]
     varying = sorted(k for k in set().union(*jobs) if k not in _ON_AXES and len({j.get(k) for j in jobs}) > 1)
     for info, job in zip(infos, jobs):
-        disc = info["plan"].get("network", {}).get("egress", "?")
-        key = (info["summary"]["strategy"], disc)
+        key = (info["summary"]["strategy"], _network_of(info))
         if varying:
             key += (", ".join(f"{k}={job[k]}" for k in varying if k in job),)
         groups[key].append(info)
@@ -120,6 +132,29 @@ def sweep_points(sweep: Path) -> dict[tuple[str, ...], list[dict[str, Any]]]:
 
 
 _ON_AXES = {"workers", "strategy", "network.discipline"}  # the plot's own axes and lines
+
+
+def _network_of(info: dict[str, Any]) -> str:
+    """A group's network as its line names it: ``tcp``, or the ideal network's egress discipline (which only
+    the ideal network has: README)."""
+    net = info["plan"].get("network", {})
+    return "tcp" if net.get("tcp") is not None else net.get("egress", "?")
+
+
+def _tcp_steady_state(net: dict[str, Any]) -> tuple[float, float] | None:
+    """``(goodput / line rate, host latency in s)`` of a run on ``network=tcp``, as ``lockstep predict`` models
+    it (docs/predict.md: every link at its goodput, the latency plus the host latency); None on the ideal
+    network. Raises ValueError for a tcp spec that is not one (plan.json from a run directory)."""
+    if net.get("tcp") is None:
+        return None
+    from agents.sim.tcp import TcpSpec, goodput_fraction
+
+    known = {f.name for f in dataclasses.fields(TcpSpec)}
+    raw = net["tcp"]
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(k, 0), (int, bool)) for k in known):
+        raise ValueError("its network.tcp is not a mapping of integers")
+    spec = TcpSpec(**{k: v for k, v in raw.items() if k in known})
+    return goodput_fraction(spec), spec.host_latency_ns / 1e9
 
 
 def _job_overrides(run: Path) -> dict[str, str]:
@@ -141,6 +176,8 @@ def closed_form_step(info: dict[str, Any], form: str) -> float | None:
 
     Needs ``compute=constant`` (T_F+T_B = the gradient time, T_S = the update
     time, summed with the aggregation), a constant latency and one bandwidth.
+    On ``network=tcp`` the form is taken, as ``lockstep predict`` takes it, at the
+    transport's steady state (goodput, latency plus host latency): close, not exact.
     """
     plan, s = info["plan"], info["summary"]
     comp, net = plan.get("compute", {}), plan.get("network", {})
@@ -153,6 +190,12 @@ def closed_form_step(info: dict[str, Any], form: str) -> float | None:
         return None
     bw = net["bandwidth_out"][0]
     lat = net["latency"]["ns"] / 1e9
+    try:
+        tcp = _tcp_steady_state(net)
+    except (TypeError, ValueError):  # not a tcp spec lockstep writes: no form rather than a made-up one
+        return None
+    if tcp is not None:
+        bw, lat = bw * tcp[0], lat + tcp[1]
     k, m = s["workers"], s["model_bytes"]
     if form == "eq11_ring":  # and the K−1 chunk additions of the reduce-scatter, as lockstep predict adds them
         return cf.ring_step(k, m, bw, t_c, c.get("update", 0.0), lat) + (k - 1) * c.get("aggregate", 0.0)
@@ -212,19 +255,22 @@ def plot_sweep(sweep: Path, out: Path) -> Path:
               f"{', '.join(left)}", file=sys.stderr)
     fig, ax = plt.subplots(figsize=(9, 6), constrained_layout=True)
     for key, infos in sorted(groups.items()):
-        strategy, disc = key[0], key[1]
-        name = ", ".join(x for x in key if x)  # the line's name: strategy, discipline and any other swept value
+        strategy = key[0]
+        name = ", ".join(x for x in key if x)  # the line's name: strategy, network and any other swept value
         ks = [i["summary"]["workers"] for i in infos]
         thr = [i["summary"]["throughput_samples_per_s"] for i in infos]
         (line,) = ax.plot(ks, thr, marker="o", label=f"{name} (emulated)")
-        for j, form in enumerate(forms_of(strategy, disc, infos[0])):
+        # tcp: the forms predict selects for the plan's NICs, at the transport's steady state (docs/predict.md)
+        net = infos[0]["plan"].get("network", {})
+        at = " at tcp's goodput" if key[1] == "tcp" else ""
+        for j, form in enumerate(forms_of(strategy, net.get("egress", "?"), infos[0])):
             pts = [(i["summary"]["workers"], closed_form_step(i, form), i) for i in infos]
             pts = [(k, st, i) for k, st, i in pts if st]
             if not pts:
                 continue
             batch = [i["plan"]["workload"]["batch_size"][0] for _, _, i in pts]
             ax.plot([k for k, _, _ in pts], [cf.throughput(st, k, b) for (k, st, _), b in zip(pts, batch)],
-                    linestyle=("--", ":")[j % 2], color=line.get_color(), label=f"{name}: {FORM_LABEL[form]}")
+                    linestyle=("--", ":")[j % 2], color=line.get_color(), label=f"{name}: {FORM_LABEL[form]}{at}")
         for model, style in predicted_curves(infos):  # runs with predict=true: the paper's models beside them
             pts = [(i["summary"]["workers"], prediction_of(i, model)) for i in infos]
             pts = [(k, v) for k, v in pts if v is not None]
@@ -286,7 +332,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.out is not None:  # before any plotting: a wrong -o was a traceback from savefig at the end
         from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
 
         kinds = sorted(FigureCanvasAgg(Figure()).get_supported_filetypes())
         if a.out.suffix.lstrip(".").lower() not in kinds:

@@ -7,7 +7,8 @@ every neighbour, and set ``x_i ← mean(x_i, x_j for neighbours j) − lr·g_i``
 ``degree``-regular graph drawn with the keyed draw ``(seed, "gossip")``: a
 circulant graph (offsets ±1…±degree/2, plus the antipode for odd degrees) over a
 keyed permutation of the workers, so it is the same on every agent and rerun.
-``w0`` records its own steps and holds the result model.
+``w0`` records its steps, each for the step of that number of all K workers (their samples; the
+bytes it sent, as ``ring_allreduce`` counts them), and holds the result model.
 """
 from __future__ import annotations
 
@@ -78,11 +79,21 @@ class GossipWorker(TrainingWorker):
     async def _descend(self, mean, grad, loss: float, samples: int) -> bool:
         self.load(mean)
         await self.apply(grad)
-        return self._stepped(loss, samples, mean)
+        return self._stepped(loss, mean)
 
-    def _stepped(self, loss: float, samples: int, mean) -> bool:
+    def _stepped(self, loss: float, mean) -> bool:
+        """A step; ``w0``'s is a row: the samples of every worker's step of that number, the bytes ``w0`` sent.
+
+        Each worker's step v takes one full batch (a BatchStream drops the ragged tail) and needs its
+        neighbours' parameters of step v, so w0's step v stands for step v of all K workers, as a ring's round
+        does: the row counts their batches from the plan (no peer's values are read) and, as the ring, the
+        bytes this worker sent."""
         self.version += 1
-        return self.name == "w0" and self.updated(self.version, loss, 0, samples, len(self.peers) * mean.numel() * 4)
+        if self.name != "w0":
+            return False
+        round_samples = sum(self.training.spec.batch_size)  # one batch per data holder: every worker
+        return self.updated(self.version, loss, 0, round_samples,
+                            len(self.peers) * mean.numel() * mean.element_size())
 
 
 class Gossip(Strategy):
@@ -132,4 +143,4 @@ async def _(f: dict[str, Any], value: Any, below: str) -> bool:
 
 @continues(GossipWorker._descend)
 async def _(f: dict[str, Any], value: Any, below: str) -> bool:
-    return f["self"]._stepped(f["loss"], f["samples"], f["mean"])
+    return f["self"]._stepped(f["loss"], f["mean"])

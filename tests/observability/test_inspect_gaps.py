@@ -165,6 +165,86 @@ def test_a_windowed_trace_says_nothing_about_times_outside_its_window(ps_window)
                      ["ps0", "unknown", "0"]]
 
 
+# ------------------------------------------------------------------ 2b. times after a trace cut at trace.max_events
+def _recorded_until(run_dir: Path) -> int:
+    """The earliest end, over the vworkers, of the last compute span the trace holds of it (ns)."""
+    doc = json.loads((run_dir / "trace.json").read_text())
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+               if e["ph"] == "M" and e["name"] == "thread_name" and " " not in e["args"]["name"]}
+    last: dict[str, int] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X" and e["cat"] == "compute" and (e["pid"], e["tid"]) in threads:
+            name = threads[(e["pid"], e["tid"])]
+            last[name] = max(last.get(name, 0), round((e["ts"] + e["dur"]) * 1000))
+    assert doc["otherData"]["truncated"] and sorted(last) == sorted(threads.values())
+    return min(last.values())
+
+
+def _event_times(view: RunView) -> list[int]:
+    """Every instant a span or transfer of the run begins or ends, and the nanosecond before it."""
+    ends = {x for spans in view.spans.values() for t0, t1, _ in spans for x in (t0, t1)}
+    ends |= {x for tr in view.transfers.values() for t0, t1, *_ in tr for x in (t0, t1)}
+    return sorted({x - d for x in ends for d in (0, 1) if x - d >= 0})
+
+
+@pytest.fixture(scope="module")
+def ps_cut(tmp_path_factory) -> tuple[Path, Path]:
+    """ps_async, 4 workers, with its trace cut at 300 events, and the same run traced in full."""
+    args = ("strategy=ps_async", "workers=4", "stop.updates=60", "eval.every=0")
+    return (runs.run(tmp_path_factory.mktemp("ps_cut"), *args, "trace.max_events=300"),
+            runs.run(tmp_path_factory.mktemp("ps_full"), *args))
+
+
+@pytest.mark.slow
+def test_a_trace_cut_at_max_events_says_nothing_after_its_last_records(ps_cut):
+    cut, full = ps_cut
+    until = _recorded_until(cut)
+    assert until == RunView(cut).trace_end_ns
+    why = f"trace.json stops at trace.max_events (it records up to {until / 1e9:.9f}".rstrip("0") + " s)"
+    a, b = RunView(cut), RunView(full)
+    times = _event_times(b)
+    before = [t for t in times if t < until]
+    assert len(before) > 100
+    # up to there the cut trace says exactly what the whole one says
+    assert [[a.state(n, t) for n in a.names] for t in before] == [[b.state(n, t) for n in b.names] for t in before]
+    # after it (it said `waiting`, source trace): a recorded compute, what the state log says, or unknown
+    after = [(n, t, a.state(n, t)) for t in times if t >= until for n in a.names]
+    assert {s["doing"] for _, _, s in after} == {"unknown", "computing", "computing gradient", "computing update",
+                                                 "sending"}
+    for n, t, s in after:
+        if s["doing"] == "unknown":
+            assert (s["source"], s["unknown"]) == (None, {"doing": why}), (n, t, s)
+        elif s["doing"].startswith("computing "):  # a compute the trace holds
+            assert s["source"] == "trace" and s["since_ns"] <= t < s["until_ns"], (n, t, s)
+        else:  # a worker's exchange in the state log; the PS has none
+            assert s["source"] == "statelog" and n != "ps0", (n, t, s)
+    p = _inspect(cut, "--at", "0.3s")
+    assert p.returncode == 0 and p.stderr == (
+        f"lockstep inspect: note: what w0, w2, w3, ps0 were doing at T is unknown: {why}\n")
+    assert [line.split()[:2] for line in p.stdout.splitlines()[2:]] == [
+        ["w0", "unknown"], ["w1", "computing"], ["w2", "unknown"], ["w3", "unknown"], ["ps0", "unknown"]]
+    full_doing = [line.split()[1] for line in _inspect(full, "--at", "0.3s").stdout.splitlines()[2:]]
+    assert full_doing == ["receiving", "computing", "receiving", "waiting", "computing"]
+
+
+@pytest.mark.slow
+def test_ring_workers_hold_the_updates_a_cut_trace_records_and_no_version_after_it(ring, tmp_path):
+    cut = runs.run(tmp_path / "ring-cut", "strategy=ring_allreduce", "workers=4", f"stop.updates={UPDATES}",
+                   "eval.every=0", "trace.max_events=400")
+    until = _recorded_until(cut)
+    a, b = RunView(cut), RunView(ring)
+    times = _event_times(b)
+    before = [t for t in times if t < until]
+    assert before and [t for t in times if t >= until]
+    assert [[a.state(w, t)["version"] for w in ("w1", "w2", "w3")] for t in before] == [
+        [b.state(w, t)["version"] for w in ("w1", "w2", "w3")] for t in before]
+    why = (f"ring_allreduce records its updates on w0 only, and trace.json stops at trace.max_events (it records "
+           f"up to {until / 1e9:.9f}".rstrip("0") + " s)")
+    assert {(a.state(w, t)["version"], a.state(w, t)["unknown"].get("version")) for t in times if t >= until
+            for w in ("w1", "w2", "w3")} == {(None, why)}
+    assert [a.state("w0", t)["version"] for t in times] == [b.state("w0", t)["version"] for t in times]
+
+
 # ------------------------------------------------------------------ 3. past the recorded end of an unfinished run
 @pytest.mark.slow
 def test_inspect_past_the_recorded_end_of_an_unfinished_run_says_so(ring, tmp_path):
@@ -214,6 +294,27 @@ def test_an_infinite_time_is_refused_in_one_sentence(tmp_path, capsys, at):
     assert out.out == "" and out.err == (
         f"lockstep inspect: --at {at!r}: --at: {at!r} is not a finite time; accepted: seconds as a number, "
         "or a string with ns, us, ms, s, min, h\n")
+
+
+@pytest.mark.parametrize("at", ["-1s", "-0.5", "-1", "-.5ms", "-1e400s"])
+def test_a_negative_time_after_a_space_gets_the_same_sentence_as_after_an_equals_sign(tmp_path, capsys, at):
+    # `--at -1s` was argparse's "expected one argument": it took -1s for an option
+    d = _fake_run(tmp_path / "run", PLAN)
+    assert main([str(d), f"--at={at}"]) == 2
+    joined = capsys.readouterr()
+    assert main([str(d), "--at", at, "--worker", ""]) == 2 and main([str(d), "--at", at]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == joined.err * 2 and joined.err == (
+        f"lockstep inspect: --at {at!r}: --at: {at!r} is not a finite time; accepted: seconds as a number, or a "
+        "string with ns, us, ms, s, min, h\n" if "e400" in at else
+        f"lockstep inspect: --at {at!r} is not valid; accepted: a virtual time >= 0 (e.g. 12.5s)\n")
+
+
+def test_a_missing_time_is_still_argparses_missing_argument(tmp_path, capsys):
+    d = _fake_run(tmp_path / "run", PLAN)
+    with pytest.raises(SystemExit) as e:
+        main([str(d), "--at", "--json"])
+    assert e.value.code == 2 and "argument --at: expected one argument" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("plan, why", [

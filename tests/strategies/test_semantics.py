@@ -93,6 +93,22 @@ def test_gossip_replicas_differ_but_stay_close(run):
     assert (a - b).abs().max() < 0.05
 
 
+@pytest.mark.parametrize("batch, per_row", [("16", 4 * 16), ("[8,16,24,32]", 8 + 16 + 24 + 32)])
+def test_a_gossip_row_counts_the_batches_of_all_workers_as_a_ring_round_does(run, batch, per_row):
+    # a row counted w0's batch only (16 of the 64 samples a step of 4 workers takes: a ring counts all 64)
+    common = ["workers=4", "stop.updates=5", f"batch_size={batch}"]
+    gossip, ring = run(["strategy=gossip", *common]), run(["strategy=ring_allreduce", *common])
+    m = gossip.summary["model_bytes"]
+    assert [(r["vworker"], int(r["samples"]), int(r["bytes"])) for r in gossip.rows()] == [("w0", per_row, 2 * m)] * 5
+    assert [int(r["samples"]) for r in ring.rows()] == [per_row] * 5
+    assert gossip.summary["samples"] == ring.summary["samples"] == 5 * per_row
+    assert gossip.summary["throughput_samples_per_s"] == pytest.approx(
+        5 * per_row / gossip.summary["virtual_time_s"], rel=1e-9)
+    # the row stands for step v of every worker: at w0's 5th the others are through their 4th or 5th
+    assert [gossip.worker(w).version for w in ("w0", "w1", "w2", "w3")][0] == 5
+    assert {gossip.worker(w).version for w in ("w1", "w2", "w3")} <= {4, 5}
+
+
 @pytest.mark.parametrize("optimizer, cls", [("sgd", torch.optim.SGD), ("adam", torch.optim.Adam)])
 def test_the_configured_optimizer_is_the_one_the_server_steps_with(run, optimizer, cls):
     """A regression: ``optimizer=adam`` used to be validated and then dropped (the PS stepped with SGD)."""
