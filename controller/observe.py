@@ -6,7 +6,8 @@
 * ``prepare(plan)`` sets the plan's trace, state-log and agent-metrics specs
   (so every agent, in-process or remote, traces alike), starts the controller's
   ``/metrics`` endpoint when ``metrics.port`` is not null and writes
-  ``endpoints.json`` and ``prometheus-targets.json``;
+  ``endpoints.json`` and ``prometheus-targets.json``, and a copy of the latter in :func:`targets_dir`, where
+  one Prometheus finds every run of the machine (removed when the run stops serving);
 * ``agent_metrics(agent_id)`` gives an in-process agent its own registry and
   endpoint; a remote agent serves its own (``plan.metrics``, see
   ``agents/agent.py``), reports the address in ``Ready``, and ``execute()``
@@ -22,8 +23,10 @@
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import socket
 import sys
 import threading
@@ -43,7 +46,7 @@ from controller import signals
 from controller.config import RunConfig
 from controller.outputs import write_json_atomic
 
-__all__ = ["Observer", "agent_log_path"]
+__all__ = ["Observer", "TARGETS_DIR_ENV", "agent_log_path", "targets_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,20 @@ def agent_log_path(run_dir: Path, agent_id: int) -> Path:
     d = Path(run_dir) / "agents"
     d.mkdir(parents=True, exist_ok=True)
     return d / f"agent-{agent_id}.log"
+
+
+TARGETS_DIR_ENV = "LOCKSTEP_PROMETHEUS_TARGETS_DIR"
+
+
+def targets_dir() -> Path:
+    """The directory where every serving run of this machine also writes its ``prometheus-targets.json``:
+    Prometheus' file discovery takes a wildcard only in a path's last element, so ``outputs/*/*/`` cannot
+    be watched. ``$LOCKSTEP_PROMETHEUS_TARGETS_DIR``, else ``${XDG_CACHE_HOME:-~/.cache}/lockstep/prometheus-targets``
+    (as the profile database, agents.sim.compute.default_profile_db)."""
+    env = os.environ.get(TARGETS_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lockstep" / "prometheus-targets"
 
 
 def _scrape_host(host: str) -> str:
@@ -75,6 +92,7 @@ class Observer:
         self.agents: dict[int, tuple[CollectorRegistry, Metrics]] = {}
         self.endpoints: dict[str, Any] = {"controller": None, "agents": {}}
         self._servers: list[Any] = []
+        self.shared_targets: Path | None = None  # the run's copy in targets_dir(), while it serves
         self.trace: TraceWriter | None = None
         self.statelog: StateLogWriter | None = None
         self.plan: Plan | None = None
@@ -104,6 +122,9 @@ class Observer:
                                   f"{e.strerror or e}") from e
             self._servers.append(server)
             self.endpoints["controller"] = f"{_scrape_host(self.host)}:{port}"
+            # named by run id and run directory: two runs never share a file, a resumed run takes its own again
+            digest = hashlib.sha256(str(self.run_dir.resolve()).encode()).hexdigest()[:8]
+            self.shared_targets = targets_dir() / f"{plan.run_id}-{digest}.json"
             print(f"lockstep: metrics on http://{self.endpoints['controller']}/metrics", file=sys.stderr)
             self._write_endpoints()
 
@@ -206,6 +227,15 @@ class Observer:
             targets["agent"] = agents
         run_id = self.plan.run_id if self.plan is not None else ""
         write_scrape_targets(self.run_dir / "prometheus-targets.json", targets, run_id=run_id)
+        if self.shared_targets is not None:
+            try:
+                self.shared_targets.parent.mkdir(parents=True, exist_ok=True)
+                write_scrape_targets(self.shared_targets, targets, run_id=run_id)
+            except OSError as e:  # the run's own file is there: a Prometheus can still be pointed at it
+                log.warning("cannot list the run's metrics endpoints in %s (%s; $%s names another directory); "
+                            "they are in %s", self.shared_targets.parent, e.strerror or e, TARGETS_DIR_ENV,
+                            self.run_dir / "prometheus-targets.json")
+                self.shared_targets = None
 
     def running(self) -> None:
         if self.plan is not None:
@@ -288,6 +318,13 @@ class Observer:
                 server.shutdown()
                 server.server_close()
             self._servers.clear()
+            if self.shared_targets is not None:  # Prometheus stops scraping the run
+                try:
+                    self.shared_targets.unlink(missing_ok=True)
+                except OSError as e:
+                    log.warning("could not remove %s (%s): Prometheus keeps trying the run's endpoints",
+                                self.shared_targets, e.strerror or e)
+                self.shared_targets = None
 
     def _linger(self) -> None:
         print(f"lockstep: run done; serving metrics {self.linger_s:g} s more (metrics.linger_s; "

@@ -152,8 +152,13 @@ class _Collector:
                 self.data_rows.extend(e for e in r.events if e[1] == "data.fetch")
         self.stop_time = w.stop_time
         if self.metrics is not None:
-            # the last report of direct windows starts at INFINITY: no agent has an event left
-            self.metrics.observe_window(w.start if w.start < INFINITY else 0, w.barrier_wall_s, w.count)
+            # the last report of direct windows starts at INFINITY: no agent has an event left. Direct windows
+            # also run past the stop (an agent learns it from a peer's report): the clock stops there too, as
+            # summary.json's virtual time does
+            start = w.start if w.start < INFINITY else 0
+            if w.stop_time is not None:
+                start = min(start, w.stop_time)
+            self.metrics.observe_window(start, w.barrier_wall_s, w.count)
             wall = time.perf_counter() - self.wall0
             if wall > 0:
                 self.metrics.set_speed_ratio(self.metrics.virtual_time_ns / NS_PER_S / wall)

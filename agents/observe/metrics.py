@@ -27,7 +27,7 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from socketserver import ThreadingMixIn
@@ -36,6 +36,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import make_wsgi_app
+from prometheus_client.metrics_core import Metric
 
 from agents.common.files import write_atomic
 from agents.common.net import LOOPBACK
@@ -101,8 +102,8 @@ class Metrics:
         self._virtual_time_ns: VirtualTime = 0
         self._loss_time_ns: VirtualTime = -1
 
-        def reg(kw: dict) -> dict:
-            return dict(namespace=_NAMESPACE, registry=registry, **kw)
+        def reg(kw: dict) -> dict:  # registered below, together, without their _created samples
+            return dict(namespace=_NAMESPACE, registry=None, **kw)
 
         self.virtual_time = Gauge(
             "virtual_time", "Virtual time reached: the global clock on the controller, "
@@ -173,6 +174,8 @@ class Metrics:
                 self.worker_compute = Counter(
                     "worker_compute", "Real wall seconds spent computing, by vworker and kind.",
                     labelnames=("vworker", "kind"), **reg(dict(unit="seconds")))
+        registry.register(_WithoutCreated([v for v in vars(self).values()
+                                           if isinstance(v, (Counter, Gauge, Histogram, Info))]))
 
     # -- both roles ---------------------------------------------------------
 
@@ -295,12 +298,12 @@ class Metrics:
 
     def add_compute(self, kind: str, wall_s: float, virtual_ns: VirtualTime,
                     vworker: str | int | None = None) -> None:
-        """A compute step of ``kind`` (gradient, update, aggregate, eval, …) took
+        """A compute step of ``kind`` (gradient, update, aggregate, or a custom strategy's own) took
         ``wall_s`` real seconds and was charged ``virtual_ns`` of virtual time."""
         self._need("agent", "add_compute")
         if not _LABEL_VALUE.match(kind):
             raise ValueError(f"compute kind {kind!r} is not a lower-case identifier "
-                             "such as gradient, update, aggregate or eval")
+                             "such as gradient, update or aggregate")
         if wall_s < 0 or virtual_ns < 0:
             raise ValueError(f"compute times must be >= 0, got wall_s={wall_s!r}, "
                              f"virtual_ns={virtual_ns!r}")
@@ -315,7 +318,7 @@ class Metrics:
         self._need("agent", "add_worker_compute")
         if not _LABEL_VALUE.match(kind):
             raise ValueError(f"compute kind {kind!r} is not a lower-case identifier "
-                             "such as gradient, update, aggregate or eval")
+                             "such as gradient, update or aggregate")
         if wall_s < 0:
             raise ValueError(f"compute time must be >= 0, got wall_s={wall_s!r}")
         if self.per_worker:
@@ -334,6 +337,27 @@ class Metrics:
         if self.role != role:
             raise ValueError(f"Metrics.{method} records a {role} metric, but this Metrics "
                              f"was built with role={self.role!r}")
+
+
+class _WithoutCreated:
+    """A collector of one :class:`Metrics`' families, less the ``<name>_created`` sample prometheus_client adds
+    to each counter and histogram: Prometheus 2 stores it as a series of its own (``lockstep_updates_created``)
+    in either exposition format, and nothing reads it. Per registry, unlike prometheus_client's process-wide
+    ``disable_created_metrics()``, which would change an embedding application's metrics too."""
+
+    def __init__(self, metrics: Sequence[Counter | Gauge | Histogram | Info]) -> None:
+        self._metrics = tuple(metrics)
+
+    def describe(self) -> list[Metric]:
+        """The families' names, so that a registry refuses a second Metrics (duplicate names)."""
+        return [family for m in self._metrics for family in m.describe()]
+
+    def collect(self) -> Iterator[Metric]:
+        for m in self._metrics:
+            for family in m.collect():  # a new Metric object on every call: ours to change
+                created = family.name + "_created"
+                family.samples = [s for s in family.samples if s.name != created]
+                yield family
 
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
@@ -378,8 +402,8 @@ def write_scrape_targets(path: str | os.PathLike[str], targets: Mapping[str, Seq
 
     ``targets`` maps a job (``controller``, ``agent``) to ``host:port`` addresses;
     ``labels`` (e.g. ``run_id``) are attached to every target. A Prometheus whose
-    config lists ``file_sd_configs: [{files: [".../*/prometheus-targets.json"]}]``
-    starts scraping a run as soon as this file appears, and stops when it goes.
+    config lists this file in ``file_sd_configs`` (a wildcard only in its last element,
+    ``dir/*.json``) starts scraping a run as soon as it appears, and stops when it goes.
     """
     groups = [{"targets": list(addrs), "labels": {"job": job, **labels}}
               for job, addrs in targets.items()]

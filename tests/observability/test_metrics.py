@@ -5,7 +5,8 @@ import json
 import urllib.request
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.observe.metrics import (AGENT_STATES, STALENESS_BUCKETS, Metrics, serve, write_exposition,
@@ -218,6 +219,42 @@ def test_write_exposition_writes_the_text_format(tmp_path, agent):
     assert path == tmp_path / "metrics.prom"
     assert path.read_bytes() == generate_latest(reg)
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
+
+
+# what Prometheus 2.42 sends: OpenMetrics first, the plain text format as a fallback
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+@pytest.mark.parametrize("role", ["controller", "agent"])
+@pytest.mark.parametrize("per_worker", [False, True])
+def test_no_exposition_has_a_created_series(role, per_worker):
+    """prometheus_client adds ``<name>_created`` to counters and histograms; Prometheus 2 stores it as a
+    series of its own (``lockstep_updates_created``), in either format. Nothing reads it: none is exposed."""
+    reg = CollectorRegistry()
+    _populate(Metrics(reg, role=role, per_worker=per_worker))
+    server, port = serve(reg)
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept": PROMETHEUS_ACCEPT})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            served = resp.read().decode()
+            assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+    finally:
+        server.shutdown()
+        server.server_close()
+    # the plain text is what write_exposition writes and what an agent process sends back (agents/agent.py)
+    for text in (generate_latest(reg).decode(), generate_openmetrics(reg).decode(), served):
+        assert "lockstep_virtual_time_seconds" in text
+        assert [line for line in text.splitlines() if "_created" in line] == []
+
+
+def test_another_registry_in_the_process_keeps_its_created_series():
+    """Per registry, not prometheus_client's process-wide disable_created_metrics(): an application that
+    embeds lockstep keeps its own metrics as they were."""
+    other = CollectorRegistry()
+    Counter("requests", "Requests.", registry=other).inc()
+    _populate(Metrics(CollectorRegistry(), role="controller"))
+    assert other.get_sample_value("requests_created") is not None
 
 
 def test_write_scrape_targets_writes_prometheus_file_sd_groups(tmp_path):
