@@ -221,10 +221,13 @@ class _Table:
                 diff = [self.columns[i] for i in range(len(cells))
                         if i not in self._wall and (i >= len(old) or old[i] != cells[i])]
                 if diff or len(old) != len(cells):
+                    # row N of the file = its Nth row after the header (line N + 1), counted from the file's
+                    # start, not from where this replay began (a checkpoint keeps the rows before it)
                     raise ReplayDiverged(
-                        f"the replayed run differs from {self.path.name} row {self.replayed + 1} "
-                        f"(columns {', '.join(diff) or 'count'}: {old} on disk, {cells} replayed); "
-                        "the run directory was written by another version or configuration")
+                        f"the replayed run differs from {self.path.name} row {self.rows + 1} "
+                        f"(columns {', '.join(diff) or 'count'}: {old} on disk, {cells} replayed): the rows on "
+                        "disk are not those this run produces (the file was edited, or written by another "
+                        "lockstep version or another configuration)")
                 self._passed(old)
                 self.replayed += 1
                 self.rows += 1

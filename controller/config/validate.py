@@ -232,6 +232,11 @@ def _bounds(meta: dict[str, Any]) -> str:
     return " and ".join(parts)
 
 
+# a list of mappings in a sentence: an example of one, and where the rest is documented
+_LIST_EXAMPLES: dict[type, str] = {S.FaultConfig: "[{kind: crash, workers: [w1], at: 1s}]"}
+_LIST_DOCS: dict[type, str] = {S.FaultConfig: "docs/faults.md"}
+
+
 def accepted_text(cls: type, name: str) -> str:
     """What ``cls.name`` accepts, in words (used by every sentence about that key)."""
     f = next(f for f in fields(cls) if f.name == name)
@@ -254,6 +259,12 @@ def accepted_text(cls: type, name: str) -> str:
         text = "a string"
     elif is_dataclass(tp):
         text = "a mapping with keys " + ", ".join(x.name for x in fields(tp))
+    elif typing.get_origin(tp) is list and typing.get_args(tp) and is_dataclass(typing.get_args(tp)[0]):
+        # what the key takes, not what it is for (its help): faults={kind: crash} was told "injected faults, ..."
+        item = typing.get_args(tp)[0]
+        text = "a list of mappings" + (f", e.g. {_LIST_EXAMPLES[item]}" if item in _LIST_EXAMPLES else
+                                       " with keys " + ", ".join(x.name for x in fields(item)))
+        text += " ([] = none" + (f"; {_LIST_DOCS[item]})" if item in _LIST_DOCS else ")")
     elif typing.get_origin(tp) is list and typing.get_args(tp) and typing.get_args(tp)[0] in (int, float, str):
         what = {int: "integers", float: "numbers", str: "strings"}[typing.get_args(tp)[0]]
         text = f"a list of {what}"
@@ -1442,6 +1453,10 @@ def _faults(p: _Problems, c: S.LockstepConfig, layout: list[Any], result: str, s
             continue
         if kind == "byzantine" and f.mode == S.ByzantineMode.noise and f.std <= 0:
             p.bad(f"{key}.std", f.std, "a standard deviation > 0 for byzantine mode noise")
+            continue
+        if kind == "byzantine" and f.mode == S.ByzantineMode.scale and f.factor == 1:  # factor's default: g as it was
+            p.bad(f"{key}.factor", f.factor, "a multiplier other than 1 for byzantine mode scale (1 changes nothing), "
+                  "e.g. factor: -4")
             continue
         out.append(FaultSetting(i, kind, start, end, workers, groups, f.probability, f.factor, f.mode.value, f.std))
     return tuple(out)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -40,23 +41,56 @@ def log_tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
-class _Forked:
-    """A forked agent with the part of :class:`subprocess.Popen`'s interface the launcher uses."""
+def _stat(pid: int) -> tuple[str, int] | None:
+    """Process ``pid``'s state letter and start time (clock ticks since boot) from /proc; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state is field 3, starttime field 22
+    return fields[0], int(fields[19])
 
-    def __init__(self, proc: Any):
-        self.proc, self.pid = proc, proc.pid
+
+def _running(pid: int, start: int | None = None) -> bool:
+    """Whether process ``pid`` runs (not a zombie); with ``start``, whether it is still the one that started then."""
+    st = _stat(pid)
+    return st is not None and st[0] not in "ZX" and (start is None or st[1] == start)
+
+
+class _Forked:
+    """A forked agent with the part of :class:`subprocess.Popen`'s interface the launcher uses.
+
+    Its exit status comes from the forkserver that forked it (``server_pid``). When that server dies, multiprocessing
+    reports the status 255 for every agent it forked, running or not; then :attr:`orphaned` is set and whether the
+    agent still runs comes from /proc (its pid and start time), so it is still signalled and waited for."""
+
+    def __init__(self, proc: Any, server_pid: int | None):
+        self.proc, self.pid, self.server_pid = proc, proc.pid, server_pid
+        st = _stat(self.pid)
+        self._start = st[1] if st else None
+        self.orphaned = False
 
     def poll(self) -> int | None:
-        return self.proc.exitcode
+        rc = self.proc.exitcode
+        if rc == 255 and not self.orphaned and self.server_pid is not None and not _running(self.server_pid):
+            self.orphaned = True
+        if self.orphaned:
+            return None if _running(self.pid, self._start) else rc
+        return rc
 
     def send_signal(self, sig: int) -> None:
-        if self.proc.exitcode is None:
+        if self.poll() is None:
             os.kill(self.pid, sig)
 
     def wait(self, timeout: float | None = None) -> int:
-        self.proc.join(timeout)
-        if self.proc.exitcode is None:
-            raise subprocess.TimeoutExpired(f"agent pid {self.pid}", timeout or 0.0)
+        if not self.orphaned:
+            self.proc.join(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:  # an orphan is not our child: poll /proc until it is gone
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"agent pid {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
         return self.proc.exitcode
 
 
@@ -95,7 +129,7 @@ class LocalLauncher:
             if self.ctx is not None:
                 p = self.ctx.Process(target=forked, args=(argv, env, str(path)), name=f"agent-{i}", daemon=True)
                 p.start()
-                self.procs.append(_Forked(p))
+                self.procs.append(_Forked(p, getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)))
             else:
                 self.procs.append(subprocess.Popen([self.python, "-m", "agents", *argv], stdin=subprocess.DEVNULL,
                                                    stdout=f, stderr=subprocess.STDOUT, env=env,
@@ -112,6 +146,11 @@ class LocalLauncher:
             return
         for i, p in enumerate(self.procs):
             rc = p.poll()
+            if getattr(p, "orphaned", False):
+                now = "was still running" if rc is None else "has ended too (its exit status is lost with the server)"
+                raise AgentFailure(str(i), f"the forkserver that started the agents (pid {p.server_pid}) died; the "
+                                   f"agent's process (pid {p.pid}) {now} and is stopped with the others",
+                                   self.log_tail(i), lost=True)
             if rc is not None:
                 how = f"was killed by signal {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
                 raise AgentFailure(str(i), f"its process (pid {p.pid}) {how}", self.log_tail(i), lost=True)

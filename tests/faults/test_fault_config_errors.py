@@ -75,6 +75,17 @@ PS = ["strategy=ps_async", "workers=4"]
     (["faults=[{kind:partition,workers:[w1],groups:[[w0],[w1]]}]"],
      "faults[0].workers=['w1'] is not valid; accepted: null for kind partition, which reads at, until, groups "
      "(docs/faults.md)."),
+    # a scale by 1 (factor's default) left the gradients as they were: a byzantine fault that corrupted nothing
+    (["faults=[{kind:byzantine,workers:[w2],mode:scale}]"],
+     "faults[0].factor=1.0 is not valid; accepted: a multiplier other than 1 for byzantine mode scale (1 changes "
+     "nothing), e.g. factor: -4."),
+    (["faults=[{kind:byzantine,workers:[w2],mode:scale,factor:1}]"],
+     "faults[0].factor=1.0 is not valid; accepted: a multiplier other than 1 for byzantine mode scale (1 changes "
+     "nothing), e.g. factor: -4."),
+    # a mapping where a list of them goes: it was told the key's meaning ("injected faults, each keyed ...")
+    (["faults={kind:crash}"],
+     "faults={kind:crash} is not valid; accepted: a list of mappings, e.g. [{kind: crash, workers: [w1], at: 1s}] "
+     "([] = none; docs/faults.md)."),
     (["faults=[{kind:crash,workers:w1}]"],  # with workers=4 on the command line: that override was blamed
      "faults[0].workers=w1 is not valid; accepted: a list of strings or null."),
 ])

@@ -7,6 +7,7 @@ the run directory's ``checkpoints/latest`` says when a checkpoint is committed (
 """
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -249,6 +250,29 @@ def test_a_row_changed_before_the_checkpoint_is_found_at_resume_and_nothing_is_w
     assert out.count("the latest checkpoint cannot be used") == 1 and "metrics.csv's first" in out and \
         "rows are not those its checkpoint counted (changed after it was written)" in out, out
     assert "the replayed run differs from metrics.csv row 10 (columns iteration:" in out, out
+    assert (d / "metrics.csv").read_bytes() == before
+
+
+def test_a_row_changed_after_the_checkpoint_is_named_by_its_row_in_the_file_and_nothing_is_written(tmp_path):
+    # the message counted the rows from the restore ("row 160" for the file's row 916 after 756 kept)
+    d = tmp_path / "run"
+    manifest, _ = _kill_controller_after_a_checkpoint(d)
+    kept = manifest["outputs"]["metrics_rows"]
+    with open(d / "metrics.csv", newline="") as f:
+        rows = list(csv.reader(f))  # rows[0] is the header: rows[n] is the file's row n
+    assert len(rows) - 1 > kept + 1, f"no row written after the checkpoint's {kept}"
+    n = kept + (len(rows) - 1 - kept + 1) // 2  # one of the rows after it, not the first
+    rows[n][rows[0].index("loss")] = "0.5"
+    with open(d / "metrics.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    before = (d / "metrics.csv").read_bytes()
+    res = _cli("resume", str(d))
+    out = _finish(res)
+    assert res.returncode == 1, out
+    assert f"restored from checkpoint {manifest['window']} (virtual time" in out, out
+    assert f"the replayed run differs from metrics.csv row {n} (columns loss: {rows[n]} on disk, " in out, out
+    assert "replayed): the rows on disk are not those this run produces (the file was edited, or written by " \
+        "another lockstep version or another configuration)" in out, out
     assert (d / "metrics.csv").read_bytes() == before
 
 
