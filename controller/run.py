@@ -578,14 +578,15 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
 
     completed = False  # the windows and the final calls ran to the end (not stopped, not failed)
     try:
-        if not handles:
-            handles = start_agents()
-        if observer is not None:
-            observer.running()
         while True:
             # a lost agent: every agent starts again from the latest checkpoint, or from virtual time 0,
-            # and replays to where the run was
+            # and replays to where the run was. The start is inside the loop: an agent lost while the agents
+            # start (the first time or after a restart) is restarted the same way
             try:
+                if not handles:
+                    handles = start_agents()
+                    if observer is not None:
+                        observer.running()
                 if restore_from is not None and not restore(restore_from):
                     if launcher is not None:
                         launcher.close(abort="the checkpoint could not be restored; the run restarts its agents",
@@ -607,8 +608,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
                 restore_from = latest_checkpoint(store, recovery)
                 if restore_from is None:
                     from_zero()
-                handles = []  # (if starting them fails, nothing is left to close)
-                handles = start_agents()
+                handles = []  # the loop starts them again (if that fails, nothing is left to close)
     except signals.Stopped as e:
         # graceful: Shutdown(abort) to every agent, then the outputs up to the last complete window
         stopped = e
