@@ -497,8 +497,8 @@ class FaultConfig:
                                                   "between groups wait until it heals")
     probability: float = doc(1.0, "loss, duplicate, straggler: the chance per message / compute call (a keyed draw)",
                              lo=0, hi=1)
-    factor: float = doc(1.0, "slow_link: the share of the NIC rate left, in (0, 1]; straggler: the slowdown "
-                             "(>= 1); byzantine scale: the gradient's multiplier (any number, e.g. -4)")
+    factor: float = doc(1.0, "slow_link: the share of the NIC rate left, in (0, 1); straggler: the slowdown "
+                             "(> 1); byzantine scale: the gradient's multiplier (any number, e.g. -4)")
     mode: ByzantineMode = doc(ByzantineMode.sign_flip, "byzantine: sign_flip | noise (Gaussian, std, keyed) | "
                                                        "scale (factor)")
     std: float = doc(0.0, "byzantine noise: the standard deviation added to each gradient element", lo=0)

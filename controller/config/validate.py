@@ -1440,16 +1440,17 @@ def _faults(p: _Problems, c: S.LockstepConfig, layout: list[Any], result: str, s
                       f"updates; set strategy.round_timeout (e.g. strategy.round_timeout=10s).")
                 continue
         if kind == "slow_link":
-            if not 0 < f.factor <= 1:
-                p.bad(f"{key}.factor", f.factor, "the share of the NIC rate left, in (0, 1] for slow_link")
+            if not 0 < f.factor < 1:  # 1 (factor's default) left the NIC as it was: a fault that did nothing
+                p.bad(f"{key}.factor", f.factor, "the share of the NIC rate left, in (0, 1) for slow_link (1 changes "
+                      "nothing), e.g. factor: 0.1")
                 continue
             if c.network.model == S.NetworkModel.tcp or c.network.topology != "star":
                 p.add(f"{key} (kind slow_link) is not supported with network.model=tcp or a network.topology other "
                       f"than star; accepted: network.model=ideal with network.topology=star, or a straggler, loss or "
                       f"partition fault.")
                 continue
-        if kind == "straggler" and f.factor < 1:
-            p.bad(f"{key}.factor", f.factor, "a slowdown >= 1 for straggler")
+        if kind == "straggler" and f.factor <= 1:  # 1 (factor's default): calls as slow as they were
+            p.bad(f"{key}.factor", f.factor, "a slowdown > 1 for straggler (1 changes nothing), e.g. factor: 4")
             continue
         if kind == "byzantine" and f.mode == S.ByzantineMode.noise and f.std <= 0:
             p.bad(f"{key}.std", f.std, "a standard deviation > 0 for byzantine mode noise")

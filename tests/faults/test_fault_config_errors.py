@@ -45,7 +45,14 @@ PS = ["strategy=ps_async", "workers=4"]
      "faults[0].groups=[['w0', 'w1'], ['w1', 'w2']] is not valid; accepted: two or more non-empty, disjoint lists "
      "of this run's vworkers (w0, w1, w2, w3, ps0)."),
     (["faults=[{kind:slow_link,workers:[w1],factor:2}]"],
-     "faults[0].factor=2.0 is not valid; accepted: the share of the NIC rate left, in (0, 1] for slow_link."),
+     "faults[0].factor=2.0 is not valid; accepted: the share of the NIC rate left, in (0, 1) for slow_link (1 "
+     "changes nothing), e.g. factor: 0.1."),
+    # factor's default, 1, left the NIC (the calls) as they were: a fault that did nothing, accepted silently
+    (["faults=[{kind:slow_link,workers:[w1]}]"],
+     "faults[0].factor=1.0 is not valid; accepted: the share of the NIC rate left, in (0, 1) for slow_link (1 "
+     "changes nothing), e.g. factor: 0.1."),
+    (["faults=[{kind:straggler,workers:[w1],factor:1}]"],
+     "faults[0].factor=1.0 is not valid; accepted: a slowdown > 1 for straggler (1 changes nothing), e.g. factor: 4."),
     (["network=tcp", "faults=[{kind:slow_link,workers:[w1],factor:0.5}]"],
      "faults[0] (kind slow_link) is not supported with network.model=tcp or a network.topology other than star; "
      "accepted: network.model=ideal with network.topology=star, or a straggler, loss or partition fault."),
@@ -53,7 +60,8 @@ PS = ["strategy=ps_async", "workers=4"]
      "faults[0] (kind crash) is not supported with compute.layerwise=true (a restarted worker rejoins with "
      "whole-model messages); accepted: compute.layerwise=false."),
     (["faults=[{kind:straggler,workers:[w1],factor:0.5}]"],
-     "faults[0].factor=0.5 is not valid; accepted: a slowdown >= 1 for straggler."),
+     "faults[0].factor=0.5 is not valid; accepted: a slowdown > 1 for straggler (1 changes nothing), e.g. "
+     "factor: 4."),
     (["faults=[{kind:byzantine,workers:[w1],mode:noise}]"],
      "faults[0].std=0.0 is not valid; accepted: a standard deviation > 0 for byzantine mode noise."),
     (["strategy=ring_allreduce", "faults=[{kind:crash,fraction:1.0}]"],
