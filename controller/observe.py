@@ -100,17 +100,21 @@ class Observer:
         self._stop = threading.Event()
 
     # ------------------------------------------------------------ start
-    def prepare(self, plan: Plan) -> None:
-        """Settings for the agents, output writers, the controller endpoint."""
-        self.plan = plan
+    def configure(self, plan: Plan) -> None:
+        """The plan's settings for the agents (trace, state log, metrics), which plan.json holds; nothing is
+        written or served yet (a resume compares the plan first and may refuse it)."""
         t, s = self.rc.trace, self.rc.statelog
-        ts = plan.trace = trace_spec(t.mode, t.sample_every, t.window_s, t.max_events,
-                                     [v.holds_data for v in plan.vworkers])
+        plan.trace = trace_spec(t.mode, t.sample_every, t.window_s, t.max_events,
+                                [v.holds_data for v in plan.vworkers])
         plan.statelog = StatelogSpec(s.enabled, s.checksum, s.snapshot_every)
-        self._open_writers()
         # remote agents serve their own /metrics whenever the controller serves (agents/agent.py)
         plan.metrics = AgentMetricsSpec(serve=self.port is not None, host=self.host, port=self.agent_port,
                                         per_worker=self.per_worker)
+
+    def prepare(self, plan: Plan) -> None:
+        """The output writers and the controller endpoint, for a plan :meth:`configure` has set."""
+        self.plan = plan
+        self._open_writers()
         self.metrics.set_agents({"registered": plan.n_agents})
         if self.port is not None:
             try:
@@ -297,9 +301,10 @@ class Observer:
             if summary is not None:
                 self.metrics.set_virtual_time(summary["virtual_time_ns"])
                 self.metrics.set_speed_ratio(summary["speed_ratio"])
-            if self.plan is not None:
-                state = "stopped" if self.interrupted else "done" if summary is not None else "failed"
-                self.metrics.set_agents({state: self.plan.n_agents})
+            if self.plan is None:  # the run never started (e.g. a refused resume): the files stay as they were
+                return
+            state = "stopped" if self.interrupted else "done" if summary is not None else "failed"
+            self.metrics.set_agents({state: self.plan.n_agents})
             write_exposition(self.registry, self.run_dir / "metrics.prom")
             for agent_id, (reg, _) in sorted(self.agents.items()):
                 write_exposition(reg, self.run_dir / f"metrics-agent-{agent_id}.prom")

@@ -81,12 +81,38 @@ def resumable_run_id(run_dir: Path) -> str:
 
 
 def check_resumable(run_dir: Path, plan_json: str) -> None:
-    """The plan rebuilt from ``config.yaml`` (``Plan.to_json``) must be the one the run started with (same version
-    of lockstep)."""
+    """The plan rebuilt from ``config.yaml`` (``Plan.to_json``) must be the one the run started with: the same
+    config.yaml and the same version of lockstep. The refusal names the plan's entries that differ."""
     on_disk = (Path(run_dir) / "plan.json").read_text()
-    if on_disk.strip() != plan_json.strip():
-        raise NotResumable(f"{Path(run_dir) / 'plan.json'} differs from the plan its config.yaml gives with this "
-                           "version of lockstep; resume it with the version that started it")
+    if on_disk.strip() == plan_json.strip():
+        return
+    try:
+        diffs = plan_differences(json.loads(on_disk), json.loads(plan_json))
+    except ValueError:  # not JSON: the file itself was damaged
+        diffs = []
+    shown = "; ".join(f"{path}: {was!r} in plan.json, {now!r} from config.yaml" for path, was, now in diffs[:3])
+    more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+    where = f" ({shown}{more})" if diffs else ""
+    raise NotResumable(f"{Path(run_dir) / 'plan.json'} differs from the plan its config.yaml gives{where}: "
+                       "config.yaml was edited since the run started, or this is another version of lockstep; "
+                       "resume it with the config.yaml and the version that started it")
+
+
+def plan_differences(was: Any, now: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Where two plan.json documents differ, as (dotted path, value in ``was``, value in ``now``), leaves first
+    found first (lists by index, mappings by sorted key)."""
+    if isinstance(was, dict) and isinstance(now, dict):
+        out: list[tuple[str, Any, Any]] = []
+        for k in sorted(set(was) | set(now)):
+            sub = f"{path}.{k}" if path else str(k)
+            out += plan_differences(was.get(k), now.get(k), sub)
+        return out
+    if isinstance(was, list) and isinstance(now, list) and len(was) == len(now):
+        out = []
+        for i, (a, b) in enumerate(zip(was, now)):
+            out += plan_differences(a, b, f"{path}[{i}]")
+        return out
+    return [] if was == now else [(path or "(the whole plan)", was, now)]
 
 
 class Recovery:

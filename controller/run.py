@@ -370,12 +370,14 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     model_bytes = plan_model_bytes(plan, None)
     plan.limits = plan_limits(plan, rc, model_bytes)  # what a peer may make a process hold (docs/security.md)
     if observer is not None:
+        observer.configure(plan)
+    plan_json = plan.to_json()  # once: 0.5 s at 100 000 vworkers
+    if resume:  # before anything is written or served: a refused resume leaves the run directory as it was
+        check_resumable(run_dir, plan_json)
+    if observer is not None:
         observer.prepare(plan)
         metrics = observer.metrics if metrics is None else metrics
-    plan_json = plan.to_json()  # once: 0.5 s at 100 000 vworkers
-    if resume:
-        check_resumable(run_dir, plan_json)
-    else:
+    if not resume:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(rc.raw)))
         (run_dir / "plan.json").write_text(plan_json)
     if metrics is not None:
