@@ -16,6 +16,7 @@ host jitter, start spread) whose single run is one draw, as one measured run is.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import statistics
@@ -83,8 +84,18 @@ class Row:
         return self.emulated / self.point.measured - 1.0
 
 
-def _overrides_for(p: Point) -> list[str]:
-    """The point's own settings (the user's overrides come after them and win)."""
+@functools.lru_cache(maxsize=64)
+def _tcp_model(overrides: tuple[str, ...]) -> bool:
+    """Whether the user's overrides leave the tcp transport on (lockstep run's default network)."""
+    from controller.config import compose_config
+
+    model = compose_config(list(overrides)).network.model
+    return getattr(model, "value", model) == "tcp"
+
+
+def _overrides_for(p: Point, overrides: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The point's own settings (the user's ``overrides`` come after them and win; they decide whether the
+    tcp transport's settings apply: ``network=ideal`` reads none)."""
     steps = p.warmup + p.N
     ov = [f"strategy={STRATEGY[p.scenario]}", f"workers={p.K}", f"network.latency={p.L_s!r}",
           f"network.bandwidth={p.B_bps / 8!r}", "model=flat", f"model.bytes={p.M_bytes}",
@@ -94,7 +105,8 @@ def _overrides_for(p: Point) -> list[str]:
           "eval.samples=10", "progress=false", "launcher=inprocess", "trace.mode=off",
           "agents=1", "metrics.port=null"]
     ov += [f"compute.start_spread={TESTBED_START_SPREAD}", f"compute.jitter={TESTBED_TIMER_JITTER}"]
-    if p.hystart != 3:  # the hosts ran CUBIC with other HyStart detections (results.py: hystart_detect)
+    if p.hystart != 3 and _tcp_model((f"strategy={STRATEGY[p.scenario]}", *overrides)):  # the hosts ran CUBIC with other HyStart detections
+        # (results.py: hystart_detect)
         ov += [f"network.tcp.hystart_ack_train={bool(p.hystart & 1)}",
                f"network.tcp.hystart_delay={bool(p.hystart & 2)}"]
     # the state log says whose gradient each update applied (_async_rate); no other scenario needs it
@@ -120,7 +132,7 @@ def _gloo_offsets(p: Point, overrides: list[str]) -> list[str]:
     mine = any(o.split("=", 1)[0].lstrip("+~") == "compute.start_offsets" for o in overrides)
     if p.scenario not in ("ring", "ps_sync", "ps_async") or mine:
         return []
-    rc = load(_overrides_for(p) + overrides)
+    rc = load(_overrides_for(p, overrides) + overrides)
     names = ([] if p.scenario == "ring" else ["ps0"]) + [f"w{i}" for i in range(p.K)]
     starts = testbed_starts(p, rc.network.latency.ns + (rc.network.tcp.host_latency_ns if rc.network.tcp else 0),
                             rc.seed)
@@ -176,7 +188,7 @@ def point_config(p: Point, overrides: list[str]) -> Any:
     from controller.config import load
 
     mine = _applicable(p, overrides)
-    return load(_overrides_for(p) + _gloo_offsets(p, mine) + mine)
+    return load(_overrides_for(p, mine) + _gloo_offsets(p, mine) + mine)
 
 
 def observed_updates(rc: Any, out: Path) -> list[tuple[int, str]]:
@@ -413,7 +425,8 @@ def main(argv: list[str]) -> int:
     logging.getLogger().setLevel(logging.WARNING)
     try:
         for p in points:  # a bad override fails before any emulation
-            load(_overrides_for(p) + _applicable(p, a.overrides), check_data=False)
+            mine = _applicable(p, a.overrides)
+            load(_overrides_for(p, mine) + mine, check_data=False)
         rows = validate_points(points, a.overrides, log=None if a.json else lambda s: print(s, file=sys.stderr),
                                seeds=a.seeds, jobs=a.jobs)
     except ConfigError as e:

@@ -846,6 +846,14 @@ def _unread_network(p: _Problems, n: S.NetworkConfig, egress_read: bool) -> None
         said = (f"reads network.links.{', '.join(reads[:-1])} and {reads[-1]} (it changed nothing)" if reads else
                 "reads no network.links key (they are the tree and fat_tree presets' links; it changed nothing)")
         p.bad(f"network.links.{f.name}", value, f"{_show(default)} with {where}, which {said}")
+    if n.model != S.NetworkModel.tcp:  # the tcp transport's parameters, read by network.model=tcp alone
+        for f in fields(S.TcpConfig):
+            value, default = getattr(n.tcp, f.name), S.default_of(S.TcpConfig, f.name)
+            unit = "duration" if f.metadata.get("unit") == "duration" else None
+            if not (_same(value, default, unit) if unit else value == default):
+                p.bad(f"network.tcp.{f.name}", value, f"{_show(default)} with network.model={n.model.value}, which "
+                      "reads no network.tcp key (they are the tcp transport's; it changed nothing), or "
+                      "network.model=tcp")
     if kind == "star" or n.model != S.NetworkModel.ideal:  # (tcp: its own sentences, on its disciplines and links)
         return
     share = (f"with {where}, whose flows share every link of their routes, NICs included, max-min fairly (the "

@@ -72,6 +72,13 @@ SHARE = ("whose flows share every link of their routes, NICs included, max-min f
       "network.links.latency=1ms"],
      "network.links.latency=1ms is not valid; accepted: '100us' with a custom network.topology, which reads no "
      "network.links key (they are the tree and fat_tree presets' links; it changed nothing)."),
+    # network: the tcp transport's parameters with the ideal stations
+    (["network=ideal", "network.tcp.rto_min=1ms"],
+     "network.tcp.rto_min=1ms is not valid; accepted: '200ms' with network.model=ideal, which reads no network.tcp "
+     "key (they are the tcp transport's; it changed nothing), or network.model=tcp."),
+    (["network=tcp", "network.model=ideal", "network.tcp.delayed_ack=true"],
+     "network.tcp.delayed_ack=true is not valid; accepted: False with network.model=ideal, which reads no "
+     "network.tcp key (they are the tcp transport's; it changed nothing), or network.model=tcp."),
     # one learner
     (["strategy=sgd", "workers=4"],
      "workers=4 is not valid; accepted: 1 with strategy=sgd, which trains one learner (w0); strategy=ps_sync or "
@@ -106,6 +113,8 @@ def test_a_key_the_run_does_not_read_is_refused_in_one_sentence(overrides, expec
     ["network=ideal", "network.topology=tree", "strategy=ps_async", "workers=3", "compute.layerwise=true",
      "network.egress=fifo"],
     ["strategy=sgd", "workers=1"],
+    ["network=tcp", "network.tcp.rto_min=1ms", "network.tcp.delayed_ack=true", "network.tcp.mtu=9000"],
+    ["network=ideal", "network.tcp.rto_min=0.2", "network.tcp.host_latency=257us"],  # the defaults, spelt
 ])
 def test_the_keys_the_run_reads_stay_valid(overrides):
     load(["model=mlp", *overrides], check_data=False)

@@ -97,6 +97,12 @@ def test_validate_emulates_the_hystart_detections_the_measured_hosts_ran(tmp_pat
                         ["network.tcp.hystart_ack_train=False", "network.tcp.hystart_delay=True"]]
     assert [q.describe().endswith(tail) for q, tail in zip(grouped, ("C=20ms", "HyStart off", "ACK train only",
                                                                      "delay only"))] == [True] * 4
+    # network=ideal reads no network.tcp key (a config that sets one is refused): the point's detections are
+    # the tcp model's only; `lockstep validate ... network=ideal` (docs/benchmarks.md) still loads every point
+    from controller.validate import point_config
+
+    assert [[o for o in _overrides_for(q, ["network=ideal"]) if "network.tcp" in o] for q in grouped] == [[]] * 4
+    assert [point_config(q, ["network=ideal"]).network.tcp for q in grouped] == [None] * 4  # (tcp: its spec)
 
 
 def test_measure_records_the_hystart_detections_of_a_cubic_host(tmp_path):
