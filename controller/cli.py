@@ -197,7 +197,7 @@ def _same_config_to_resume(rc, run_dir: Path) -> None:
         theirs = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return  # resume says what is wrong with it
-    ignored = ("run_id", "hydra", "outputs", "recovery", "progress", "log_level")
+    from controller.config.validate import NOT_THE_EXPERIMENT as ignored
 
     def flat(d: Any, prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}

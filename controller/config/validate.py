@@ -201,9 +201,14 @@ class RunConfig:
     faults: tuple[FaultSetting, ...] = ()
 
 
+# top-level keys that change neither what a run computes nor what it writes: its id, Hydra's own, where the
+# outputs go, how it recovers, the progress bar and the log level (config_hash, recovery.resume=auto's check)
+NOT_THE_EXPERIMENT = ("run_id", "hydra", "outputs", "recovery", "progress", "log_level")
+
+
 def config_hash(raw: dict[str, Any]) -> str:
-    """A short stable hash of the resolved config (without run_id, hydra, where outputs go and how a run recovers)."""
-    d = {k: v for k, v in raw.items() if k not in ("run_id", "hydra", "outputs", "recovery")}
+    """A short stable hash of the resolved config, without :data:`NOT_THE_EXPERIMENT`'s keys."""
+    d = {k: v for k, v in raw.items() if k not in NOT_THE_EXPERIMENT}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
