@@ -211,6 +211,10 @@ class _Table:
         """Rows on disk the replay has not reproduced yet."""
         return len(self._done)
 
+    def unreplayed(self) -> list[list[str]]:
+        """The rows on disk the replay has not reproduced yet, in file order (they stay in the file)."""
+        return self._done[::-1]
+
     def write(self, rows: list[tuple]) -> int:
         """Append ``rows``, skipping (after checking) those already on disk; returns how many were new."""
         new = 0

@@ -221,6 +221,27 @@ class _Collector:
             self.progress.update(new)
             self.progress.set_postfix_str(f"virtual {last.virtual_time_s:.3f}s loss {last.loss:.4f}", refresh=False)
 
+    def count_unreplayed(self) -> int:
+        """A run stopped before its replay (docs/recovery.md) caught up: the rows on disk beyond the replay stay
+        there, so the summary counts them too, as the run that wrote them did. Returns the last one's time."""
+        end = 0
+        ups = self.out.metrics.unreplayed()
+        for cells in ups:
+            r = UpdateRow(int(cells[0]), float(cells[1]), cells[2], int(cells[3]), float(cells[4]), int(cells[5]),
+                          int(cells[6]), int(cells[7]), float(cells[8]))
+            self.n_updates += 1
+            self.samples += r.samples
+            end = max(end, r.virtual_time_ns)
+            self.last_update = r
+        evs = self.out.evals.unreplayed()
+        for cells in evs:
+            e = EvalRow(int(cells[0]), float(cells[1]), cells[2], int(cells[3]), float(cells[4]), float(cells[5]),
+                        float(cells[6]))
+            end = max(end, e.virtual_time_ns)
+            self.last_eval = e
+        self.max_time = max(self.max_time, end)
+        return end
+
     def _write_evals(self, rows: list[EvalRow]) -> None:
         self.out.write_evals(rows)
         self.last_eval = rows[-1]
@@ -625,6 +646,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             end_ns = col.done_before if col.done_before < INFINITY else col.max_time
             stop = end_ns - 1 if end_ns else None
             col.stop_time = stop
+            if out.replaying:  # stopped before the replay caught up: the files keep the rows beyond it
+                end_ns = max(end_ns, col.count_unreplayed())
     except BaseException as e:
         try:  # what the run reached, for a run that failed (metrics.csv has every row)
             partial()
