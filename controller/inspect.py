@@ -100,6 +100,7 @@ class RunView:
         self.traced: set[str] = set()  # vworkers with a thread of their own in the trace
         self.trace_file: Path | None = None
         self.trace_truncated = False
+        self.trace_cut_ns: int | None = None  # otherData.truncated_at_ns, where the writer recorded it
         self.spans, self.transfers = self._trace()
         self.trace_end_ns = self._trace_end()
         self.end_ns, self.complete = self._end()
@@ -170,7 +171,10 @@ class RunView:
             raise ValueError(f"{path} is not a trace lockstep wrote (it has no 'traceEvents' list)")
         try:
             events = doc["traceEvents"]
-            self.trace_truncated = bool((doc.get("otherData") or {}).get("truncated"))
+            other = doc.get("otherData") or {}
+            self.trace_truncated = bool(other.get("truncated"))
+            cut = other.get("truncated_at_ns")
+            self.trace_cut_ns = cut if isinstance(cut, int) and not isinstance(cut, bool) and cut >= 0 else None
             owner: dict[tuple[int, int], tuple[str, str | None]] = {}
             for e in events:
                 if e["ph"] == "M" and e["name"] == "thread_name":
@@ -201,12 +205,15 @@ class RunView:
         The writer keeps records in the order the agents made them (a compute when it starts, a transfer when it
         is delivered) and drops the rest, so each vworker's thread stops at its last recorded compute; up to the
         earliest end of those every vworker's computes, and the waits between them, are all there (a transfer
-        delivered after the cut is not: the file does not say when the cut was)."""
+        delivered after the cut is not). A trace written since 2026-12-02 also says when the cut was
+        (``otherData.truncated_at_ns``: every compute and transfer that started before it is in the file; a
+        smaller record kept after a larger one was left out cannot hide one before it): the earlier of the two."""
         if not self.trace_truncated:
             return None
         ends = [max(t1 for _, t1, what in self.spans[n] if what != "wait") for n in self.traced
                 if any(what != "wait" for _, _, what in self.spans.get(n, ()))]
-        return min(ends) if len(ends) == len(self.traced) else 0
+        end = min(ends) if len(ends) == len(self.traced) else 0
+        return end if self.trace_cut_ns is None else min(end, self.trace_cut_ns)
 
     def _end(self) -> tuple[int | None, bool]:
         """``(end, complete)``: the virtual time a complete run ended at (summary.json), or else the last time

@@ -174,6 +174,9 @@ class TraceWriter:
         self.messages: list[tuple] = []
         self.n_events = 0
         self.truncated = False
+        # the earliest start (a compute's t0, a transfer's send time) of a record left out at max_events: every
+        # record that started before it is in the file (otherData.truncated_at_ns; None: nothing left out)
+        self.truncated_at: int | None = None
         # records also go to a spool file as they arrive (flush, every window): a controller killed
         # before close() leaves them there, and `lockstep inspect` reads them (read_spool)
         self.spool = spool_path(self.path)
@@ -188,6 +191,8 @@ class TraceWriter:
         cost = 2 if rec[0] == "c" else 4  # a compute span (+ a wait); 2 transfer spans + 2 flow ends
         if self.max_events is not None and self.n_events + cost > self.max_events:
             self.truncated = True
+            start = int(rec[3] if rec[0] == "c" else rec[6])
+            self.truncated_at = start if self.truncated_at is None else min(self.truncated_at, start)
             return
         self.n_events += cost
         (self.compute if rec[0] == "c" else self.messages).append(rec)
@@ -210,7 +215,7 @@ class TraceWriter:
             self.messages = [r for r in self.messages if r[10] <= stop_time]
         return {"displayTimeUnit": "ns",
                 "otherData": {**self.meta, "clock": "virtual", "truncated": self.truncated,
-                              "max_events": self.max_events},
+                              "truncated_at_ns": self.truncated_at, "max_events": self.max_events},
                 "traceEvents": self._metadata_and_spans()}
 
     def close(self, stop_time: VirtualTime | None = None, keep_spool: bool = False) -> Path:

@@ -195,10 +195,30 @@ def ps_cut(tmp_path_factory) -> tuple[Path, Path]:
             runs.run(tmp_path_factory.mktemp("ps_full"), *args))
 
 
+def _spans(run_dir: Path) -> set[tuple]:
+    """Every compute span of the trace, as (thread, ts, dur, name)."""
+    doc = json.loads((run_dir / "trace.json").read_text())
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    return {(threads[(e["pid"], e["tid"])], e["ts"], e["dur"], e["name"]) for e in doc["traceEvents"]
+            if e["ph"] == "X" and e["cat"] == "compute"}
+
+
+def test_a_cut_trace_says_when_it_was_cut_and_holds_every_compute_that_started_before(ps_cut):
+    # otherData.truncated_at_ns: the earliest start of a record left out (the file did not say when the cut was)
+    cut, full = ps_cut
+    at = json.loads((cut / "trace.json").read_text())["otherData"]["truncated_at_ns"]
+    assert isinstance(at, int) and 0 < at
+    assert json.loads((full / "trace.json").read_text())["otherData"]["truncated_at_ns"] is None
+    before = {sp for sp in _spans(full) if round(sp[1] * 1000) < at}
+    assert before and before <= _spans(cut)
+    assert RunView(cut).trace_end_ns == min(_recorded_until(cut), at)
+
+
 @pytest.mark.slow
 def test_a_trace_cut_at_max_events_says_nothing_after_its_last_records(ps_cut):
     cut, full = ps_cut
-    until = _recorded_until(cut)
+    until = min(_recorded_until(cut), json.loads((cut / "trace.json").read_text())["otherData"]["truncated_at_ns"])
     assert until == RunView(cut).trace_end_ns
     why = f"trace.json stops at trace.max_events (it records up to {until / 1e9:.9f}".rstrip("0") + " s)"
     a, b = RunView(cut), RunView(full)
