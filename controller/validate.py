@@ -84,12 +84,44 @@ class Row:
         return self.emulated / self.point.measured - 1.0
 
 
+# the overrides that differ between the seeds of one point: the seed, and the start offsets it keys
+_PER_SEED = ("seed", "compute.start_offsets")
+
+
+@functools.lru_cache(maxsize=256)
+def _composed(overrides: tuple[str, ...]) -> Any:
+    from controller.config import compose_config
+
+    return compose_config(list(overrides))
+
+
+def _load(overrides: list[str]) -> Any:
+    """:func:`controller.config.load` of ``overrides``, for an emulation: Hydra composes a point's config once for
+    all its seeds (a composition takes 0.3 s, an emulation 0.5-5 s), and the overrides that differ between the
+    seeds (:data:`_PER_SEED`: plain values, which Hydra applies after composing) are applied to a copy as Hydra
+    applies them. The same RunConfig as ``load`` (tests/validation/test_results_and_cli.py)."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from controller.config import validate
+    from controller.config.load import absolute_paths
+
+    per_seed = [o for o in overrides if o.split("=", 1)[0] in _PER_SEED]
+    cfg = copy.deepcopy(_composed(tuple(o for o in overrides if o.split("=", 1)[0] not in _PER_SEED)))
+    parsed = OverridesParser.create().parse_overrides(per_seed)
+    ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
+    absolute_paths(cfg)
+    written = {o.key_or_group: s.split("=", 1)[1]
+               for o, s in zip(OverridesParser.create().parse_overrides(list(overrides)), overrides) if "=" in s}
+    return validate(cfg, written=written)
+
+
 @functools.lru_cache(maxsize=64)
 def _tcp_model(overrides: tuple[str, ...]) -> bool:
     """Whether the user's overrides leave the tcp transport on (lockstep run's default network)."""
-    from controller.config import compose_config
-
-    model = compose_config(list(overrides)).network.model
+    model = _composed(overrides).network.model
     return getattr(model, "value", model) == "tcp"
 
 
@@ -105,8 +137,8 @@ def _overrides_for(p: Point, overrides: list[str] | tuple[str, ...] = ()) -> lis
           "eval.samples=10", "progress=false", "launcher=inprocess", "trace.mode=off",
           "agents=1", "metrics.port=null"]
     ov += [f"compute.start_spread={TESTBED_START_SPREAD}", f"compute.jitter={TESTBED_TIMER_JITTER}"]
-    if p.hystart != 3 and _tcp_model((f"strategy={STRATEGY[p.scenario]}", *overrides)):  # the hosts ran CUBIC with other HyStart detections
-        # (results.py: hystart_detect)
+    # the hosts ran CUBIC with other HyStart detections (results.py: hystart_detect), which the tcp model alone reads
+    if p.hystart != 3 and _tcp_model((f"strategy={STRATEGY[p.scenario]}", *overrides)):
         ov += [f"network.tcp.hystart_ack_train={bool(p.hystart & 1)}",
                f"network.tcp.hystart_delay={bool(p.hystart & 2)}"]
     # the state log says whose gradient each update applied (_async_rate); no other scenario needs it
@@ -127,12 +159,10 @@ def _gloo_offsets(p: Point, overrides: list[str]) -> list[str]:
     """``compute.start_offsets`` for the ring and PS points (:func:`testbed_starts`), by vworker name (a ring's
     member ``wN`` is rank N; the PS is rank 0 and worker ``wN`` rank N + 1), the one-way time being the network's
     latency plus the tcp model's host latency. Not set where the user sets ``compute.start_offsets``."""
-    from controller.config import load
-
     mine = any(o.split("=", 1)[0].lstrip("+~") == "compute.start_offsets" for o in overrides)
     if p.scenario not in ("ring", "ps_sync", "ps_async") or mine:
         return []
-    rc = load(_overrides_for(p, overrides) + overrides)
+    rc = _load(_overrides_for(p, overrides) + overrides)
     names = ([] if p.scenario == "ring" else ["ps0"]) + [f"w{i}" for i in range(p.K)]
     starts = testbed_starts(p, rc.network.latency.ns + (rc.network.tcp.host_latency_ns if rc.network.tcp else 0),
                             rc.seed)
@@ -171,9 +201,7 @@ def testbed_setup(p: Point) -> list[float]:
 
 def _applicable(p: Point, overrides: list[str]) -> list[str]:
     """The overrides that apply to ``p``'s strategy: a ``strategy.<key>`` only where the strategy has the key."""
-    from controller.config import compose_config
-
-    base = compose_config(_overrides_for(p))
+    base = _composed(tuple(_overrides_for(p)))
     keep = []
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
@@ -188,7 +216,7 @@ def point_config(p: Point, overrides: list[str]) -> Any:
     from controller.config import load
 
     mine = _applicable(p, overrides)
-    return load(_overrides_for(p, mine) + _gloo_offsets(p, mine) + mine)
+    return _load(_overrides_for(p, mine) + _gloo_offsets(p, mine) + mine)
 
 
 def observed_updates(rc: Any, out: Path) -> list[tuple[int, str]]:
