@@ -83,7 +83,9 @@ def test_lockstep_profile_times_the_calls_the_strategy_itself_makes(tmp_path, st
     # a ring's chunk additions and FedAvg's weighted aggregate were missing: a run with the profile timed
     # them on its own host (profile_fallbacks 720 and 20 over 20 updates) and was not portable
     out = tmp_path / "mine.json"
-    exp = [f"strategy={strategy}", "workers=4", "model=mlp"]
+    # (FedAvg's clients train two steps a round, not an epoch: the same calls, 5 s instead of 32 to profile)
+    exp = [f"strategy={strategy}", "workers=4", "model=mlp", *(["strategy.local_steps=2"] if strategy == "fedavg"
+                                                              else [])]
     p = subprocess.run([sys.executable, "-m", "controller.cli", "profile", "--name", "mine", "--out", str(out), *exp,
                         "compute.runs=2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -92,7 +94,7 @@ def test_lockstep_profile_times_the_calls_the_strategy_itself_makes(tmp_path, st
            "fedavg": "aggregate|agents.workloads.training.Training.aggregate|[float32(159010,),float32(159010,),"
                      "float32(159010,),float32(159010,)];[15000.0,15000.0,15000.0,15000.0]"}[strategy]
     assert any(s.startswith(own) for s in sigs), sorted(sigs)
-    res = run(tmp_path / "run", [*exp, "stop.updates=20", "eval.every=0", "progress=false", "launcher=inprocess",
+    res = run(tmp_path / "run", [*exp, "stop.updates=4", "eval.every=0", "progress=false", "launcher=inprocess",
                                  "compute=profiled", f"compute.profile={out}", f"compute.db={tmp_path / 'db.json'}"],
               fast=False)
     assert (res.summary["profile_fallbacks"], res.summary["portable"]) == (0, True)
