@@ -119,6 +119,12 @@ def _load(overrides: list[str]) -> Any:
 
 
 @functools.lru_cache(maxsize=64)
+def _validated(overrides: tuple[str, ...]) -> Any:
+    """:func:`_load` of ``overrides``, once per process (a RunConfig is frozen)."""
+    return _load(list(overrides))
+
+
+@functools.lru_cache(maxsize=64)
 def _tcp_model(overrides: tuple[str, ...]) -> bool:
     """Whether the user's overrides leave the tcp transport on (lockstep run's default network)."""
     model = _composed(overrides).network.model
@@ -162,10 +168,13 @@ def _gloo_offsets(p: Point, overrides: list[str]) -> list[str]:
     mine = any(o.split("=", 1)[0].lstrip("+~") == "compute.start_offsets" for o in overrides)
     if p.scenario not in ("ring", "ps_sync", "ps_async") or mine:
         return []
-    rc = _load(_overrides_for(p, overrides) + overrides)
+    # the latencies do not depend on the seed: one validation per point, the seed read from the overrides
+    fixed = tuple(o for o in _overrides_for(p, overrides) + list(overrides) if o.split("=", 1)[0] not in _PER_SEED)
+    rc = _validated(fixed)
+    seed = next((int(o.split("=", 1)[1]) for o in reversed(overrides) if o.split("=", 1)[0] == "seed"), rc.seed)
     names = ([] if p.scenario == "ring" else ["ps0"]) + [f"w{i}" for i in range(p.K)]
     starts = testbed_starts(p, rc.network.latency.ns + (rc.network.tcp.host_latency_ns if rc.network.tcp else 0),
-                            rc.seed)
+                            seed)
     return ["compute.start_offsets={" + ", ".join(f"{n}: {t}ns" for n, t in zip(names, starts)) + "}"]
 
 
