@@ -998,6 +998,16 @@ def _trace(t: S.TraceConfig, p: _Problems) -> TraceSettings:
                   + ("; trace.mode=window needs it" if t.mode == S.TraceMode.window else ""))
         else:
             window = (span[0], span[1])
+    # the keys another mode reads: set anyway, each changed nothing (a full trace with trace.window set)
+    mode = f"trace.mode={t.mode.value}"
+    if window is not None and t.mode != S.TraceMode.window:
+        p.bad("trace.window", w, f"null with {mode} (trace.window is read by trace.mode=window; it changed nothing)")
+    if t.sample_every != S.default_of(S.TraceConfig, "sample_every") and t.mode != S.TraceMode.sample:
+        p.bad("trace.sample_every", t.sample_every, f"{S.default_of(S.TraceConfig, 'sample_every')} with {mode} "
+              "(trace.sample_every is read by trace.mode=sample; it changed nothing)")
+    if t.max_events != S.default_of(S.TraceConfig, "max_events") and t.mode == S.TraceMode.off:
+        p.bad("trace.max_events", t.max_events, f"{S.default_of(S.TraceConfig, 'max_events')} with {mode}, which "
+              "writes no trace (it changed nothing)")
     return TraceSettings(t.mode.value, t.sample_every, window, t.max_events)  # type: ignore[arg-type]
 
 

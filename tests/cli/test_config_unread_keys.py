@@ -79,6 +79,16 @@ SHARE = ("whose flows share every link of their routes, NICs included, max-min f
     (["network=tcp", "network.model=ideal", "network.tcp.delayed_ack=true"],
      "network.tcp.delayed_ack=true is not valid; accepted: False with network.model=ideal, which reads no "
      "network.tcp key (they are the tcp transport's; it changed nothing), or network.model=tcp."),
+    # trace: a mode's own keys under another mode (a full trace with trace.window set kept the whole run)
+    (["trace.window=[0.1,0.12]"],
+     "trace.window=[0.1,0.12] is not valid; accepted: null with trace.mode=full (trace.window is read by "
+     "trace.mode=window; it changed nothing)."),
+    (["trace.mode=window", "trace.window=[0,1]", "trace.sample_every=3"],
+     "trace.sample_every=3 is not valid; accepted: 8 with trace.mode=window (trace.sample_every is read by "
+     "trace.mode=sample; it changed nothing)."),
+    (["trace.mode=off", "trace.max_events=10"],
+     "trace.max_events=10 is not valid; accepted: 500000 with trace.mode=off, which writes no trace (it changed "
+     "nothing)."),
     # one learner
     (["strategy=sgd", "workers=4"],
      "workers=4 is not valid; accepted: 1 with strategy=sgd, which trains one learner (w0); strategy=ps_sync or "
@@ -115,6 +125,9 @@ def test_a_key_the_run_does_not_read_is_refused_in_one_sentence(overrides, expec
     ["strategy=sgd", "workers=1"],
     ["network=tcp", "network.tcp.rto_min=1ms", "network.tcp.delayed_ack=true", "network.tcp.mtu=9000"],
     ["network=ideal", "network.tcp.rto_min=0.2", "network.tcp.host_latency=257us"],  # the defaults, spelt
+    ["trace.mode=window", "trace.window=[0.1,0.2]", "trace.max_events=100"],
+    ["trace.mode=sample", "trace.sample_every=3"],
+    ["trace.mode=off", "trace.sample_every=8", "trace.max_events=500000"],  # the defaults
 ])
 def test_the_keys_the_run_reads_stay_valid(overrides):
     load(["model=mlp", *overrides], check_data=False)
