@@ -143,6 +143,8 @@ def _preflight(args: list[str]) -> None:
             sweep_dir = _last_value(overrides, "hydra.sweep.dir")
             if sweep_dir is not None and not any(a in args for a in _SHOWS):
                 _sweep_dir_ready(Path(sweep_dir), len(jobs))
+        elif any(a.split("=")[0] in ("--cfg", "-c", "--info", "-i") for a in args):
+            _composes(overrides)  # shown as composed, valid or not; a value Hydra cannot compose is one sentence
         elif not any(a in args for a in _SHOWS):
             rc = load(overrides)
             _warm(rc)
@@ -162,6 +164,29 @@ def _preflight(args: list[str]) -> None:
                           "); without --multirun one run of the config's own values runs", file=sys.stderr)
     except ConfigError as e:
         _invalid(e.problems)
+
+
+def _composes(overrides: list[str]) -> None:
+    """``--cfg``/``--info``: Hydra shows the composed config, valid or not; one that cannot be composed (a value of
+    the wrong type, an option that does not exist) was two tracebacks: one sentence each, exit 2, instead."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    from controller.config.load import _parse_checked, compose_config, describe_compose_error
+
+    _parse_checked(overrides)
+    remaining, problems = list(overrides), []
+    while True:
+        try:
+            compose_config(remaining)
+            break
+        except (ConfigCompositionException, MissingConfigException) as e:
+            sentence, culprit = describe_compose_error(e, remaining)
+            problems.append(sentence)
+            if culprit is None:
+                break
+            remaining.remove(culprit)
+    if problems:
+        _invalid(problems)
 
 
 def _sweep_dir_ready(sweep_dir: Path, n_jobs: int) -> None:

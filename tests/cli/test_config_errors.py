@@ -343,6 +343,22 @@ def test_hydras_flags_that_take_a_value_are_not_read_as_overrides(tmp_path, flag
         assert (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.parametrize("flags", [["--cfg", "job"], ["--info", "config"]])
+def test_showing_a_config_hydra_cannot_compose_is_one_sentence_per_problem(flags):
+    # it was two tracebacks (--info) or Hydra's own five lines, exit 1; a config that composes is shown as it is,
+    # valid or not (the test above)
+    p = _cli(*flags, "workers=abc", "strategy=nosuch")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stdout == ""
+    assert p.stderr == ("lockstep: invalid configuration:\n"
+                        "  strategy=nosuch is not valid; accepted: custom | fedasync | fedavg | gossip | "
+                        "hierarchical_allreduce | local_sgd | microbench | ps_async | ps_sync | ring_allreduce | sgd | "
+                        "ssp.\n"
+                        "  workers=abc is not valid; accepted: an integer >= 1.\n")
+    shown = _cli(*flags, "workers=0")  # composes; validation is the run's, not the display's
+    assert shown.returncode == 0, shown.stderr
+
+
 def test_a_sweep_with_one_bad_point_fails_before_any_job_runs(tmp_path):
     p = _cli("--multirun", "lr=0.01,-1", "stop.updates=2", "progress=false", "launcher=inprocess",
              f"hydra.sweep.dir={tmp_path / 'sweep'}")
