@@ -118,8 +118,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("overrides", nargs="*", help="applied when validating the fit, e.g. strategy.collective=gloo")
     ap.add_argument("--out", default=None, help="write the preset here (e.g. conf/network/mycluster.yaml)")
     ap.add_argument("--no-validate", action="store_true", help="only fit; skip emulating the points")
-    a = ap.parse_args(argv)
+    a = ap.parse_intermixed_args(argv)  # overrides before, between and after the options
     import json
+
+    from controller.validate import refused_override
+
+    why = refused_override(a.overrides)
+    if why:  # before the fit, not when validating it
+        print(f"lockstep calibrate: {why}", file=sys.stderr)
+        return 2
 
     if a.out:
         from controller.outputs import unwritable

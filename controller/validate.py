@@ -4,7 +4,8 @@ Every point of the results file (controller/results.py) is emulated with the sam
 B, model bytes M and compute C — ``model=flat model.bytes=M``, ``compute=constant`` with
 the gradient taking C, the aggregation the measured PS averaging time (when the file has
 it) and the optimizer step nothing (the benchmarks have none) — under the run
-configuration plus the given overrides, and the
+configuration plus the given overrides (before, between or after the options; an override of a point's own
+scenario, K, L, B, M, C or steps is refused: ``POINT_KEYS``), and the
 emulated step time (ring, ps_sync), updates/s (ps_async) or transfer time (p2p, fanin)
 is set beside the measured one: a table, the mean and max error per scenario, and
 ``validate.png`` (emulated against measured, and the error of each point). A configuration
@@ -159,6 +160,25 @@ def _overrides_for(p: Point, overrides: list[str] | tuple[str, ...] = ()) -> lis
     else:
         ov.append(f"stop.updates={steps}")
     return ov
+
+
+# the keys of a point's own measured settings (_overrides_for): its scenario, K, L, B, M, C and steps, with what
+# each sets. An override of one would emulate another configuration than the row shows (docs/engine.md).
+POINT_KEYS = {"strategy": "scenario", "strategy.kind": "scenario", "workers": "K", "network.latency": "L",
+              "network.bandwidth": "B", "model": "M", "model.bytes": "M", "compute": "C", "compute.gradient": "C",
+              "stop.updates": "steps"}
+
+
+def refused_override(overrides: list[str] | tuple[str, ...]) -> str | None:
+    """The sentence (after the command's name) refusing the first of ``overrides`` that sets one of a point's own
+    measured settings (:data:`POINT_KEYS`), or None."""
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key in POINT_KEYS:
+            return (f"{o} is not valid: each point is emulated with its own measured scenario, K, L, B, M, C and "
+                    f"steps, and this key sets its {POINT_KEYS[key]} ({key}); accepted: overrides of other keys "
+                    f"(e.g. network.tcp.delayed_ack=true).")
+    return None
 
 
 def _gloo_offsets(p: Point, overrides: list[str]) -> list[str]:
@@ -430,7 +450,7 @@ def main(argv: list[str]) -> int:
                     help="emulate every point with this many seeds and compare their median (default: 1)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="emulations run at once, in that many processes (default: 1); the rows are the same")
-    a = ap.parse_args(argv)
+    a = ap.parse_intermixed_args(argv)  # overrides before, between and after the options
     for opt, v in (("--seeds", a.seeds), ("--jobs", a.jobs)):
         if v < 1:
             print(f"lockstep validate: {opt}={v} is not valid; accepted: an integer >= 1.", file=sys.stderr)
@@ -439,6 +459,10 @@ def main(argv: list[str]) -> int:
     if bad:
         print(f"lockstep validate: {bad[0]!r} is not an override; accepted: key=value (e.g. network=tcp).",
               file=sys.stderr)
+        return 2
+    why = refused_override(a.overrides)
+    if why:
+        print(f"lockstep validate: {why}", file=sys.stderr)
         return 2
     from controller.outputs import unwritable
 
