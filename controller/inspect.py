@@ -18,6 +18,7 @@ import argparse
 import bisect
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -39,6 +40,7 @@ update is applied) and counts its model version by them, while only one worker r
 metrics.csv: the version of any other worker is the number of its own ``update`` spans in the trace."""
 
 _ACCEPTED = "seconds as a number, or a string with ns, us, ms, s, min, h"
+_ACCEPTED_OUT = "a file path in an existing directory you can write to"
 
 
 def parse_time(text: str) -> int:
@@ -87,6 +89,7 @@ class RunView:
         self.servers = {v["name"] for v in plan["vworkers"] if not v.get("holds_data")}
         self.result: str = plan["result"]
         self.strategy: str | None = plan.get("strategy")
+        self._classes: list[Any] = [v.get("cls") for v in plan["vworkers"]]
         spec = plan.get("trace") if isinstance(plan.get("trace"), dict) else {}
         self.trace_mode: str | None = spec.get("mode")
         w = spec.get("window_ns")
@@ -372,8 +375,18 @@ class RunView:
             raise FileNotFoundError("no statelog.jsonl in this run (statelog.enabled=false)")
         path = self.statelog.snapshot_at(self.result, t)
         if path is None:
-            raise FileNotFoundError(f"no parameter snapshot of {self.result} at or before {t} ns; run with "
-                                    "statelog.snapshot_every=N to keep the model every N versions")
+            missing = f"--write-model: no parameter snapshot of {self.result} at or before {t} ns"
+            if self._has_parameter_server():
+                raise FileNotFoundError(f"{missing}; run with statelog.snapshot_every=N to keep the model every N "
+                                        "versions")
+            # (the run refuses statelog.snapshot_every with such a strategy: controller/config/validate.py)
+            final = self.dir / "params.pt"
+            instead = (f"{final} holds its final model (the parameters as one flat tensor)" if final.exists()
+                       else "this run has no params.pt with its final model either")
+            raise FileNotFoundError(f"{missing}: strategy {self.strategy or 'of this run'} has no parameter server, "
+                                    "and only a parameter server's versions are kept as snapshots "
+                                    "(statelog.snapshot_every, accepted with ps_sync, ps_async, ssp), so its runs "
+                                    f"keep none; {instead}")
         snap = torch.load(path, weights_only=True)  # tensors and plain values only: no pickled code
         cfg = OmegaConf.load(self.dir / "config.yaml")
         model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -386,10 +399,45 @@ class RunView:
                 raise PermissionError(str(e)) from e
         model = build_model(model_cfg, int(cfg.seed))
         set_flat_params(model, snap["params"])
-        torch.save(model.state_dict(), out)
+        try:
+            torch.save(model.state_dict(), out)
+        except (OSError, RuntimeError) as e:  # (main checked the path; the disk can still fill up)
+            raise ValueError(f"--write-model {str(out)!r} cannot be written: {e}; accepted: {_ACCEPTED_OUT}") from e
         at_t = self.statelog.version_at(self.result, t)
         return {"vworker": self.result, "version": snap["version"], "snapshot_ns": snap["virtual_time_ns"],
                 "version_at_t": at_t, "exact": at_t == snap["version"], "path": str(out)}
+
+    def _has_parameter_server(self) -> bool:
+        """Whether a vworker of the plan runs a parameter server, the only vworker that logs versions and so
+        the only one statelog.snapshot_every keeps snapshots of. A class that is not lockstep's own is imported
+        only with --trust (importing runs its code); one not imported, or that does not import, may be one."""
+        from agents.strategies import import_path
+        from agents.strategies.ps import ParameterServer
+
+        for name in self._classes:
+            if isinstance(name, str) and not name.startswith("agents.") and not self.trust:
+                return True
+            try:
+                cls = import_path(name) if isinstance(name, str) else None
+            except (ImportError, AttributeError, ValueError):
+                return True
+            if isinstance(cls, type) and issubclass(cls, ParameterServer):
+                return True
+        return False
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why ``--write-model out`` cannot be written (None: it can), checked before any work."""
+    parent = out.parent
+    if out.is_dir():
+        return "it is a directory"
+    if not parent.exists():
+        return f"its directory {parent} does not exist"
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        return f"{out if out.exists() else parent} is not writable by this user"
+    return None
 
 
 def _fmt_ns(ns: int | None) -> str:
@@ -451,20 +499,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lockstep inspect: --at {args.at!r} is not valid; accepted: a virtual time >= 0 (e.g. 12.5s)",
               file=sys.stderr)
         return 2
+    out = Path(args.write_model) if args.write_model else None
+    why = None if out is None else _unwritable(out)
+    if why is not None:
+        print(f"lockstep inspect: --write-model {args.write_model!r} cannot be written: {why}; accepted: "
+              f"{_ACCEPTED_OUT}", file=sys.stderr)
+        return 2
     try:
         view = RunView(args.run, trust=args.trust)
+        # a T after the run's (recorded) end gives the states at that end, the time they are shown as of
+        at = t if view.end_ns is None or t <= view.end_ns else view.end_ns
         names = [args.worker] if args.worker is not None else view.names  # ("": no vworker, not all)
-        states = [view.state(n, t) for n in names]
-        model = view.write_model(t, Path(args.write_model)) if args.write_model else None
+        states = [view.state(n, at) for n in names]
+        model = view.write_model(at, out) if out is not None else None
     except (FileNotFoundError, KeyError, PermissionError, ValueError) as e:
         print(f"lockstep inspect: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     for note in _notes(view, states, t):
         print(f"lockstep inspect: note: {note}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"at_ns": t, "states": states, **({"model": model} if model else {})}, indent=2))
+        print(json.dumps({"at_ns": at, "states": states, **({"model": model} if model else {})}, indent=2))
     else:
-        print(_table(states, t))
+        print(_table(states, at))
         if model is not None:
             exact = "" if model["exact"] else (f" (the newest snapshot at or before T; at T the model was version "
                                                f"{model['version_at_t']})")
