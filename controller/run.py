@@ -433,6 +433,10 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         recovery.resumed(out, from_checkpoint=restore_from is not None)
         if progress is not None:
             progress.update(out.metrics.to_replay)
+        if metrics is not None:  # the rows on disk count once, as for the controller that wrote them: a replay
+            for cells in out.metrics.unreplayed():  # counts only rows it adds (docs/recovery.md)
+                metrics.record_update(int(cells[0]), float(cells[4]), int(cells[5]), cells[2])
+    resumed_windows = resume and metrics is not None  # the windows before a checkpoint, counted at its restore
 
     def collector() -> _Collector:
         c = _Collector(out, progress, metrics, observer, partial=partial, partial_every_s=rc.outputs.summary_every_s,
@@ -518,7 +522,7 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
     def restore(ck: Checkpoint) -> bool:
         """Start the current agents from checkpoint ``ck``, the outputs from where it was taken; False (after
         one warning) when that fails: the caller replays from virtual time 0."""
-        nonlocal col, start_view
+        nonlocal col, start_view, resumed_windows
         try:  # the outputs first: they are local, and a run directory that does not fit is found before the agents
             if ck.controller["direct"] != direct:
                 raise CheckpointUnusable("it was taken with other windows (controller.windows, agents)")
@@ -531,6 +535,9 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
             return False
         col = collector()
         col.restore(ck.controller["collector"])
+        if resumed_windows:  # the first restore of a resume: this process never ran the windows before it
+            metrics.add_windows(col.windows)
+            resumed_windows = False
         start_view = ck.controller["windows"]
         recovery.checkpoints = max(recovery.checkpoints, int(ck.manifest.get("checkpoints_taken", 0)))
         recovery.restored(ck.window, ck.virtual_time_ns, out)

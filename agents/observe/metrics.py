@@ -216,6 +216,13 @@ class Metrics:
             self.windows.inc(windows)
             self.barrier_wait.observe(barrier_wall_s / windows)
 
+    def add_windows(self, windows: int) -> None:
+        """Windows a resumed run had done before the checkpoint it restarts from (``lockstep resume``): they
+        count as they did for the controller that ran them, with no barrier wait of this one."""
+        self._need("controller", "add_windows")
+        if windows > 0:
+            self.windows.inc(windows)
+
     def record_update(self, virtual_time_ns: VirtualTime, loss: float, staleness: int,
                       vworker: str | int | None = None) -> None:
         """One global model update at ``virtual_time_ns`` with its training loss and staleness.
