@@ -96,10 +96,15 @@ def test_a_connection_without_the_secret_is_refused_and_the_right_one_accepted()
     got = listener.accept({1}, timeout_s=20.0)
     t.join(10)
     assert list(got) == [1]
-    # the refused connections were closed before anything they sent was read
+    # the refused connections were closed before anything they sent was read: an end of stream, or a reset when
+    # the kernel still held the unread hello at the close (which a loaded machine makes likely)
     for s in (bad, good_holder["bad_tcp"]):
         s.settimeout(5)
-        assert s.recv(1) == b""
+        try:
+            end = s.recv(1)
+        except ConnectionResetError:
+            end = b""
+        assert end == b""
     listener.close()
 
 

@@ -90,6 +90,7 @@ REPEATS = [CALIBRATION] + [ROOT / "benchmarks" / "data" / f"realrun-{name}.jsonl
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 806 s measured beside the whole suite on 2 cores (900 s is the suite's limit)
 def test_validate_on_the_medians_of_every_run_of_the_calibration_points():
     """The PS points are not reproducible run to run, on the testbed or in the model: the asynchronous PS at
     1 ms, 100 Mbit/s, 1 MB read 7.1-10.2 updates/s over ten runs and 6.9-8.4 over eleven seeds. So this compares
@@ -127,6 +128,7 @@ HOLDOUT = [ROOT / "benchmarks" / "data" / f"realrun-{name}.jsonl" for name in ("
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 642 s measured beside the whole suite on 2 cores
 def test_the_same_model_meets_the_targets_on_the_hold_out():
     """Issue 10: the model fitted on the calibration runs, unchanged, must hold on points it was not fitted on. The
     medians of the hold-out's five runs per point against the median of eleven seeds (ring, ps_sync) or 33
