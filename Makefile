@@ -11,7 +11,7 @@ run: setup
 	$(VENV)/bin/lockstep run
 
 # the tests run on TEST_WORKERS pytest-xdist workers, a file (or a server's tests) per worker at a time, the
-# longest first (tests/conftest.py): 41 min instead of ~90 on this project's 2-core machines (README, "Tests")
+# longest first (tests/conftest.py): 29 min instead of ~90 on this project's 2-core machines (README, "Tests")
 TEST_WORKERS ?= 2
 
 test: setup $(TEST_STAMP)
