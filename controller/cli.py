@@ -169,22 +169,9 @@ def _preflight(args: list[str]) -> None:
 def _composes(overrides: list[str]) -> None:
     """``--cfg``/``--info``: Hydra shows the composed config, valid or not; one that cannot be composed (a value of
     the wrong type, an option that does not exist) was two tracebacks: one sentence each, exit 2, instead."""
-    from hydra.errors import ConfigCompositionException, MissingConfigException
+    from controller.config.load import compose_checked
 
-    from controller.config.load import _parse_checked, compose_config, describe_compose_error
-
-    _parse_checked(overrides)
-    remaining, problems = list(overrides), []
-    while True:
-        try:
-            compose_config(remaining)
-            break
-        except (ConfigCompositionException, MissingConfigException) as e:
-            sentence, culprit = describe_compose_error(e, remaining)
-            problems.append(sentence)
-            if culprit is None:
-                break
-            remaining.remove(culprit)
+    _, problems, _ = compose_checked(overrides)  # (ConfigError when nothing composes: the caller's except)
     if problems:
         _invalid(problems)
 

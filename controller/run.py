@@ -98,6 +98,12 @@ class RunResult:
     stats: Stats = field(default_factory=Stats)
 
 
+def update_row(cells: list[str]) -> UpdateRow:
+    """A metrics.csv row as the file holds it (strings; data columns after UpdateRow's are left out)."""
+    return UpdateRow(int(cells[0]), float(cells[1]), cells[2], int(cells[3]), float(cells[4]), int(cells[5]),
+                     int(cells[6]), int(cells[7]), float(cells[8]))
+
+
 class _Collector:
     """Merges the rows agents report, in the global key order, and streams them to disk."""
 
@@ -225,16 +231,13 @@ class _Collector:
         """A run stopped before its replay (docs/recovery.md) caught up: the rows on disk beyond the replay stay
         there, so the summary counts them too, as the run that wrote them did. Returns the last one's time."""
         end = 0
-        ups = self.out.metrics.unreplayed()
-        for cells in ups:
-            r = UpdateRow(int(cells[0]), float(cells[1]), cells[2], int(cells[3]), float(cells[4]), int(cells[5]),
-                          int(cells[6]), int(cells[7]), float(cells[8]))
+        for cells in self.out.metrics.unreplayed():
+            r = update_row(cells)
             self.n_updates += 1
             self.samples += r.samples
             end = max(end, r.virtual_time_ns)
             self.last_update = r
-        evs = self.out.evals.unreplayed()
-        for cells in evs:
+        for cells in self.out.evals.unreplayed():
             e = EvalRow(int(cells[0]), float(cells[1]), cells[2], int(cells[3]), float(cells[4]), float(cells[5]),
                         float(cells[6]))
             end = max(end, e.virtual_time_ns)
@@ -434,8 +437,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
         if progress is not None:
             progress.update(out.metrics.to_replay)
         if metrics is not None:  # the rows on disk count once, as for the controller that wrote them: a replay
-            for cells in out.metrics.unreplayed():  # counts only rows it adds (docs/recovery.md)
-                metrics.record_update(int(cells[0]), float(cells[4]), int(cells[5]), cells[2])
+            for r in map(update_row, out.metrics.unreplayed()):  # counts only rows it adds (docs/recovery.md)
+                metrics.record_update(r.virtual_time_ns, r.loss, r.staleness, r.vworker)
     resumed_windows = resume and metrics is not None  # the windows before a checkpoint, counted at its restore
 
     def collector() -> _Collector:
@@ -545,7 +548,8 @@ def execute(rc: RunConfig, run_dir: Path, *, handles: list | None = None, metric
 
     def from_zero() -> None:
         """Fresh agents replay the run from virtual time 0 (docs/recovery.md)."""
-        nonlocal col, start_view
+        nonlocal col, start_view, resumed_windows
+        resumed_windows = False  # this process runs (and counts) every window from here
         out.rewind()
         if observer is not None:
             observer.rewind()

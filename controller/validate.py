@@ -242,8 +242,6 @@ def _applicable(p: Point, overrides: list[str]) -> list[str]:
 
 def point_config(p: Point, overrides: list[str]) -> Any:
     """The run config that emulates ``p``: its own settings, gloo's start-up offsets, then ``overrides``."""
-    from controller.config import load
-
     mine = _applicable(p, overrides)
     return _load(_overrides_for(p, mine) + _gloo_offsets(p, mine) + mine)
 

@@ -235,23 +235,26 @@ def absolute_paths(cfg: DictConfig, base: str | None = None) -> None:
             OmegaConf.update(cfg, key, os.path.normpath(os.path.join(base, value)), merge=False)
 
 
-def load(overrides: list[str], check_data: bool = True) -> RunConfig:
-    """Compose conf/ with ``overrides`` and validate it; ConfigError lists every problem."""
+def compose_checked(overrides: list[str]) -> tuple[DictConfig, list[str], list[str]]:
+    """:func:`compose_config` of ``overrides`` without those Hydra cannot compose: (the config, one sentence per
+    override left out, the overrides kept). ConfigError when no config composes (a problem no override causes)."""
     problems: list[str] = []
     remaining = list(overrides)
     _parse_checked(remaining)
-    cfg = None
-    for _ in range(len(overrides) + 1):
+    while True:
         try:
-            cfg = compose_config(remaining)
-            break
+            return compose_config(remaining), problems, remaining
         except (ConfigCompositionException, MissingConfigException) as e:
             sentence, culprit = describe_compose_error(e, remaining)
             problems.append(sentence)
             if culprit is None:
                 raise ConfigError(problems) from None
             remaining.remove(culprit)
-    assert cfg is not None
+
+
+def load(overrides: list[str], check_data: bool = True) -> RunConfig:
+    """Compose conf/ with ``overrides`` and validate it; ConfigError lists every problem."""
+    cfg, problems, remaining = compose_checked(overrides)
     absolute_paths(cfg)
     written = {o.key_or_group: s.split("=", 1)[1] for o, s in zip(_parse(remaining), remaining) if "=" in s}
     try:
